@@ -1,0 +1,42 @@
+# gtopk-lab: two commands set everything up on a fresh machine.
+#   make demo   creates .venv, installs, runs a small sweep on an embedded LocalCluster,
+#               writes results and an HTML report under results/demo
+#   make test   creates .venv if needed, installs with dev extras, runs the whole suite
+PYTHON ?= python3
+VENV   ?= .venv
+# The CPU wheel of this torch lies on the build machines' disk; override as needed,
+# e.g. `make test TORCH=torch==2.6.0`.
+TORCH  ?= torch==2.13.0
+BIN    := $(VENV)/bin
+OUT    ?= results/demo
+
+.PHONY: demo test install install-dev bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: $(VENV)/.installed
+	$(BIN)/gtopk-lab demo --out $(OUT)
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/collectives.py
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

@@ -1,0 +1,1 @@
+"""Sub-commands of the gtopk-lab CLI; see gtopk_lab.cli."""

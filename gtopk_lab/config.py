@@ -1,0 +1,198 @@
+"""One validated configuration for a training run.
+
+``RunConfig`` is the single description of a run that travels from the notebook or
+CLI, through Dask, to every rank and into ``<out>/<run_id>/config.json``. It is a
+plain dataclass of JSON-friendly fields so it pickles, serialises and diffs easily.
+Every field is validated at construction: a bad value raises ``ValueError`` (or
+``TypeError`` for a wrong type) whose message names the field, the value and what
+is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Training methods, each a (selector, collective) pair; see docs/architecture.md.
+METHODS: tuple[str, ...] = ("dense", "topk", "gtopk", "gaussiank", "oktopk")
+#: gTop-k message patterns.
+ALGORITHMS: tuple[str, ...] = ("butterfly", "tree")
+#: Error-feedback residual rules (see gtopk_lab.compression.residual).
+RESIDUAL_RULES: tuple[str, ...] = ("paper", "mass")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+
+
+def _fail(field_name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"{field_name}={value!r} is invalid: expected {allowed}")
+
+
+@dataclass
+class RunConfig:
+    """A training run: method, sizes, network and recipe.
+
+    Example::
+
+        cfg = RunConfig(method="gtopk", workers=4, density=0.001, bandwidth="1Gbps")
+    """
+
+    # --- what is compared -------------------------------------------------------
+    method: str = "gtopk"
+    #: gTop-k pattern: "butterfly" (recursive doubling) or "tree" (paper's reduce+bcast).
+    algorithm: str = "butterfly"
+    #: Selector name from gtopk_lab.compression.selection's registry; None = method default
+    #: ("topk" -> "topk", "gtopk" -> "topk", "gaussiank" -> "gaussiank", dense -> none).
+    selector: str | None = None
+    residual_rule: str = "mass"
+    #: Fraction rho of model parameters each worker selects, 0 < rho <= 1; k = max(1, floor(rho*d)).
+    density: float = 0.01
+    #: Density warm-up: (0.004, 1) means density 0.004 for the first 1 epoch(s). None: off.
+    density_warmup: tuple[float, int] | None = None
+    workers: int = 4
+
+    # --- model and data ------------------------------------------------------------
+    model: str = "cnn"
+    dataset: str = "mnist1d"
+    data_dir: str | None = None
+    train_samples: int = 4000
+    test_samples: int = 1000
+
+    # --- optimiser recipe ------------------------------------------------------------
+    epochs: int = 2
+    #: Stop after this many iterations in total (for CI / quick looks). None: all epochs.
+    max_iterations: int | None = None
+    batch_size: int = 32  # per worker
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    #: Linear LR warm-up from lr/P to lr over this many epochs (0: off).
+    lr_warmup_epochs: float = 0.0
+    #: Epochs at which the LR is multiplied by lr_decay.
+    lr_milestones: tuple[int, ...] = ()
+    lr_decay: float = 0.1
+    grad_clip: float | None = None
+    momentum_correction: bool = False
+    seed: int = 0
+
+    # --- network ---------------------------------------------------------------------
+    #: Link bandwidth as users type it ("1Gbps", "10GbE", "none").
+    bandwidth: str = "none"
+    #: Per-message latency ("0.5ms", "50us"); None: the preset's / calibrated value.
+    latency: str | None = None
+    #: Sleep so that every collective lasts at least its modelled time on `bandwidth`.
+    throttle: bool = False
+
+    # --- execution -------------------------------------------------------------------
+    device: str = "auto"
+    #: Evaluate on the test split every this many epochs (and always at the end).
+    eval_every_epochs: int = 1
+    #: Metric rows are flushed to the sink every this many iterations.
+    sink_every: int = 10
+    checkpoint: bool = False
+    run_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        if self.method not in METHODS:
+            raise _fail("method", self.method, f"one of {', '.join(METHODS)}")
+        if self.algorithm not in ALGORITHMS:
+            raise _fail("algorithm", self.algorithm, f"one of {', '.join(ALGORITHMS)}")
+        if self.residual_rule not in RESIDUAL_RULES:
+            raise _fail("residual_rule", self.residual_rule, f"one of {', '.join(RESIDUAL_RULES)}")
+        if self.device not in DEVICES:
+            raise _fail("device", self.device, f"one of {', '.join(DEVICES)}")
+        if not (0.0 < self.density <= 1.0) or math.isnan(self.density):
+            raise _fail("density", self.density, "a number in (0, 1]")
+        if self.density_warmup is not None:
+            dw = tuple(self.density_warmup)
+            if len(dw) != 2 or not (0.0 < float(dw[0]) <= 1.0) or int(dw[1]) < 0:
+                raise _fail("density_warmup", self.density_warmup, "(density in (0, 1], epochs >= 0)")
+            self.density_warmup = (float(dw[0]), int(dw[1]))
+        for name, low in (("workers", 1), ("epochs", 1), ("batch_size", 1), ("train_samples", 1),
+                          ("test_samples", 1), ("eval_every_epochs", 1), ("sink_every", 1)):
+            if getattr(self, name) < low:
+                raise _fail(name, getattr(self, name), f"an integer >= {low}")
+        if self.max_iterations is not None and self.max_iterations < 1:
+            raise _fail("max_iterations", self.max_iterations, "an integer >= 1 or None")
+        for name in ("lr", "lr_decay"):
+            if not getattr(self, name) > 0:
+                raise _fail(name, getattr(self, name), "a number > 0")
+        for name in ("momentum", "weight_decay", "lr_warmup_epochs"):
+            if not getattr(self, name) >= 0:
+                raise _fail(name, getattr(self, name), "a number >= 0")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise _fail("grad_clip", self.grad_clip, "a number > 0 or None")
+        self.lr_milestones = tuple(int(m) for m in self.lr_milestones)
+        # Network strings are parsed here so that a typo fails before anything starts.
+        from gtopk_lab.network.model import NetworkModel
+
+        NetworkModel.from_strings(self.bandwidth, self.latency)
+
+    def _check_types(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            expected = _TYPES.get(f.name)
+            if expected is None or value is None:
+                continue
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, f.name, float(value))
+                continue
+            if expected is bool and not isinstance(value, bool):
+                raise TypeError(f"{f.name}={value!r} has type {type(value).__name__}: expected bool")
+            if expected is not bool and (isinstance(value, bool) or not isinstance(value, expected)):
+                raise TypeError(
+                    f"{f.name}={value!r} has type {type(value).__name__}: expected {expected.__name__}"
+                )
+
+    # ------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly dict (tuples become lists)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown config field(s): {', '.join(unknown)}")
+        data = dict(data)
+        if data.get("lr_milestones") is not None:
+            data["lr_milestones"] = tuple(data["lr_milestones"])
+        if data.get("density_warmup") is not None:
+            data["density_warmup"] = tuple(data["density_warmup"])
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def default_selector(self) -> str | None:
+        """The selector this run uses: ``selector`` if set, else the method's default."""
+        if self.selector is not None:
+            return self.selector
+        return {"dense": None, "topk": "topk", "gtopk": "topk", "gaussiank": "gaussiank",
+                "oktopk": "topk"}[self.method]
+
+
+_TYPES: dict[str, type] = {
+    "method": str, "algorithm": str, "residual_rule": str, "density": float, "workers": int,
+    "model": str, "dataset": str, "train_samples": int, "test_samples": int, "epochs": int,
+    "max_iterations": int, "batch_size": int, "lr": float, "momentum": float,
+    "weight_decay": float, "lr_warmup_epochs": float, "lr_decay": float, "grad_clip": float,
+    "momentum_correction": bool, "seed": int, "bandwidth": str, "latency": str, "throttle": bool,
+    "device": str, "eval_every_epochs": int, "sink_every": int, "checkpoint": bool,
+    "run_id": str, "selector": str, "data_dir": str, "extra": dict,
+}
+
+
+def k_for(numel: int, density: float) -> int:
+    """k = max(1, floor(density * numel)), the number of entries each worker selects."""
+    if numel < 1:
+        raise ValueError(f"numel={numel!r} is invalid: expected an integer >= 1")
+    if not (0.0 < density <= 1.0):
+        raise ValueError(f"density={density!r} is invalid: expected a number in (0, 1]")
+    return max(1, int(math.floor(density * numel)))

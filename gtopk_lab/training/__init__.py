@@ -1,0 +1,1 @@
+"""gtopk_lab.training"""
