@@ -1,0 +1,324 @@
+"""Alpha-beta(-gamma) network model: parsing, presets and collective times.
+
+A point-to-point message of ``n`` bytes costs ``alpha + beta * n`` seconds (Hockney's
+model): ``alpha`` is the per-message latency (``latency_s``) and ``beta`` the time per
+byte (``beta_s_per_byte = 8 / bandwidth_bps``). Every rank has its own full-duplex link,
+so a communication round in which a rank sends ``s`` and receives ``r`` bytes costs it
+``alpha + beta * max(s, r)`` and a collective costs the sum over its rounds
+(:meth:`NetworkModel.steps_time_s`). An optional ``gamma`` (seconds per element) adds the
+merge/selection compute on the critical path (the alpha-beta-gamma model).
+
+Users type networks as strings; :meth:`NetworkModel.from_strings` accepts
+
+- a rate: ``"1Gbps"``, ``"100Mbps"``, ``"2.5 Gbit/s"``, ``"125MB/s"`` (capital ``B`` = bytes),
+- a preset: ``"1GbE"``, ``"10GbE"``, ``"25GbE"``, ``"100G-IB"``, ``"none"``/``"unthrottled"``,
+- the path of a calibration JSON written by ``gtopk-lab calibrate``,
+
+and a latency such as ``"0.5ms"``, ``"50us"``, ``"1e-4s"``. A latency given explicitly
+overrides the preset's; a bare rate without a latency means a latency of 0 (pure
+bandwidth link).
+
+Worker-side module: imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+__all__ = [
+    "NetworkModel",
+    "PRESETS",
+    "parse_bandwidth_bps",
+    "parse_latency_s",
+    "format_bandwidth",
+    "format_latency",
+]
+
+#: Bytes per (value, index) pair of a sparse vector: fp32 value + int32 index.
+PAIR_BYTES = 8
+#: Bytes per element of a dense fp32 gradient.
+DENSE_ELEMENT_BYTES = 4
+
+
+# --- presets ---------------------------------------------------------------------------
+# (latency_s, bandwidth_bps, note).  Bandwidths are *effective* (what a large message sees
+# after protocol overhead), not the nominal line rate.
+PRESETS: dict[str, tuple[float, float, str]] = {
+    # Shi et al. (ICDCS'19) fitted constants for their 1 GbE cluster: alpha = 0.436 ms,
+    # beta = 9e-6 ms/byte = 9e-9 s/byte, i.e. 8 / 9e-9 bit/s ~ 889 Mbit/s effective.
+    "1GbE": (0.436e-3, 8.0 / 9e-9, "paper's fitted 1 GbE constants (alpha 0.436 ms, beta 9e-6 ms/B)"),
+    # 10 GbE with TCP: ~9.4 Gbit/s goodput, tens of microseconds per message through the
+    # kernel stack.
+    "10GbE": (50e-6, 9.4e9, "10 GbE over TCP: 9.4 Gbit/s goodput, 50 us per message"),
+    # 25 GbE with TCP: ~23.5 Gbit/s goodput, slightly lower per-message latency.
+    "25GbE": (30e-6, 23.5e9, "25 GbE over TCP: 23.5 Gbit/s goodput, 30 us per message"),
+    # InfiniBand EDR (100 Gbit/s signalling, 64b/66b): ~97 Gbit/s data rate; MPI/NCCL
+    # point-to-point latency over RDMA is a few microseconds including software.
+    "100G-IB": (2e-6, 97e9, "InfiniBand EDR 100G over RDMA: 97 Gbit/s, 2 us per message"),
+    "none": (0.0, math.inf, "unthrottled: no modelled communication cost"),
+}
+_PRESET_ALIASES: dict[str, str] = {
+    "1gbe": "1GbE", "10gbe": "10GbE", "25gbe": "25GbE",
+    "100g-ib": "100G-IB", "100gib": "100G-IB", "ib": "100G-IB", "edr": "100G-IB",
+    "none": "none", "unthrottled": "none", "inf": "none", "off": "none",
+}
+
+_BANDWIDTH_FORMS = (
+    "a rate like '1Gbps', '100Mbps', '2.5 Gbit/s', '125MB/s' (B = bytes); "
+    "a preset: 1GbE, 10GbE, 25GbE, 100G-IB, none/unthrottled; "
+    "or the path of a calibration JSON from 'gtopk-lab calibrate'"
+)
+_LATENCY_FORMS = "a latency like '0.5ms', '50us', '1e-4s', '200ns' (or '0')"
+
+_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+_RATE_RE = re.compile(rf"^{_NUMBER}\s*([kKmMgGtT]?)\s*(bps|bit/s|bits/s|b/s|Bps|B/s|byte/s|bytes/s)$")
+_TIME_RE = re.compile(rf"^{_NUMBER}\s*(s|sec|ms|us|µs|μs|ns)$")
+_RATE_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_TIME_UNIT = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9}
+
+
+def parse_bandwidth_bps(text: str) -> float:
+    """Parse a rate string ("1Gbps", "2.5 Gbit/s", "125MB/s") into bits per second.
+
+    Presets and calibration files are handled by :meth:`NetworkModel.from_strings`;
+    this function accepts rates only (and "none"/"unthrottled" -> ``math.inf``).
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"bandwidth={text!r} has type {type(text).__name__}: expected str")
+    s = text.strip()
+    if s.lower() in ("none", "unthrottled", "inf", "off"):
+        return math.inf
+    m = _RATE_RE.match(s)
+    if not m:
+        raise ValueError(f"bandwidth={text!r} is invalid: expected {_BANDWIDTH_FORMS}")
+    number, prefix, unit = float(m.group(1)), m.group(2).lower(), m.group(3)
+    bits_per_unit = 8.0 if unit.startswith("B") or unit.startswith("byte") else 1.0
+    rate = number * _RATE_PREFIX[prefix] * bits_per_unit
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"bandwidth={text!r} is invalid: expected a rate > 0 ({_BANDWIDTH_FORMS})")
+    return rate
+
+
+def parse_latency_s(text: str) -> float:
+    """Parse a latency string ("0.5ms", "50us", "1e-4s", "0") into seconds."""
+    if not isinstance(text, str):
+        raise TypeError(f"latency={text!r} has type {type(text).__name__}: expected str")
+    s = text.strip()
+    if s in ("0", "0.0"):
+        return 0.0
+    m = _TIME_RE.match(s)
+    if not m:
+        raise ValueError(f"latency={text!r} is invalid: expected {_LATENCY_FORMS}")
+    value = float(m.group(1)) * _TIME_UNIT[m.group(2)]
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"latency={text!r} is invalid: expected a finite latency >= 0")
+    return value
+
+
+def format_bandwidth(bandwidth_bps: float, exact: bool = False) -> str:
+    """Human form ("889 Mbit/s") or, with ``exact``, a string that parses back bit-exactly."""
+    if math.isinf(bandwidth_bps):
+        return "none"
+    if exact:
+        return f"{bandwidth_bps!r}bps"
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if bandwidth_bps >= scale:
+            return f"{bandwidth_bps / scale:.4g} {prefix}bit/s"
+    return f"{bandwidth_bps:.4g} bit/s"
+
+
+def format_latency(latency_s: float, exact: bool = False) -> str:
+    """Human form ("436 us") or, with ``exact``, a string that parses back bit-exactly."""
+    if exact:
+        return f"{latency_s!r}s"
+    if latency_s == 0:
+        return "0 s"
+    if latency_s >= 1:
+        return f"{latency_s:.4g} s"
+    if latency_s >= 1e-3:
+        return f"{latency_s * 1e3:.4g} ms"
+    if latency_s >= 1e-6:
+        return f"{latency_s * 1e6:.4g} us"
+    return f"{latency_s * 1e9:.4g} ns"
+
+
+@dataclass(frozen=True)
+class NetworkModel:
+    """A per-rank full-duplex link: ``latency_s`` per message, ``bandwidth_bps`` bits/s.
+
+    ``bandwidth_bps = math.inf`` means unthrottled (zero per-byte cost). ``name`` is a
+    label only (the preset or the string the user typed) and is ignored by ``==``.
+    ``gamma_s_per_element`` is an optional default compute cost per element merged or
+    selected on the critical path of a sparse collective (0: not modelled).
+
+    Example::
+
+        net = NetworkModel.from_strings("1GbE")
+        net.steps_time_s([(8000, 8000)])      # one round, 8 kB each way
+        net.collective_time_s("gtopk", numel=25_000_000, k=25_000, workers=8)
+    """
+
+    latency_s: float
+    bandwidth_bps: float
+    name: str = field(default="", compare=False)
+    gamma_s_per_element: float = 0.0
+
+    def __post_init__(self) -> None:
+        for fname in ("latency_s", "bandwidth_bps", "gamma_s_per_element"):
+            value = getattr(self, fname)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{fname}={value!r} has type {type(value).__name__}: expected float")
+            object.__setattr__(self, fname, float(value))
+        if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
+            raise ValueError(f"latency_s={self.latency_s!r} is invalid: expected a finite number >= 0")
+        if not self.bandwidth_bps > 0:
+            raise ValueError(f"bandwidth_bps={self.bandwidth_bps!r} is invalid: expected a number > 0 or math.inf")
+        if not (self.gamma_s_per_element >= 0 and math.isfinite(self.gamma_s_per_element)):
+            raise ValueError(
+                f"gamma_s_per_element={self.gamma_s_per_element!r} is invalid: expected a finite number >= 0"
+            )
+        if not isinstance(self.name, str):
+            raise TypeError(f"name={self.name!r} has type {type(self.name).__name__}: expected str")
+
+    # --- constructors -----------------------------------------------------------------
+    @classmethod
+    def from_strings(cls, bandwidth: str, latency: str | None = None) -> "NetworkModel":
+        """Parse what users type: a rate, a preset or a calibration JSON, plus a latency.
+
+        ``latency`` (if given) overrides the preset's or calibrated latency; a bare rate
+        without a latency gets ``latency_s = 0``. Raises ``ValueError`` listing the
+        accepted forms for anything else.
+        """
+        if not isinstance(bandwidth, str):
+            raise TypeError(f"bandwidth={bandwidth!r} has type {type(bandwidth).__name__}: expected str")
+        if latency is not None and not isinstance(latency, str):
+            raise TypeError(f"latency={latency!r} has type {type(latency).__name__}: expected str or None")
+        latency_override = parse_latency_s(latency) if latency is not None else None
+        text = bandwidth.strip()
+        preset = _PRESET_ALIASES.get(text.lower())
+        gamma = 0.0
+        if preset is not None:
+            latency_s, bandwidth_bps, _ = PRESETS[preset]
+            name = preset
+        elif text.lower().endswith(".json") or (text and os.path.isfile(text)):
+            model = cls.from_json(text)
+            latency_s, bandwidth_bps, name = model.latency_s, model.bandwidth_bps, model.name
+            gamma = model.gamma_s_per_element
+        else:
+            bandwidth_bps = parse_bandwidth_bps(text)
+            latency_s = 0.0
+            name = "none" if math.isinf(bandwidth_bps) else text
+        if latency_override is not None:
+            latency_s = latency_override
+            name = f"{name}@{latency.strip()}"  # type: ignore[union-attr]
+        return cls(latency_s=latency_s, bandwidth_bps=bandwidth_bps, name=name, gamma_s_per_element=gamma)
+
+    @classmethod
+    def from_alpha_beta(cls, alpha_s: float, beta_s_per_byte: float, name: str = "") -> "NetworkModel":
+        """Construct from fitted constants (``beta = 0`` means unthrottled)."""
+        if not (beta_s_per_byte >= 0):
+            raise ValueError(f"beta_s_per_byte={beta_s_per_byte!r} is invalid: expected a number >= 0")
+        bandwidth_bps = math.inf if beta_s_per_byte == 0 else 8.0 / beta_s_per_byte
+        return cls(latency_s=alpha_s, bandwidth_bps=bandwidth_bps, name=name)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike[str]) -> "NetworkModel":
+        """Load a calibration JSON (``gtopk-lab calibrate --out``) or a :meth:`to_dict` dump."""
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            raise ValueError(f"bandwidth={str(path)!r} is invalid: no such calibration file; "
+                             f"expected {_BANDWIDTH_FORMS}") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"bandwidth={str(path)!r} is invalid: cannot read calibration JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"bandwidth={str(path)!r} is invalid: calibration JSON must hold an object")
+        if "model" in data and isinstance(data["model"], dict):
+            data = data["model"]
+        model = cls.from_dict(data)
+        if not model.name:
+            model = cls(model.latency_s, model.bandwidth_bps, f"calibrated:{os.path.basename(str(path))}",
+                        model.gamma_s_per_element)
+        return model
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "NetworkModel":
+        """Inverse of :meth:`to_dict`; also accepts ``alpha_s``/``beta_s_per_byte`` keys."""
+        if not isinstance(data, dict):
+            raise TypeError(f"data has type {type(data).__name__}: expected dict")
+        name = str(data.get("name", ""))
+        gamma = float(data.get("gamma_s_per_element", 0.0))
+        if "latency_s" in data and "bandwidth_bps" in data:
+            bw = data["bandwidth_bps"]
+            bandwidth_bps = math.inf if bw is None or bw == "inf" else float(bw)
+            return cls(float(data["latency_s"]), bandwidth_bps, name, gamma)
+        if "alpha_s" in data and "beta_s_per_byte" in data:
+            model = cls.from_alpha_beta(float(data["alpha_s"]), float(data["beta_s_per_byte"]), name)
+            return cls(model.latency_s, model.bandwidth_bps, name, gamma)
+        raise ValueError(
+            f"network dict keys {sorted(data)} are invalid: expected latency_s and bandwidth_bps "
+            "(or alpha_s and beta_s_per_byte)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly dict; ``bandwidth_bps`` is ``None`` when unthrottled (JSON has no inf)."""
+        return {
+            "name": self.name,
+            "latency_s": self.latency_s,
+            "bandwidth_bps": None if math.isinf(self.bandwidth_bps) else self.bandwidth_bps,
+            "alpha_s": self.latency_s,
+            "beta_s_per_byte": self.beta_s_per_byte,
+            "gamma_s_per_element": self.gamma_s_per_element,
+        }
+
+    def to_strings(self) -> tuple[str, str]:
+        """(bandwidth, latency) strings that :meth:`from_strings` parses back to ``== self``.
+
+        (``gamma_s_per_element`` has no string form; use :meth:`to_dict` to keep it.)
+        """
+        return format_bandwidth(self.bandwidth_bps, exact=True), format_latency(self.latency_s, exact=True)
+
+    def __str__(self) -> str:
+        label = f"{self.name}: " if self.name else ""
+        if self.unthrottled and self.latency_s == 0:
+            return f"{label}unthrottled"
+        return f"{label}{format_bandwidth(self.bandwidth_bps)}, {format_latency(self.latency_s)} latency"
+
+    # --- basic quantities -------------------------------------------------------------
+    @property
+    def alpha_s(self) -> float:
+        """Per-message latency (alias of ``latency_s``)."""
+        return self.latency_s
+
+    @property
+    def beta_s_per_byte(self) -> float:
+        """Seconds per byte, ``8 / bandwidth_bps`` (0 when unthrottled)."""
+        return 0.0 if math.isinf(self.bandwidth_bps) else 8.0 / self.bandwidth_bps
+
+    @property
+    def unthrottled(self) -> bool:
+        """True when the bandwidth is infinite."""
+        return math.isinf(self.bandwidth_bps)
+
+    def message_time_s(self, nbytes: float) -> float:
+        """One point-to-point message: ``alpha + beta * nbytes``."""
+        return self.latency_s + self.beta_s_per_byte * float(nbytes)
+
+    def steps_time_s(self, steps: Sequence[tuple[int, int]]) -> float:
+        """Time of one rank's rounds: ``sum(alpha + beta * max(sent, recv))``.
+
+        ``steps`` is ``CommStats.steps``: per round, (bytes sent, bytes received) by
+        this rank. Full-duplex link, so a round costs the larger direction. O(rounds).
+        """
+        alpha, beta = self.latency_s, self.beta_s_per_byte
+        total = 0.0
+        for step in steps:
+            sent, recv = step
+            total += alpha + beta * max(sent, recv)
+        return total
