@@ -1,0 +1,272 @@
+"""Virtual time and link throttling around every collective.
+
+Two clocks describe a distributed run:
+
+- **wall time** (``time.perf_counter``) is what the machine actually took. It is the right
+  figure for benchmarking *this* machine, and for throttled runs that must really last as
+  long as the emulated network would make them.
+- **virtual time** is what the run would take on the modelled network with one core per
+  rank: each rank's own compute is measured as *process CPU time* (``time.process_time``)
+  between collectives, so it is not inflated when 8 ranks share 2 cores, and each
+  collective costs its *modelled* duration (``NetworkModel.steps_time_s`` of the
+  per-round bytes in ``CommStats.steps``), not its loopback wall time. At every
+  collective the ranks synchronise: the collective starts when the last rank arrives and
+  lasts as long as the slowest rank's modelled rounds::
+
+      arrival_i   = T + compute_i                  (T: common virtual time after the last sync)
+      T'          = max_i arrival_i + max_i steps_time_s(steps_i)
+
+  Virtual time is deterministic in its communication part (bytes and rounds only) and is
+  the right figure for scaling-efficiency studies and for comparing methods across
+  machines; it ignores contention that the model does not describe (shared cores, memory
+  bandwidth, OS jitter) and, by default, the CPU time of merges inside the collective
+  (reported separately as ``merge_cpu_s``; pass ``include_merge_cpu=True`` to add it).
+
+With ``throttle=True`` every rank also *sleeps* ``max(0, modelled_s - wall_s)`` after the
+real collective, so that its wall time is at least the modelled time of its own link
+(per-rank full-duplex link emulation, unlike ``tc`` on loopback which shares one link).
+
+Cost per collective: one extra ``all_reduce(MAX)`` of two float64 values over ``group``.
+
+Worker-side module: torch only, no plotting or notebook code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from gtopk_lab.network.model import NetworkModel
+
+__all__ = ["VirtualClock"]
+
+T = TypeVar("T")
+
+
+def _steps_of(item: Any) -> Sequence[tuple[int, int]]:
+    """``CommStats`` (or a result carrying ``.stats``) or a plain steps list -> steps."""
+    if hasattr(item, "stats"):
+        item = item.stats
+    if hasattr(item, "steps"):
+        return item.steps
+    if isinstance(item, (list, tuple)):
+        return item
+    raise TypeError(f"stats={item!r} has type {type(item).__name__}: expected CommStats, "
+                    "a CollectiveResult or a list of (bytes_sent, bytes_recv)")
+
+
+class VirtualClock:
+    """Per-rank virtual clock (compute CPU time + modelled communication), optional throttling.
+
+    Parameters
+    ----------
+    network:
+        The link model; ``NetworkModel.from_strings("none")`` models free communication.
+    throttle:
+        Sleep after each real collective until it has lasted its modelled time.
+    group:
+        ``torch.distributed`` process group to synchronise over; ``None`` uses the default
+        group when one is initialised, else the clock runs alone (world size 1).
+    include_merge_cpu:
+        Add this rank's ``stats.merge_cpu_s`` to its collective duration (off by default so
+        that the communication part stays deterministic).
+
+    Example::
+
+        clock = VirtualClock(NetworkModel.from_strings("1Gbps"), throttle=True)
+        ...forward/backward...
+        result = clock.collective(gtopk_allreduce, values, indices, numel, k)
+        row = {"virtual_time_s": clock.virtual_time_s, "comm_model_s": clock.last_comm_model_s}
+    """
+
+    def __init__(self, network: NetworkModel, throttle: bool = False, group: Any = None,
+                 include_merge_cpu: bool = False) -> None:
+        if not isinstance(network, NetworkModel):
+            raise TypeError(f"network={network!r} has type {type(network).__name__}: expected NetworkModel")
+        if not isinstance(throttle, bool):
+            raise TypeError(f"throttle={throttle!r} has type {type(throttle).__name__}: expected bool")
+        # tuned by the user
+        self.network = network
+        self.throttle = throttle
+        self.group = group
+        self.include_merge_cpu = bool(include_merge_cpu)
+        # internal state
+        self.reset()
+
+    # --- pickling: the process group stays behind -------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["group"] = None
+        return state
+
+    # --- state --------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Virtual time and all totals back to 0; compute is measured from now on."""
+        self._time_s = 0.0            # common virtual time after the last synchronisation
+        self._cpu_mark = time.process_time()
+        self._paused_cpu_s = 0.0
+        self.collectives = 0
+        self.last_compute_s = 0.0     # this rank's CPU time before the last collective
+        self.last_wait_s = 0.0        # virtual time this rank waited for the last arrival
+        self.last_comm_model_s = 0.0  # modelled duration of the last collective (max over ranks)
+        self.last_rank_model_s = 0.0  # modelled duration of this rank's own rounds
+        self.last_comm_wall_s = 0.0   # wall time of the real collective (+ throttle sleep)
+        self.last_sleep_s = 0.0
+        self.last_merge_cpu_s = 0.0
+        self.total_compute_s = 0.0
+        self.total_wait_s = 0.0
+        self.total_comm_model_s = 0.0
+        self.total_comm_wall_s = 0.0
+        self.total_sleep_s = 0.0
+        self.total_merge_cpu_s = 0.0
+
+    def _pending_compute_s(self) -> float:
+        return max(0.0, time.process_time() - self._cpu_mark - self._paused_cpu_s)
+
+    @property
+    def virtual_time_s(self) -> float:
+        """Virtual time now: last synchronisation plus this rank's CPU time since then."""
+        return self._time_s + self._pending_compute_s()
+
+    @property
+    def synced_time_s(self) -> float:
+        """Virtual time at the end of the last collective (identical on every rank)."""
+        return self._time_s
+
+    def mark(self) -> None:
+        """Forget CPU time spent since the last collective (e.g. set-up before training)."""
+        self._cpu_mark = time.process_time()
+        self._paused_cpu_s = 0.0
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """CPU time spent inside this block does not count as compute (evaluation, logging)."""
+        start = time.process_time()
+        try:
+            yield
+        finally:
+            self._paused_cpu_s += time.process_time() - start
+
+    def advance(self, seconds: float) -> None:
+        """Add modelled time that no collective accounts for (e.g. an emulated I/O stall)."""
+        if not seconds >= 0:
+            raise ValueError(f"seconds={seconds!r} is invalid: expected a number >= 0")
+        self._time_s += float(seconds)
+
+    # --- process group --------------------------------------------------------------------
+    def _world(self) -> tuple[Any, int]:
+        try:
+            import torch.distributed as dist
+        except ImportError:  # pragma: no cover - torch is a hard dependency
+            return None, 1
+        if not (dist.is_available() and dist.is_initialized()):
+            return None, 1
+        group = self.group
+        return group, dist.get_world_size(group)
+
+    def _max_over_ranks(self, arrival_s: float, duration_s: float) -> tuple[float, float]:
+        group, world = self._world()
+        if world == 1:
+            return arrival_s, duration_s
+        import torch
+        import torch.distributed as dist
+
+        device = torch.device("cpu")
+        if dist.get_backend(group) == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        both = torch.tensor([arrival_s, duration_s], dtype=torch.float64, device=device)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+        return float(both[0]), float(both[1])
+
+    # --- the hook around every collective ---------------------------------------------------
+    def collective(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run the real collective ``fn(*args, **kwargs)`` and advance virtual time.
+
+        Steps: (1) arrival = virtual time now (CPU compute since the last collective
+        included); (2) run ``fn`` and time it on the wall clock; (3) modelled_s =
+        ``network.steps_time_s(result.stats.steps)``; (4) with ``throttle`` sleep
+        ``max(0, modelled_s - wall_s)``; (5) one ``all_reduce(MAX)`` of (arrival,
+        modelled_s) -> virtual time = max arrival + max modelled duration.
+        ``fn`` must return an object with ``.stats.steps`` (a ``CollectiveResult``).
+        """
+        compute_s = self._pending_compute_s()
+        arrival_s = self._time_s + compute_s
+        wall_start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        wall_s = time.perf_counter() - wall_start
+        stats = getattr(result, "stats", None)
+        if stats is None or not hasattr(stats, "steps"):
+            raise TypeError(f"collective {getattr(fn, '__name__', fn)!r} returned {type(result).__name__}: "
+                            "expected a CollectiveResult with .stats.steps")
+        rank_model_s = self.network.steps_time_s(stats.steps)
+        merge_cpu_s = float(getattr(stats, "merge_cpu_s", 0.0) or 0.0)
+        duration_s = rank_model_s + (merge_cpu_s if self.include_merge_cpu else 0.0)
+        sleep_s = 0.0
+        if self.throttle:
+            sleep_s = max(0.0, rank_model_s - wall_s)
+            if sleep_s > 0:
+                time.sleep(sleep_s)
+        max_arrival_s, max_duration_s = self._max_over_ranks(arrival_s, duration_s)
+        comm_wall_s = time.perf_counter() - wall_start
+        self._record(compute_s, max_arrival_s - arrival_s, max_duration_s, rank_model_s,
+                     comm_wall_s, sleep_s, merge_cpu_s)
+        self._time_s = max_arrival_s + max_duration_s
+        self.mark()
+        return result
+
+    def _record(self, compute_s: float, wait_s: float, model_s: float, rank_model_s: float,
+                wall_s: float, sleep_s: float, merge_cpu_s: float) -> None:
+        self.collectives += 1
+        self.last_compute_s, self.last_wait_s = compute_s, wait_s
+        self.last_comm_model_s, self.last_rank_model_s = model_s, rank_model_s
+        self.last_comm_wall_s, self.last_sleep_s, self.last_merge_cpu_s = wall_s, sleep_s, merge_cpu_s
+        self.total_compute_s += compute_s
+        self.total_wait_s += wait_s
+        self.total_comm_model_s += model_s
+        self.total_comm_wall_s += wall_s
+        self.total_sleep_s += sleep_s
+        self.total_merge_cpu_s += merge_cpu_s
+
+    # --- single-process simulator ----------------------------------------------------------
+    def simulate_collective(self, compute_s: Sequence[float], stats: Sequence[Any],
+                            merge_cpu_s: Sequence[float] | None = None) -> float:
+        """Advance time for P *virtual* ranks living in one process (the simulator's hook).
+
+        ``compute_s[i]`` is rank i's compute time since the previous collective (the
+        simulator measures it with ``time.process_time`` around that rank's work);
+        ``stats[i]`` is rank i's ``CommStats`` (or ``CollectiveResult`` or steps list).
+        Virtual time becomes ``T + max_i compute_s[i] + max_i steps_time_s(stats[i])``
+        (plus merge CPU when ``include_merge_cpu``). Nothing is slept and no process group
+        is used; ``last_*`` and ``total_*`` describe the slowest rank. Returns the new
+        virtual time. O(total rounds).
+        """
+        if len(compute_s) != len(stats) or len(stats) == 0:
+            raise ValueError(f"compute_s has {len(compute_s)} entries and stats {len(stats)}: "
+                             "expected one of each per virtual rank (>= 1)")
+        if any(not c >= 0 for c in compute_s):
+            raise ValueError(f"compute_s={list(compute_s)!r} is invalid: expected numbers >= 0")
+        merges = list(merge_cpu_s) if merge_cpu_s is not None else [
+            float(getattr(getattr(s, "stats", s), "merge_cpu_s", 0.0) or 0.0) for s in stats]
+        models = [self.network.steps_time_s(_steps_of(s)) for s in stats]
+        durations = [m + (c if self.include_merge_cpu else 0.0) for m, c in zip(models, merges)]
+        max_compute = max(compute_s)
+        max_duration = max(durations)
+        self._record(max_compute, 0.0, max_duration, max(models), 0.0, 0.0, max(merges))
+        self._time_s += max_compute + max_duration
+        self.mark()
+        return self._time_s
+
+    def summary(self) -> dict[str, float]:
+        """Totals as a flat dict (seconds)."""
+        return {
+            "virtual_time_s": self.virtual_time_s,
+            "collectives": float(self.collectives),
+            "compute_s": self.total_compute_s,
+            "wait_s": self.total_wait_s,
+            "comm_model_s": self.total_comm_model_s,
+            "comm_wall_s": self.total_comm_wall_s,
+            "throttle_sleep_s": self.total_sleep_s,
+            "merge_cpu_s": self.total_merge_cpu_s,
+        }
