@@ -1,0 +1,306 @@
+"""Calibrate alpha and beta of the real backend with a ping-pong, and gamma of merges.
+
+Method (the classic Hockney fit):
+
+1. spawn ``workers`` real ranks (``torch.distributed``, gloo on CPU or NCCL on GPU) on
+   127.0.0.1 with a free port; ranks ``2i`` and ``2i+1`` form ping-pong pairs, all pairs
+   at once (with more than 2 workers that measures a loaded host, not an idle link);
+2. for every message size ``n`` (bytes): a few warm-up exchanges, then ``repeats``
+   round trips ``send(n) -> recv(n)`` timed on the wall clock; one-way time =
+   round trip / 2, the median over repeats is kept (robust to OS jitter);
+3. weighted least squares ``t(n) = alpha + beta * n`` with weights ``1 / t`` so that the
+   fit minimises *relative* error and the small sizes still pin down alpha
+   (:func:`fit_alpha_beta`; exact on noiseless data);
+4. the result is a :class:`NetworkModel` saved as JSON; ``NetworkModel.from_strings(path)``
+   loads it as a network preset.
+
+Cost: ``sum(sizes) * 2 * (repeats + warmup)`` bytes per pair plus process start-up
+(about 3-5 s for two spawned ranks on a small machine).
+
+:func:`measure_gamma_s_per_element` times the project's sparse merge on random
+k-sparse vectors, giving the gamma of the alpha-beta-gamma model.
+
+Worker-side module (torch, numpy); no plotting.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gtopk_lab.network.model import NetworkModel
+
+__all__ = [
+    "CalibrationResult",
+    "DEFAULT_SIZES_BYTES",
+    "calibrate",
+    "fit_alpha_beta",
+    "measure_gamma_s_per_element",
+    "parse_sizes_bytes",
+]
+
+DEFAULT_SIZES_BYTES: tuple[int, ...] = (1 << 10, 64 << 10, 1 << 20, 16 << 20)
+_SIZE_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+                "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+
+def parse_sizes_bytes(text: str) -> list[int]:
+    """"1K,64K,1M,16M" -> [1024, 65536, 1048576, 16777216] (binary multiples, bytes)."""
+    if not isinstance(text, str):
+        raise TypeError(f"sizes={text!r} has type {type(text).__name__}: expected str")
+    sizes: list[int] = []
+    for part in text.split(","):
+        p = part.strip().upper()
+        number = p.rstrip("KMGIB")
+        suffix = p[len(number):]
+        try:
+            value = float(number) * _SIZE_SUFFIX[suffix]
+        except (ValueError, KeyError):
+            raise ValueError(f"sizes={text!r} is invalid: expected comma-separated byte counts "
+                             "like '1K,64K,1M,16M' (suffixes K, M, G = 1024-based)") from None
+        if not (1 <= value <= (1 << 31)) or value != int(value):
+            raise ValueError(f"sizes={text!r} is invalid: each size must be a whole number of bytes in [1, 2G]")
+        sizes.append(int(value))
+    if len(set(sizes)) < 2:
+        raise ValueError(f"sizes={text!r} is invalid: need at least two distinct sizes to fit alpha and beta")
+    return sizes
+
+
+def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float],
+                   weighted: bool = True) -> tuple[float, float]:
+    """Least-squares fit of ``t = alpha + beta * n``; returns ``(alpha_s, beta_s_per_byte)``.
+
+    With ``weighted`` each point has weight ``1 / t`` (minimises relative error). Both
+    constants are kept >= 0: a negative alpha refits through the origin, a negative beta
+    refits a constant. Exact on noiseless data. O(len(sizes)).
+    """
+    if len(sizes_bytes) != len(times_s) or len(sizes_bytes) < 2:
+        raise ValueError(f"got {len(sizes_bytes)} sizes and {len(times_s)} times: expected equal lengths >= 2")
+    n = [float(x) for x in sizes_bytes]
+    t = [float(y) for y in times_s]
+    if any(not (v > 0 and math.isfinite(v)) for v in t):
+        raise ValueError(f"times_s={t!r} is invalid: expected finite times > 0")
+    if len(set(n)) < 2:
+        raise ValueError(f"sizes_bytes={n!r} is invalid: need at least two distinct sizes")
+    w = [1.0 / (y * y) if weighted else 1.0 for y in t]  # squared weights of the residuals
+    sw = sum(w)
+    swn = sum(wi * ni for wi, ni in zip(w, n))
+    swt = sum(wi * ti for wi, ti in zip(w, t))
+    swnn = sum(wi * ni * ni for wi, ni in zip(w, n))
+    swnt = sum(wi * ni * ti for wi, ni, ti in zip(w, n, t))
+    det = sw * swnn - swn * swn
+    beta = (sw * swnt - swn * swt) / det
+    alpha = (swt - beta * swn) / sw
+    if beta < 0:
+        return swt / sw, 0.0
+    if alpha < 0:
+        return 0.0, max(0.0, swnt / swnn)
+    return alpha, beta
+
+
+@dataclass
+class CalibrationResult:
+    """Measured one-way times and the fitted model."""
+
+    backend: str
+    workers: int
+    sizes_bytes: list[int]
+    #: median one-way time per size (over repeats and pairs), seconds
+    times_s: list[float]
+    #: per size, every pair's median one-way time (rank 2i's view)
+    pair_times_s: list[list[float]]
+    repeats: int
+    alpha_s: float
+    beta_s_per_byte: float
+    wall_s: float
+    host: str = field(default_factory=platform.node)
+    created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat())
+
+    @property
+    def model(self) -> NetworkModel:
+        """The fitted link as a :class:`NetworkModel` named ``calibrated:<backend>``."""
+        return NetworkModel.from_alpha_beta(self.alpha_s, self.beta_s_per_byte, name=f"calibrated:{self.backend}")
+
+    @property
+    def relative_residuals(self) -> list[float]:
+        """(fit - measured) / measured per size."""
+        return [(self.alpha_s + self.beta_s_per_byte * n - t) / t for n, t in zip(self.sizes_bytes, self.times_s)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: the model's keys (so ``NetworkModel.from_json`` reads it) + the data."""
+        out = self.model.to_dict()
+        out.update({
+            "backend": self.backend, "workers": self.workers, "sizes_bytes": self.sizes_bytes,
+            "times_s": self.times_s, "pair_times_s": self.pair_times_s, "repeats": self.repeats,
+            "relative_residuals": self.relative_residuals, "wall_s": self.wall_s,
+            "host": self.host, "created": self.created,
+        })
+        return out
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_dict` as JSON (atomically: temp file + rename)."""
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(self.to_dict(), fh, indent=2)
+        os.replace(tmp, path)
+
+
+# --- the measurement on each rank -----------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pingpong_rank(rank: int, world: int, port: int, backend: str, sizes: list[int], repeats: int,
+                   warmup: int, timeout_s: float, queue: Any) -> None:
+    """Child process body: init the group, ping-pong with the partner, report medians."""
+    try:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+        if backend == "nccl":
+            device = torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            partner = rank ^ 1
+            active = partner < world
+            medians: list[float] = []
+            for size in sizes:
+                buf = torch.zeros(size, dtype=torch.uint8, device=device)
+                samples: list[float] = []
+                dist.barrier()
+                for i in range(warmup + repeats):
+                    if not active:
+                        continue
+                    if backend == "nccl":
+                        torch.cuda.synchronize(device)
+                    t0 = time.perf_counter()
+                    if rank % 2 == 0:
+                        dist.send(buf, partner)
+                        dist.recv(buf, partner)
+                    else:
+                        dist.recv(buf, partner)
+                        dist.send(buf, partner)
+                    if backend == "nccl":
+                        torch.cuda.synchronize(device)
+                    if i >= warmup:
+                        samples.append((time.perf_counter() - t0) / 2.0)
+                medians.append(statistics.median(samples) if samples else float("nan"))
+            dist.barrier()
+            queue.put((rank, medians, None))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # report to the parent instead of dying silently
+        queue.put((rank, None, traceback.format_exc()))
+
+
+def calibrate(workers: int = 2, sizes_bytes: Sequence[int] = DEFAULT_SIZES_BYTES, repeats: int = 10,
+              backend: str = "gloo", warmup: int = 2, timeout_s: float = 60.0) -> CalibrationResult:
+    """Ping-pong over ``backend`` between real spawned ranks and fit alpha/beta (see module doc)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 2:
+        raise ValueError(f"workers={workers!r} is invalid: expected an integer >= 2")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend={backend!r} is invalid: expected gloo or nccl")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} is invalid: expected an integer >= 1")
+    sizes = [int(s) for s in sizes_bytes]
+    if len(set(sizes)) < 2 or min(sizes) < 1:
+        raise ValueError(f"sizes_bytes={sizes!r} is invalid: expected >= 2 distinct sizes >= 1 byte")
+    import torch.multiprocessing as mp
+
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("backend='nccl' is invalid here: no CUDA device is available (use gloo)")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    start = time.perf_counter()
+    procs = [ctx.Process(target=_pingpong_rank, daemon=True,
+                         args=(r, workers, port, backend, sizes, repeats, warmup, timeout_s, queue))
+             for r in range(workers)]
+    for p in procs:
+        p.start()
+    reports: dict[int, list[float]] = {}
+    errors: list[str] = []
+    deadline = time.monotonic() + timeout_s + 30.0
+    try:
+        while len(reports) + len(errors) < workers:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"calibration ranks did not finish within {timeout_s + 30:.0f} s")
+            try:
+                rank, medians, err = queue.get(timeout=min(remaining, 1.0))
+            except Exception:  # queue.Empty: check for ranks that died without reporting
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"calibration rank exited with code {dead[0].exitcode}") from None
+                continue
+            if err is not None:
+                errors.append(f"rank {rank}: {err}")
+            else:
+                reports[rank] = medians
+        if errors:
+            raise RuntimeError("calibration failed:\n" + "\n".join(errors))
+    finally:
+        for p in procs:
+            p.join(timeout=5.0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5.0)
+    wall_s = time.perf_counter() - start
+    pair_times = [[reports[r][i] for r in range(0, workers - 1, 2)] for i in range(len(sizes))]
+    times = [statistics.median(col) for col in pair_times]
+    alpha, beta = fit_alpha_beta(sizes, times)
+    return CalibrationResult(backend=backend, workers=workers, sizes_bytes=sizes, times_s=times,
+                             pair_times_s=pair_times, repeats=repeats, alpha_s=alpha,
+                             beta_s_per_byte=beta, wall_s=wall_s)
+
+
+def measure_gamma_s_per_element(k: int = 100_000, repeats: int = 5, numel: int | None = None,
+                                seed: int = 0) -> float:
+    """Seconds per input element of the project's sparse merge (gamma of alpha-beta-gamma).
+
+    Merges two random k-sparse vectors over ``numel`` (default ``100 k``) elements with
+    ``gtopk_lab.compression.merge.merge_sparse`` (union of indices, add, keep top-k) and
+    returns median time / (2k). Run it on the machine whose compute you want to model.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k={k!r} is invalid: expected an integer >= 1")
+    import torch
+
+    from gtopk_lab.compression.merge import index_dtype, merge_sparse
+
+    numel = numel if numel is not None else 100 * k
+    gen = torch.Generator().manual_seed(seed)
+    idx_dtype = index_dtype(numel)
+
+    def vec() -> tuple[Any, Any]:
+        idx = torch.randperm(numel, generator=gen)[:k].sort().values.to(idx_dtype)
+        return torch.randn(k, generator=gen), idx
+
+    (va, ia), (vb, ib) = vec(), vec()
+    merge_sparse(va, ia, vb, ib, k)  # warm-up
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        merge_sparse(va, ia, vb, ib, k)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) / (2 * k)
