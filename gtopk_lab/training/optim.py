@@ -1,0 +1,110 @@
+"""Optimiser, learning-rate and density schedules, and named training recipes.
+
+Schedules are pure functions of the fractional epoch ``e`` (iteration / iterations per
+epoch), so that every rank (and every virtual rank of the simulator) computes the same
+value without communication:
+
+- **learning rate**: linear warm-up from ``lr / P`` to ``lr`` over ``lr_warmup_epochs``
+  (Goyal et al. 2017), then step decay ``lr * lr_decay ** #{milestones <= e}``.
+- **density**: ``density_warmup = (rho0, E)`` uses density ``rho0`` while ``e < E``,
+  then ``density`` (the paper warms up with 0.004 for the first epoch).
+
+Recipes reproduce the reference configurations in docs/background (Shi et al. 2019):
+
+==================  =========================================================================
+``resnet20-cifar10``  lr 0.1, batch 32/worker, momentum 0.9, wd 1e-4, 141 epochs, rho 0.001
+``vgg16-cifar10``     same recipe as ResNet-20
+``lstm-ptb``          lr 1.0, batch 20, momentum 0, grad clip 0.25, rho 0.001
+``cnn-mnist1d``       MNIST-1D 4000/1000, CNN, lr 0.05, batch 32, 60 epochs, rho 0.001
+==================  =========================================================================
+
+All use density warm-up (0.004, 1 epoch) and a linear LR warm-up; the CIFAR milestones
+(81, 122) are the usual He et al. step points, not a figure of the paper.
+
+Example::
+
+    cfg = recipe("resnet20-cifar10", data_dir="~/data", workers=4, method="gtopk")
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import torch
+from torch import nn
+
+from gtopk_lab.config import RunConfig
+
+RECIPES: dict[str, dict[str, Any]] = {
+    "resnet20-cifar10": dict(
+        model="resnet20", dataset="cifar10", train_samples=50_000, test_samples=10_000,
+        epochs=141, batch_size=32, lr=0.1, momentum=0.9, weight_decay=1e-4,
+        lr_warmup_epochs=5.0, lr_milestones=(81, 122), lr_decay=0.1,
+        density=0.001, density_warmup=(0.004, 1),
+    ),
+    "vgg16-cifar10": dict(
+        model="vgg16", dataset="cifar10", train_samples=50_000, test_samples=10_000,
+        epochs=141, batch_size=32, lr=0.1, momentum=0.9, weight_decay=1e-4,
+        lr_warmup_epochs=5.0, lr_milestones=(81, 122), lr_decay=0.1,
+        density=0.001, density_warmup=(0.004, 1),
+    ),
+    "lstm-ptb": dict(
+        model="lstm", dataset="ptb", train_samples=1_000_000, test_samples=1_000_000,
+        epochs=40, batch_size=20, lr=1.0, momentum=0.0, weight_decay=0.0, grad_clip=0.25,
+        lr_warmup_epochs=1.0, lr_milestones=(20, 30), lr_decay=0.25,
+        density=0.001, density_warmup=(0.004, 1),
+    ),
+    "cnn-mnist1d": dict(
+        model="cnn", dataset="mnist1d", train_samples=4000, test_samples=1000,
+        epochs=60, batch_size=32, lr=0.05, momentum=0.9, weight_decay=0.0,
+        lr_warmup_epochs=1.0, lr_milestones=(45,), lr_decay=0.1,
+        density=0.001, density_warmup=(0.004, 1),
+    ),
+}
+
+
+def recipe(name: str, **overrides: Any) -> RunConfig:
+    """A validated ``RunConfig`` from recipe ``name`` with ``overrides`` applied on top."""
+    if name not in RECIPES:
+        raise ValueError(f"recipe={name!r} is invalid: expected one of {', '.join(RECIPES)}")
+    return RunConfig(**{**RECIPES[name], **overrides})
+
+
+def lr_at(config: RunConfig, epoch: float, world_size: int | None = None) -> float:
+    """Learning rate at fractional epoch ``epoch``: linear warm-up then step decay. O(log m)."""
+    p = world_size if world_size is not None else config.workers
+    lr = config.lr
+    if config.lr_warmup_epochs > 0 and epoch < config.lr_warmup_epochs:
+        start = config.lr / p
+        lr = start + (config.lr - start) * (epoch / config.lr_warmup_epochs)
+    decays = bisect.bisect_right(sorted(config.lr_milestones), epoch)
+    return lr * config.lr_decay ** decays
+
+
+def density_at(config: RunConfig, epoch: float) -> float:
+    """Density rho at fractional epoch ``epoch`` (``density_warmup`` first, then ``density``)."""
+    if config.density_warmup is not None:
+        warm_density, warm_epochs = config.density_warmup
+        if epoch < warm_epochs:
+            return float(warm_density)
+    return config.density
+
+
+def make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.SGD:
+    """SGD over the model's parameters.
+
+    With ``momentum_correction`` the velocity is kept per worker *before* sparsification
+    (see :mod:`gtopk_lab.training.loop`), so the optimiser itself runs without momentum.
+    Weight decay is applied by the optimiser to the aggregated update (identical on
+    every rank). The learning rate is overwritten each iteration from :func:`lr_at`.
+    """
+    momentum = 0.0 if config.momentum_correction else config.momentum
+    return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=momentum,
+                           weight_decay=config.weight_decay)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Write ``lr`` into every parameter group."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
