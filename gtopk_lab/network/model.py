@@ -322,3 +322,165 @@ class NetworkModel:
             sent, recv = step
             total += alpha + beta * max(sent, recv)
         return total
+
+    # --- closed-form collective times ----------------------------------------------------
+    def collective_time_s(self, collective: str, numel: int, k: int, workers: int,
+                          algorithm: str | None = None,
+                          gamma_s_per_element: float | None = None) -> float:
+        """Predicted duration of one collective on this link (max over ranks).
+
+        ``collective``: ``"dense"`` (``dense_allreduce``), ``"topk"`` (``topk_allgather``,
+        also used by GaussianK), ``"gtopk"`` (``gtopk_allreduce``; ``algorithm``
+        ``"butterfly"`` (default) or ``"tree"``), ``"oktopk"``, ``"lower_bound"``.
+        ``gamma_s_per_element`` (default: the model's) charges merge/selection compute on
+        the critical path. Formulas (``a`` = alpha, ``b`` = beta, ``m`` = bytes per
+        sparse pair, 8 with int32 indices, 12 with int64) are those of the functions
+        :func:`dense_ring_allreduce_time_s` .. :func:`sparse_allreduce_lower_bound_time_s`.
+        """
+        gamma = self.gamma_s_per_element if gamma_s_per_element is None else float(gamma_s_per_element)
+        name = _COLLECTIVE_ALIASES.get(collective)
+        if name is None:
+            raise ValueError(f"collective={collective!r} is invalid: expected one of "
+                             f"{', '.join(sorted(set(_COLLECTIVE_ALIASES)))}")
+        _check_sizes(numel, k, workers)
+        if name == "gtopk":
+            algorithm = algorithm or "butterfly"
+            if algorithm not in ("butterfly", "tree"):
+                raise ValueError(f"algorithm={algorithm!r} is invalid: expected butterfly or tree")
+            fn = gtopk_butterfly_time_s if algorithm == "butterfly" else gtopk_tree_time_s
+            return fn(self, numel, k, workers, gamma)
+        if algorithm not in (None, "ring") and name in ("dense", "topk"):
+            raise ValueError(f"algorithm={algorithm!r} is invalid for {collective}: expected ring or None")
+        return _FORMULAS[name](self, numel, k, workers, gamma)
+
+
+_COLLECTIVE_ALIASES: dict[str, str] = {
+    "dense": "dense", "dense_allreduce": "dense",
+    "topk": "topk", "topk_allgather": "topk", "gaussiank": "topk",
+    "gtopk": "gtopk", "gtopk_allreduce": "gtopk",
+    "oktopk": "oktopk", "oktopk_allreduce": "oktopk",
+    "lower_bound": "lower_bound", "lowerbound": "lower_bound",
+}
+
+
+def _check_sizes(numel: int, k: int, workers: int) -> None:
+    for fname, value, low in (("numel", numel, 1), ("k", k, 1), ("workers", workers, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{fname}={value!r} is invalid: expected an integer >= {low}")
+    if k > numel:
+        raise ValueError(f"k={k!r} is invalid: expected k <= numel ({numel})")
+
+
+def pair_bytes(numel: int) -> int:
+    """Bytes per sparse (value, index) pair: fp32 value + int32 index, int64 when numel >= 2**31."""
+    return 4 + (4 if numel < 2**31 else 8)
+
+
+def _log2_floor(workers: int) -> int:
+    return workers.bit_length() - 1
+
+
+def _log2_ceil(workers: int) -> int:
+    return (workers - 1).bit_length()
+
+
+def dense_ring_allreduce_time_s(net: NetworkModel, numel: int, k: int, workers: int,
+                                gamma_s_per_element: float = 0.0) -> float:
+    """Dense S-SGD, ring allreduce of ``d = numel`` fp32 values.
+
+    ``T = 2(P-1) * (a + b * 4 * d / P)`` (reduce-scatter then allgather, P-1 rounds
+    each, one chunk of d/P elements sent and received per round). With chunks that do
+    not divide evenly the largest chunk ``ceil(d/P)`` bounds a round; the exact per-rank
+    bytes are in ``CommStats.steps``. ``gamma`` is not applied (dense adds are
+    bandwidth-bound, not merge-bound). ``k`` is ignored.
+    """
+    p = workers
+    if p == 1:
+        return 0.0
+    return 2 * (p - 1) * (net.latency_s + net.beta_s_per_byte * DENSE_ELEMENT_BYTES * numel / p)
+
+
+def topk_allgather_time_s(net: NetworkModel, numel: int, k: int, workers: int,
+                          gamma_s_per_element: float = 0.0) -> float:
+    """Top-k S-SGD, ring allgather of every rank's k (value, index) pairs.
+
+    ``T = (P-1) * (a + b * m * k) + gamma * P * k`` (P-1 rounds, each forwarding one
+    rank's k pairs; then the P*k gathered pairs are summed).
+    """
+    p = workers
+    if p == 1:
+        return 0.0
+    m = pair_bytes(numel)
+    return (p - 1) * (net.latency_s + net.beta_s_per_byte * m * k) + gamma_s_per_element * p * k
+
+
+def gtopk_butterfly_time_s(net: NetworkModel, numel: int, k: int, workers: int,
+                           gamma_s_per_element: float = 0.0) -> float:
+    """gTop-k by recursive doubling (butterfly), every rank merges.
+
+    Power-of-two P: ``T = log2(P) * (a + b * m * k + gamma * 2k)`` (each round every
+    rank exchanges its current k pairs with its partner and merges 2k -> k).
+    Other P (fold/unfold): with ``p' = 2^floor(log2 P)`` the ``P - p'`` extra ranks first
+    send their k pairs to a partner inside the group (one round, merged there), the
+    group runs the butterfly, then partners send the k-pair result back (one round):
+    ``T = (log2(p') + 2) * (a + b * m * k) + (log2(p') + 1) * gamma * 2k``.
+    Message sizes are upper bounds: a merge of two vectors with fewer than k distinct
+    indices sends fewer pairs.
+    """
+    p = workers
+    if p == 1:
+        return 0.0
+    m = pair_bytes(numel)
+    rounds = _log2_floor(p)
+    folded = p != 1 << rounds
+    msg = net.latency_s + net.beta_s_per_byte * m * k
+    merge = gamma_s_per_element * 2 * k
+    return (rounds + 2 * folded) * msg + (rounds + folded) * merge
+
+
+def gtopk_tree_time_s(net: NetworkModel, numel: int, k: int, workers: int,
+                      gamma_s_per_element: float = 0.0) -> float:
+    """gTop-k as in the paper: binomial-tree reduce (merge) to rank 0, then broadcast.
+
+    Rank 0 is on the critical path: ``ceil(log2 P)`` receive+merge rounds, then
+    ``ceil(log2 P)`` broadcast sends of the k-pair result:
+    ``T = 2 * ceil(log2 P) * (a + b * m * k) + ceil(log2 P) * gamma * 2k``.
+    (The paper writes ``2 log2(P) a + 4 k log2(P) * 8 b``: it counts values and indices
+    of a merge as two 2k-element messages.)
+    """
+    p = workers
+    if p == 1:
+        return 0.0
+    m = pair_bytes(numel)
+    levels = _log2_ceil(p)
+    return 2 * levels * (net.latency_s + net.beta_s_per_byte * m * k) + levels * gamma_s_per_element * 2 * k
+
+
+def oktopk_time_s(net: NetworkModel, numel: int, k: int, workers: int,
+                  gamma_s_per_element: float = 0.0) -> float:
+    """Ok-Topk (Li & Hoefler, PPoPP'22) bound: ``(2P + 2 log2 P) a + 6k (P-1)/P * m b``.
+
+    Split index space, sparse reduce-scatter, balanced allgather. ``gamma`` unused.
+    """
+    p = workers
+    if p == 1:
+        return 0.0
+    m = pair_bytes(numel)
+    return (2 * p + 2 * math.log2(p)) * net.latency_s + 6 * k * (p - 1) / p * m * net.beta_s_per_byte
+
+
+def sparse_allreduce_lower_bound_time_s(net: NetworkModel, numel: int, k: int, workers: int,
+                                        gamma_s_per_element: float = 0.0) -> float:
+    """Bandwidth lower bound of any sparse allreduce of k pairs: ``2k (P-1)/P * m b``."""
+    p = workers
+    if p == 1:
+        return 0.0
+    return 2 * k * (p - 1) / p * pair_bytes(numel) * net.beta_s_per_byte
+
+
+_FORMULAS = {
+    "dense": dense_ring_allreduce_time_s,
+    "topk": topk_allgather_time_s,
+    "oktopk": oktopk_time_s,
+    "lower_bound": sparse_allreduce_lower_bound_time_s,
+}
