@@ -388,16 +388,16 @@ def dense_ring_allreduce_time_s(net: NetworkModel, numel: int, k: int, workers: 
                                 gamma_s_per_element: float = 0.0) -> float:
     """Dense S-SGD, ring allreduce of ``d = numel`` fp32 values.
 
-    ``T = 2(P-1) * (a + b * 4 * d / P)`` (reduce-scatter then allgather, P-1 rounds
-    each, one chunk of d/P elements sent and received per round). With chunks that do
-    not divide evenly the largest chunk ``ceil(d/P)`` bounds a round; the exact per-rank
-    bytes are in ``CommStats.steps``. ``gamma`` is not applied (dense adds are
-    bandwidth-bound, not merge-bound). ``k`` is ignored.
+    ``T = 2(P-1) * (a + b * ceil(4 d / P))`` (reduce-scatter then allgather, P-1 rounds
+    each, one chunk of ``ceil(4d/P)`` bytes sent and received per round, as in
+    ``gtopk_lab.schedules.ring_allreduce_steps``). ``gamma`` is not applied (dense adds
+    are bandwidth-bound, not merge-bound). ``k`` is ignored.
     """
     p = workers
     if p == 1:
         return 0.0
-    return 2 * (p - 1) * (net.latency_s + net.beta_s_per_byte * DENSE_ELEMENT_BYTES * numel / p)
+    chunk_bytes = -(-DENSE_ELEMENT_BYTES * numel // p)
+    return 2 * (p - 1) * (net.latency_s + net.beta_s_per_byte * chunk_bytes)
 
 
 def topk_allgather_time_s(net: NetworkModel, numel: int, k: int, workers: int,
