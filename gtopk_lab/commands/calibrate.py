@@ -1,0 +1,51 @@
+"""``gtopk-lab calibrate``: ping-pong over the real backend, fit alpha and beta."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from gtopk_lab.cli import UsageError
+
+NAME = "calibrate"
+HELP = "measure latency/bandwidth of the real backend (ping-pong) and save an alpha-beta preset"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=int, default=2, help="ranks to spawn; pairs ping-pong at once (default 2)")
+    parser.add_argument("--sizes", default="1K,64K,1M,16M",
+                        help="message sizes in bytes, K/M/G = 1024-based (default 1K,64K,1M,16M)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed round trips per size (default 10)")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--timeout", type=float, default=60.0, help="process-group timeout in seconds")
+    parser.add_argument("--out", default=None, help="write the calibration JSON here (usable as --bandwidth FILE)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gtopk_lab.network.calibrate import calibrate, parse_sizes_bytes
+    from gtopk_lab.network.model import format_bandwidth, format_latency
+
+    if args.workers < 2:
+        raise UsageError(f"--workers={args.workers} is invalid: expected an integer >= 2")
+    if args.repeats < 1:
+        raise UsageError(f"--repeats={args.repeats} is invalid: expected an integer >= 1")
+    sizes = parse_sizes_bytes(args.sizes)
+    result = calibrate(workers=args.workers, sizes_bytes=sizes, repeats=args.repeats,
+                       backend=args.backend, timeout_s=args.timeout)
+    if args.out:
+        result.save(args.out)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    print(f"backend {result.backend}, {result.workers} ranks, {result.repeats} repeats, {result.wall_s:.1f} s")
+    print(f"{'bytes':>12} {'one-way (us)':>14} {'fit (us)':>10} {'error':>8}")
+    for n, t, e in zip(result.sizes_bytes, result.times_s, result.relative_residuals):
+        fit = result.alpha_s + result.beta_s_per_byte * n
+        print(f"{n:>12d} {t * 1e6:>14.1f} {fit * 1e6:>10.1f} {e:>+8.1%}")
+    model = result.model
+    print(f"alpha = {format_latency(model.latency_s)}, beta = {model.beta_s_per_byte:.3e} s/B "
+          f"({format_bandwidth(model.bandwidth_bps)})")
+    if args.out:
+        print(f"saved {args.out}; use it as --bandwidth {args.out}")
+    return 0
