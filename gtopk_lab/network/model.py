@@ -43,6 +43,8 @@ __all__ = [
 PAIR_BYTES = 8
 #: Bytes per element of a dense fp32 gradient.
 DENSE_ELEMENT_BYTES = 4
+#: Bytes of the int64 count header before every sparse message (``collectives.HEADER_BYTES``).
+SPARSE_HEADER_BYTES = 8
 
 
 # --- presets ---------------------------------------------------------------------------
@@ -402,28 +404,31 @@ def dense_ring_allreduce_time_s(net: NetworkModel, numel: int, k: int, workers: 
 
 def topk_allgather_time_s(net: NetworkModel, numel: int, k: int, workers: int,
                           gamma_s_per_element: float = 0.0) -> float:
-    """Top-k S-SGD, ring allgather of every rank's k (value, index) pairs.
+    """Top-k S-SGD as ``collectives.topk_allgather`` does it: two ring allgathers.
 
-    ``T = (P-1) * (a + b * m * k) + gamma * P * k`` (P-1 rounds, each forwarding one
-    rank's k pairs; then the P*k gathered pairs are summed).
+    First the 8-byte entry counts (P-1 rounds of ``h = 8`` bytes), then every rank's k
+    pairs (P-1 rounds of ``m k`` bytes); then the P*k gathered pairs are summed:
+    ``T = 2(P-1) a + (P-1)(h + m k) b + gamma * P * k``.
     """
     p = workers
     if p == 1:
         return 0.0
     m = pair_bytes(numel)
-    return (p - 1) * (net.latency_s + net.beta_s_per_byte * m * k) + gamma_s_per_element * p * k
+    return (2 * (p - 1) * net.latency_s + (p - 1) * (SPARSE_HEADER_BYTES + m * k) * net.beta_s_per_byte
+            + gamma_s_per_element * p * k)
 
 
 def gtopk_butterfly_time_s(net: NetworkModel, numel: int, k: int, workers: int,
                            gamma_s_per_element: float = 0.0) -> float:
     """gTop-k by recursive doubling (butterfly), every rank merges.
 
-    Power-of-two P: ``T = log2(P) * (a + b * m * k + gamma * 2k)`` (each round every
-    rank exchanges its current k pairs with its partner and merges 2k -> k).
+    Power-of-two P: ``T = log2(P) * (a + b * (h + m k) + gamma * 2k)`` (each round every
+    rank exchanges its current k pairs, behind an ``h = 8``-byte count header, with its
+    partner and merges 2k -> k; ``gtopk_lab.schedules.butterfly_schedule``).
     Other P (fold/unfold): with ``p' = 2^floor(log2 P)`` the ``P - p'`` extra ranks first
     send their k pairs to a partner inside the group (one round, merged there), the
     group runs the butterfly, then partners send the k-pair result back (one round):
-    ``T = (log2(p') + 2) * (a + b * m * k) + (log2(p') + 1) * gamma * 2k``.
+    ``T = (log2(p') + 2) * (a + b * (h + m k)) + (log2(p') + 1) * gamma * 2k``.
     Message sizes are upper bounds: a merge of two vectors with fewer than k distinct
     indices sends fewer pairs.
     """
@@ -433,7 +438,7 @@ def gtopk_butterfly_time_s(net: NetworkModel, numel: int, k: int, workers: int,
     m = pair_bytes(numel)
     rounds = _log2_floor(p)
     folded = p != 1 << rounds
-    msg = net.latency_s + net.beta_s_per_byte * m * k
+    msg = net.latency_s + net.beta_s_per_byte * (SPARSE_HEADER_BYTES + m * k)
     merge = gamma_s_per_element * 2 * k
     return (rounds + 2 * folded) * msg + (rounds + folded) * merge
 
@@ -444,7 +449,8 @@ def gtopk_tree_time_s(net: NetworkModel, numel: int, k: int, workers: int,
 
     Rank 0 is on the critical path: ``ceil(log2 P)`` receive+merge rounds, then
     ``ceil(log2 P)`` broadcast sends of the k-pair result:
-    ``T = 2 * ceil(log2 P) * (a + b * m * k) + ceil(log2 P) * gamma * 2k``.
+    ``T = 2 * ceil(log2 P) * (a + b * (h + m k)) + ceil(log2 P) * gamma * 2k``
+    (``gtopk_lab.schedules.tree_schedule``; ``h = 8`` header bytes).
     (The paper writes ``2 log2(P) a + 4 k log2(P) * 8 b``: it counts values and indices
     of a merge as two 2k-element messages.)
     """
@@ -453,7 +459,8 @@ def gtopk_tree_time_s(net: NetworkModel, numel: int, k: int, workers: int,
         return 0.0
     m = pair_bytes(numel)
     levels = _log2_ceil(p)
-    return 2 * levels * (net.latency_s + net.beta_s_per_byte * m * k) + levels * gamma_s_per_element * 2 * k
+    msg = net.latency_s + net.beta_s_per_byte * (SPARSE_HEADER_BYTES + m * k)
+    return 2 * levels * msg + levels * gamma_s_per_element * 2 * k
 
 
 def oktopk_time_s(net: NetworkModel, numel: int, k: int, workers: int,
