@@ -1,0 +1,399 @@
+"""Aggregation collectives over torch.distributed (gloo on CPU, NCCL on GPU).
+
+Public API (docs/architecture.md):
+
+- :func:`dense_allreduce` — S-SGD baseline, ring allreduce of d floats (library call);
+- :func:`topk_allgather` — Top-k S-SGD, allgather of every rank's (value, index) pairs;
+- :func:`gtopk_allreduce` — gTop-k S-SGD, global top-k by merging k-sparse vectors along a
+  butterfly (recursive doubling with fold/unfold, any P) or a binomial tree (the paper's
+  reduce + broadcast).
+
+Each returns ``CollectiveResult(values, indices, stats: CommStats)``. Sparse results are
+canonical (ascending index) and bitwise identical on every rank.
+
+How the sparse collectives are built: the algorithm of one rank is a generator
+(:func:`gtopk_program`) that yields communication requests ``(op, peer, payload)`` taken
+from :mod:`gtopk_lab.schedules` and does all merging with
+:func:`gtopk_lab.compression.merge.merge_sparse`. Here a driver carries the requests out with
+torch.distributed point-to-point calls; :mod:`gtopk_lab.collectives_sim` carries the same
+requests out between virtual ranks in one process. Byte counts come from the generator, so
+real and simulated CommStats agree by construction.
+
+Wire format of one sparse message: an 8-byte int64 header holding the entry count n, then
+(if n > 0) one uint8 payload of n values followed by n indices (fp32 + int32 = 8 bytes per
+entry below 2**31 elements). ``bytes_sent`` counts header and payload; ``messages`` counts
+both messages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from gtopk_lab.compression.merge import check_sparse, coalesce_sparse, index_dtype, merge_sparse
+from gtopk_lab.schedules import (
+    SPARSE_ALGORITHMS, ring_allgather_steps, ring_allreduce_steps, sparse_schedule,
+)
+
+__all__ = [
+    "CommStats", "CollectiveResult", "dense_allreduce", "topk_allgather", "gtopk_allreduce",
+    "gtopk_program", "HEADER_BYTES", "sparse_message_bytes", "allgather_assemble",
+]
+
+#: Bytes of the count header that precedes every sparse point-to-point message.
+HEADER_BYTES = 8
+
+
+@dataclass
+class CommStats:
+    """What one rank sent and received in one collective call (see docs/architecture.md)."""
+
+    collective: str
+    algorithm: str
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    messages: int = 0
+    rounds: int = 0
+    #: per round on this rank: (bytes_sent, bytes_recv), in order
+    steps: list[tuple[int, int]] = field(default_factory=list)
+    #: CPU seconds this rank spent merging inside the collective
+    merge_cpu_s: float = 0.0
+    #: entries dropped by merges and charged to THIS rank (mass-conserving rule);
+    #: None for exact collectives, empty tensors on gTop-k ranks that own no drops
+    dropped_values: torch.Tensor | None = None
+    dropped_indices: torch.Tensor | None = None
+    #: True when the bytes come from the ring formula of a library collective
+    library_estimate: bool = False
+
+
+class CollectiveResult(NamedTuple):
+    """Result of a collective: global values/indices (indices None for dense) and stats."""
+
+    values: torch.Tensor
+    indices: torch.Tensor | None
+    stats: CommStats
+
+
+# ---------------------------------------------------------------------------------------
+# validation helpers
+def _check_k(k: int, numel: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k={k!r} has type {type(k).__name__}: expected int")
+    if not 1 <= k <= numel:
+        raise ValueError(f"k={k!r} is invalid: expected 1 <= k <= numel={numel}")
+
+
+def _check_numel(numel: int) -> None:
+    if isinstance(numel, bool) or not isinstance(numel, int):
+        raise TypeError(f"numel={numel!r} has type {type(numel).__name__}: expected int")
+    if numel < 1:
+        raise ValueError(f"numel={numel!r} is invalid: expected an integer >= 1")
+
+
+def _check_algorithm(algorithm: str) -> None:
+    if algorithm not in SPARSE_ALGORITHMS:
+        raise ValueError(f"algorithm={algorithm!r} is invalid: expected one of {', '.join(SPARSE_ALGORITHMS)}")
+
+
+def _rank_world(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("no initialised torch.distributed process group: call "
+                         "torch.distributed.init_process_group(...) first (or use the simulator)")
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(f"group={group!r} is invalid: this process is not a member of it")
+    return rank, dist.get_world_size(group)
+
+
+def _comm_device(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.device:
+    """Device the backend can send from: the tensor's own for NCCL, CPU for gloo."""
+    backend = dist.get_backend(group)
+    if tensor.device.type == "cuda" and str(backend).lower() == "nccl":
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
+    if group is None or group is dist.group.WORLD:
+        return group_rank
+    return dist.get_global_rank(group, group_rank)
+
+
+def _wire(values: torch.Tensor, indices: torch.Tensor, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return values.contiguous(), indices.to(index_dtype(numel)).contiguous()
+
+
+def sparse_message_bytes(n: int, value_dtype: torch.dtype, idx_dtype: torch.dtype) -> int:
+    """Bytes of one sparse message of n entries: header + n * (value + index size)."""
+    vsize = torch.empty(0, dtype=value_dtype).element_size()
+    isize = torch.empty(0, dtype=idx_dtype).element_size()
+    return HEADER_BYTES + n * (vsize + isize)
+
+
+# ---------------------------------------------------------------------------------------
+# the gTop-k algorithm of one rank, transport-agnostic
+Payload = tuple[torch.Tensor, torch.Tensor]
+Request = tuple[str, int, "Payload | None"]
+
+
+def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: torch.Tensor,
+                  numel: int, k: int, algorithm: str
+                  ) -> Generator[Request, Payload | None, CollectiveResult]:
+    """gTop-k on one rank as a generator of communication requests.
+
+    Yields ``("send", peer, (v, i))`` (resumed with None), ``("recv", peer, None)`` and
+    ``("exchange", peer, (v, i))`` (both resumed with the peer's ``(v, i)``), following
+    :func:`gtopk_lab.schedules.sparse_schedule`; returns the rank's CollectiveResult.
+    Merges put the lower rank's operand first so all ranks add in the same order.
+    """
+    values, indices = _wire(values, indices, numel)
+    steps: list[tuple[int, int]] = []
+    messages = 0
+    merge_cpu_s = 0.0
+    dropped: list[Payload] = []
+    merged_any = False
+
+    def msg_bytes(p: Payload) -> int:
+        return sparse_message_bytes(p[0].numel(), p[0].dtype, p[1].dtype)
+
+    def n_msgs(p: Payload) -> int:
+        return 2 if p[0].numel() > 0 else 1
+
+    for step in sparse_schedule(algorithm, rank, world_size):
+        mine = (values, indices)
+        if step.op == "send":
+            yield ("send", step.peer, mine)
+            steps.append((msg_bytes(mine), 0))
+            messages += n_msgs(mine)
+            continue
+        theirs = yield (step.op, step.peer, mine if step.op == "exchange" else None)
+        assert theirs is not None
+        if step.op == "exchange":
+            steps.append((msg_bytes(mine), msg_bytes(theirs)))
+            messages += n_msgs(mine)
+        else:
+            steps.append((0, msg_bytes(theirs)))
+        if not step.merge:
+            values, indices = theirs
+            continue
+        first, second = (mine, theirs) if rank < step.peer else (theirs, mine)
+        t0 = time.process_time()
+        values, indices, d_v, d_i = merge_sparse(first[0], first[1], second[0], second[1], k)
+        merge_cpu_s += time.process_time() - t0
+        merged_any = True
+        if step.charge_drops:
+            dropped.append((d_v, d_i))
+    if not merged_any and world_size == 1:
+        # No merge happened: canonicalise (sort) and keep k, the single rank owns the drops.
+        t0 = time.process_time()
+        empty_v, empty_i = values.new_empty(0), indices.new_empty(0)
+        values, indices, d_v, d_i = merge_sparse(values, indices, empty_v, empty_i, k)
+        merge_cpu_s += time.process_time() - t0
+        dropped.append((d_v, d_i))
+    if dropped:
+        drop_v, drop_i = coalesce_sparse(torch.cat([d[0] for d in dropped]),
+                                         torch.cat([d[1] for d in dropped]))
+    else:
+        drop_v, drop_i = values.new_empty(0), indices.new_empty(0)
+    stats = CommStats(
+        collective="gtopk_allreduce", algorithm=algorithm,
+        bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),
+        messages=messages, rounds=len(steps), steps=steps, merge_cpu_s=merge_cpu_s,
+        dropped_values=drop_v, dropped_indices=drop_i, library_estimate=False,
+    )
+    return CollectiveResult(values, indices, stats)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.distributed transport for the sparse programs
+def _pack(p: Payload) -> torch.Tensor:
+    return torch.cat([p[0].contiguous().view(torch.uint8), p[1].contiguous().view(torch.uint8)])
+
+
+def _unpack(buf: torch.Tensor, n: int, value_dtype: torch.dtype, idx_dtype: torch.dtype) -> Payload:
+    vbytes = n * torch.empty(0, dtype=value_dtype).element_size()
+    return buf[:vbytes].view(value_dtype).clone(), buf[vbytes:].view(idx_dtype).clone()
+
+
+class _P2P:
+    """Runs gtopk_program requests with torch.distributed isend/irecv on ``group``."""
+
+    def __init__(self, group: dist.ProcessGroup | None, device: torch.device,
+                 value_dtype: torch.dtype, idx_dtype: torch.dtype) -> None:
+        self.group, self.device = group, device
+        self.value_dtype, self.idx_dtype = value_dtype, idx_dtype
+        self.pair_bytes = (torch.empty(0, dtype=value_dtype).element_size()
+                           + torch.empty(0, dtype=idx_dtype).element_size())
+
+    def _isend(self, t: torch.Tensor, peer: int) -> dist.Work:
+        return dist.isend(t, dst=_global_rank(self.group, peer), group=self.group)
+
+    def _irecv(self, t: torch.Tensor, peer: int) -> dist.Work:
+        return dist.irecv(t, src=_global_rank(self.group, peer), group=self.group)
+
+    def run(self, op: str, peer: int, payload: Payload | None) -> Payload | None:
+        works = []
+        send_buf = None
+        if payload is not None:
+            payload = (payload[0].to(self.device), payload[1].to(self.device))
+            header = torch.tensor([payload[0].numel()], dtype=torch.int64, device=self.device)
+            works.append(self._isend(header, peer))
+            send_buf = _pack(payload) if payload[0].numel() > 0 else None
+        recv_header = None
+        if op in ("recv", "exchange"):
+            recv_header = torch.empty(1, dtype=torch.int64, device=self.device)
+            works.append(self._irecv(recv_header, peer))
+        for w in works:
+            w.wait()
+        works = []
+        if send_buf is not None:
+            works.append(self._isend(send_buf, peer))
+        recv_buf, n = None, 0
+        if recv_header is not None:
+            n = int(recv_header.item())
+            if n > 0:
+                recv_buf = torch.empty(n * self.pair_bytes, dtype=torch.uint8, device=self.device)
+                works.append(self._irecv(recv_buf, peer))
+        for w in works:
+            w.wait()
+        if recv_header is None:
+            return None
+        if recv_buf is None:
+            return (torch.empty(0, dtype=self.value_dtype, device=self.device),
+                    torch.empty(0, dtype=self.idx_dtype, device=self.device))
+        return _unpack(recv_buf, n, self.value_dtype, self.idx_dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# public collectives
+def dense_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> CollectiveResult:
+    """Sum ``tensor`` over all ranks, in place (dense S-SGD).
+
+    Pattern: the backend's allreduce (ring for large tensors). Bytes are the ring's:
+    2(P-1) rounds of ceil(bytes/P); cost 2(P-1) alpha + 2 (P-1)/P * d * 4 beta for fp32.
+    Returns ``CollectiveResult(tensor, None, stats)`` with ``stats.library_estimate=True``.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor has type {type(tensor).__name__}: expected torch.Tensor")
+    _rank, world = _rank_world(group)
+    device = _comm_device(tensor, group)
+    if world > 1:
+        if tensor.device == device and tensor.is_contiguous():
+            dist.all_reduce(tensor, group=group)
+        else:
+            buf = tensor.detach().to(device).contiguous()
+            dist.all_reduce(buf, group=group)
+            tensor.copy_(buf)
+    return CollectiveResult(tensor, None, dense_stats(tensor.numel() * tensor.element_size(), world))
+
+
+def dense_stats(nbytes: int, world_size: int) -> CommStats:
+    """CommStats of a ring allreduce of ``nbytes`` (shared with the simulator)."""
+    steps = ring_allreduce_steps(nbytes, world_size)
+    return CommStats(collective="dense_allreduce", algorithm="ring",
+                     bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),
+                     messages=len(steps), rounds=len(steps), steps=steps, library_estimate=True)
+
+
+def allgather_assemble(counts: list[int], gathered: list[Payload], value_dtype: torch.dtype,
+                       idx_dtype: torch.dtype, world_size: int) -> CollectiveResult:
+    """Sum the gathered per-rank sparse vectors (rank order) and build the allgather stats.
+
+    ``gathered[r]`` holds rank r's first ``counts[r]`` entries. Stats: a ring allgather of
+    the 8-byte counts, then a ring allgather of max(counts) padded pairs per rank.
+    """
+    t0 = time.process_time()
+    if gathered:
+        values, indices = coalesce_sparse(torch.cat([g[0] for g in gathered]),
+                                          torch.cat([g[1] for g in gathered]))
+    else:
+        values = torch.empty(0, dtype=value_dtype)
+        indices = torch.empty(0, dtype=idx_dtype)
+    merge_cpu_s = time.process_time() - t0
+    pair = sparse_message_bytes(1, value_dtype, idx_dtype) - HEADER_BYTES
+    steps = ring_allgather_steps(HEADER_BYTES, world_size)
+    if max(counts) > 0:
+        steps += ring_allgather_steps(max(counts) * pair, world_size)
+    stats = CommStats(collective="topk_allgather", algorithm="ring",
+                      bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),
+                      messages=len(steps), rounds=len(steps), steps=steps, merge_cpu_s=merge_cpu_s,
+                      library_estimate=True)
+    return CollectiveResult(values, indices, stats)
+
+
+def topk_allgather(values: torch.Tensor, indices: torch.Tensor, numel: int,
+                   group: dist.ProcessGroup | None = None) -> CollectiveResult:
+    """Top-k S-SGD aggregation: every rank gathers every rank's sparse vector and sums them.
+
+    Pattern: allgather of the entry counts (ranks may select different numbers, e.g.
+    GaussianK), then allgather of the (value, index) pairs padded to the largest count.
+    Exact (nothing dropped): the result is the sparse sum of all selections, canonical.
+    Cost (ring): 2(P-1) alpha + (P-1) * n_max * 8 beta per rank, growing linearly with P.
+    """
+    _check_numel(numel)
+    check_sparse(values, indices, numel, name="topk_allgather(values, indices)")
+    rank, world = _rank_world(group)
+    out_device = values.device
+    values, indices = _wire(values, indices, numel)
+    vdt, idt = values.dtype, indices.dtype
+    if world == 1:
+        result = allgather_assemble([values.numel()], [(values, indices)], vdt, idt, 1)
+        return result
+    device = _comm_device(values, group)
+    count = torch.tensor([values.numel()], dtype=torch.int64, device=device)
+    counts_t = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(counts_t, count, group=group)
+    counts = [int(c.item()) for c in counts_t]
+    n_max = max(counts)
+    gathered: list[Payload] = []
+    if n_max > 0:
+        pair = sparse_message_bytes(1, vdt, idt) - HEADER_BYTES
+        buf = torch.zeros(n_max * pair, dtype=torch.uint8, device=device)
+        mine = _pack((values.to(device), indices.to(device)))
+        buf[: mine.numel()] = mine
+        bufs = [torch.empty_like(buf) for _ in range(world)]
+        dist.all_gather(bufs, buf, group=group)
+        gathered = [_unpack(b[: c * pair], c, vdt, idt) for b, c in zip(bufs, counts)]
+    result = allgather_assemble(counts, gathered, vdt, idt, world)
+    return CollectiveResult(result.values.to(out_device), result.indices.to(out_device), result.stats)
+
+
+def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: int,
+                    group: dist.ProcessGroup | None = None,
+                    algorithm: str = "butterfly") -> CollectiveResult:
+    """Global top-k of the sum of all ranks' sparse vectors (gTop-k S-SGD).
+
+    ``algorithm="butterfly"``: recursive doubling, every rank merges in each of log2(P)
+    rounds (fold/unfold for non-powers of two): log2(P) alpha + 2 k log2(P) * 8 beta.
+    ``algorithm="tree"``: binomial reduce to rank 0 then broadcast (the paper):
+    2 log2(P) alpha + 4 k log2(P) * 8 beta in the paper's model.
+    Every rank returns the identical canonical (values, indices) with at most k entries.
+    Entries dropped by merges are returned in ``stats.dropped_values/indices`` of the one
+    rank they are charged to (empty tensors elsewhere), for the mass-conserving residual rule.
+    """
+    _check_numel(numel)
+    _check_k(k, numel)
+    _check_algorithm(algorithm)
+    check_sparse(values, indices, numel, name="gtopk_allreduce(values, indices)")
+    rank, world = _rank_world(group)
+    out_device = values.device
+    device = _comm_device(values, group) if world > 1 else values.device
+    values, indices = _wire(values.to(device), indices.to(device), numel)
+    transport = _P2P(group, device, values.dtype, indices.dtype)
+    gen = gtopk_program(rank, world, values, indices, numel, k, algorithm)
+    try:
+        request = next(gen)
+        while True:
+            request = gen.send(transport.run(*request))
+    except StopIteration as stop:
+        result: CollectiveResult = stop.value
+    st = result.stats
+    if st.dropped_values is not None:
+        st.dropped_values = st.dropped_values.to(out_device)
+        st.dropped_indices = st.dropped_indices.to(out_device)
+    return CollectiveResult(result.values.to(out_device), result.indices.to(out_device), st)

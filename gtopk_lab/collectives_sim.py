@@ -1,0 +1,145 @@
+"""In-process versions of the collectives for the single-process simulator.
+
+P virtual ranks live in one process; each function takes one input per virtual rank and
+returns one :class:`~gtopk_lab.collectives.CollectiveResult` per virtual rank, with the same
+values and the same CommStats (bytes, messages, rounds, steps, drops) the real rank would
+report. The sparse collectives run the very same per-rank programs
+(:func:`gtopk_lab.collectives.gtopk_program`, built on :mod:`gtopk_lab.schedules` and
+``merge_sparse``) with an in-memory mailbox instead of torch.distributed, so results are
+bitwise equal to gloo runs. ``merge_cpu_s`` is measured here, so it differs.
+
+Example::
+
+    results = sim_gtopk_allreduce(values_list, indices_list, numel, k, "butterfly")
+    G = results[0].values, results[0].indices   # identical on every virtual rank
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Generator, Sequence
+
+import torch
+
+from gtopk_lab.collectives import (
+    CollectiveResult, Payload, _check_algorithm, _check_k, _check_numel, _wire,
+    allgather_assemble, dense_stats, gtopk_program,
+)
+from gtopk_lab.compression.merge import check_sparse
+
+__all__ = ["sim_dense_allreduce", "sim_topk_allgather", "sim_gtopk_allreduce", "run_programs"]
+
+
+def _check_lists(values_list: Sequence[torch.Tensor], indices_list: Sequence[torch.Tensor],
+                 numel: int) -> None:
+    if len(values_list) < 1:
+        raise ValueError("values_list is empty: expected one tensor per virtual rank (>= 1)")
+    if len(values_list) != len(indices_list):
+        raise ValueError(f"values_list has {len(values_list)} ranks but indices_list has "
+                         f"{len(indices_list)}: expected the same number")
+    for r, (v, i) in enumerate(zip(values_list, indices_list)):
+        check_sparse(v, i, numel, name=f"rank {r} values/indices")
+
+
+def run_programs(programs: list[Generator]) -> list[CollectiveResult]:
+    """Run per-rank request generators to completion against in-memory mailboxes.
+
+    Requests: ``("send", peer, payload)`` posts to the (me -> peer) FIFO and resumes at once;
+    ``("recv", peer, None)`` resumes with the next payload from (peer -> me) when there is
+    one; ``("exchange", peer, payload)`` posts, then waits like recv. Ranks advance
+    round-robin; a state where no rank can advance raises ``RuntimeError`` (a schedule bug).
+    """
+    world = len(programs)
+    mail: dict[tuple[int, int], deque[Payload]] = {}
+    pending: list[tuple[str, int, Payload | None] | None] = [None] * world
+    posted = [False] * world
+    done: list[CollectiveResult | None] = [None] * world
+
+    def advance(r: int, value: Payload | None) -> None:
+        try:
+            pending[r] = programs[r].send(value)
+        except StopIteration as stop:
+            pending[r] = None
+            done[r] = stop.value
+        posted[r] = False
+
+    for r in range(world):
+        try:
+            pending[r] = next(programs[r])
+        except StopIteration as stop:
+            done[r] = stop.value
+    while any(d is None for d in done):
+        progressed = False
+        for r in range(world):
+            while done[r] is None and pending[r] is not None:
+                op, peer, payload = pending[r]
+                if op in ("send", "exchange") and not posted[r]:
+                    mail.setdefault((r, peer), deque()).append(payload)  # type: ignore[arg-type]
+                    posted[r] = True
+                    progressed = True
+                if op == "send":
+                    advance(r, None)
+                    continue
+                box = mail.get((peer, r))
+                if not box:
+                    break
+                advance(r, box.popleft())
+                progressed = True
+        if not progressed:
+            raise RuntimeError("simulated collective deadlocked: no virtual rank can advance")
+    return [d for d in done if d is not None]
+
+
+def sim_dense_allreduce(tensors: list[torch.Tensor]) -> list[CollectiveResult]:
+    """Dense allreduce of one tensor per virtual rank, summed in rank order, written in place.
+
+    Stats are the ring allreduce's (library_estimate=True), as in ``dense_allreduce``. The
+    sum order may differ from gloo's by rounding; integer-valued inputs agree exactly.
+    """
+    if len(tensors) < 1:
+        raise ValueError("tensors is empty: expected one tensor per virtual rank (>= 1)")
+    shape = tensors[0].shape
+    for r, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tensors[{r}] has type {type(t).__name__}: expected torch.Tensor")
+        if t.shape != shape:
+            raise ValueError(f"tensors[{r}] has shape {tuple(t.shape)}: expected {tuple(shape)} like rank 0")
+    total = tensors[0].clone()
+    for t in tensors[1:]:
+        total += t
+    world = len(tensors)
+    out = []
+    for t in tensors:
+        t.copy_(total)
+        out.append(CollectiveResult(t, None, dense_stats(t.numel() * t.element_size(), world)))
+    return out
+
+
+def sim_topk_allgather(values_list: list[torch.Tensor], indices_list: list[torch.Tensor],
+                       numel: int) -> list[CollectiveResult]:
+    """Top-k AllGather between virtual ranks: every rank gets the sparse sum of all selections."""
+    _check_numel(numel)
+    _check_lists(values_list, indices_list, numel)
+    world = len(values_list)
+    wired = [_wire(v, i, numel) for v, i in zip(values_list, indices_list)]
+    counts = [w[0].numel() for w in wired]
+    vdt, idt = wired[0][0].dtype, wired[0][1].dtype
+    res = allgather_assemble(counts, wired, vdt, idt, world)
+    # one sum, one private copy per virtual rank (callers may modify their result in place)
+    return [CollectiveResult(res.values.clone(), res.indices.clone(),
+                             dataclasses.replace(res.stats, steps=list(res.stats.steps)))
+            for _ in range(world)]
+
+
+def sim_gtopk_allreduce(values_list: list[torch.Tensor], indices_list: list[torch.Tensor], numel: int,
+                        k: int, algorithm: str = "butterfly") -> list[CollectiveResult]:
+    """gTop-k between virtual ranks with the real per-rank programs (see module docstring)."""
+    _check_numel(numel)
+    _check_k(k, numel)
+    _check_algorithm(algorithm)
+    _check_lists(values_list, indices_list, numel)
+    world = len(values_list)
+    programs = [gtopk_program(r, world, v, i, numel, k, algorithm)
+                for r, (v, i) in enumerate(zip(values_list, indices_list))]
+    return run_programs(programs)

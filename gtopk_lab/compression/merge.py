@@ -1,0 +1,137 @@
+"""Merging sparse vectors: the arithmetic at the heart of gTop-k.
+
+A k-sparse vector over a flat buffer of ``numel`` elements is the pair
+``(values [n], indices [n])`` with unique indices (see docs/architecture.md).
+
+``merge_sparse`` is the one routine every gTop-k schedule (tree, butterfly, fold) and the
+in-process simulator use: union the indices, add the values at shared indices, keep the
+k entries of largest magnitude. ``coalesce_sparse`` is its first half (the exact sum of any
+number of sparse vectors) and is what the Top-k AllGather uses.
+
+Both are vectorised (sort + segment sums; no Python loop over entries) and deterministic:
+the output is canonical (ascending index), ties in |value| are broken by the lower index,
+and duplicate entries are added in argument order, so every rank that computes the same
+merge holds bitwise-identical tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["index_dtype", "coalesce_sparse", "merge_sparse", "check_sparse"]
+
+_INT32_LIMIT = 2**31
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """Index dtype for a sparse vector over ``numel`` elements: int32 if numel < 2**31, else int64."""
+    if isinstance(numel, bool) or not isinstance(numel, int):
+        raise TypeError(f"numel={numel!r} has type {type(numel).__name__}: expected int")
+    if numel < 1:
+        raise ValueError(f"numel={numel!r} is invalid: expected an integer >= 1")
+    return torch.int32 if numel < _INT32_LIMIT else torch.int64
+
+
+def check_sparse(values: torch.Tensor, indices: torch.Tensor, numel: int | None = None,
+                 name: str = "values/indices") -> None:
+    """Validate a sparse pair: 1-D tensors of equal length, integer indices in [0, numel).
+
+    Cost: one min/max pass over the indices when ``numel`` is given. Uniqueness is not
+    checked (it would cost a sort); callers guarantee it.
+    """
+    if not isinstance(values, torch.Tensor) or not isinstance(indices, torch.Tensor):
+        raise TypeError(f"{name}: expected torch.Tensor values and indices, got "
+                        f"{type(values).__name__} and {type(indices).__name__}")
+    if values.dim() != 1 or indices.dim() != 1:
+        raise ValueError(f"{name}: expected 1-D tensors, got shapes {tuple(values.shape)} and "
+                         f"{tuple(indices.shape)}")
+    if values.numel() != indices.numel():
+        raise ValueError(f"{name}: values has {values.numel()} entries but indices has "
+                         f"{indices.numel()}: expected the same length")
+    if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool:
+        raise TypeError(f"{name}: indices dtype {indices.dtype} is invalid: expected an integer dtype")
+    if not values.dtype.is_floating_point:
+        raise TypeError(f"{name}: values dtype {values.dtype} is invalid: expected a floating dtype")
+    if numel is not None and indices.numel() > 0:
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= numel:
+            raise ValueError(f"{name}: indices range [{lo}, {hi}] is invalid: expected indices in "
+                             f"[0, {numel}) (numel={numel})")
+
+
+def coalesce_sparse(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum duplicate indices of a concatenation of sparse vectors.
+
+    ``values``/``indices`` may hold repeated indices (e.g. several workers' selections
+    concatenated in rank order). Returns ``(values, indices)`` sorted by ascending index with
+    each index once and its values added **in input order** (deterministic on CPU and CUDA:
+    the j-th occurrences of all indices are added in one scatter with distinct targets, for
+    j = 0 .. max multiplicity - 1; the loop runs over multiplicities, at most P, never over
+    entries).
+
+    Cost: O(n log n) for the stable sort of n = len(indices), plus O(n * max multiplicity /
+    max multiplicity) = O(n) for the segment sums. Index dtype is preserved.
+    """
+    n = indices.numel()
+    if n == 0:
+        return values.clone(), indices.clone()
+    idx64 = indices.to(torch.int64)
+    sorted_idx, perm = torch.sort(idx64, stable=True)
+    sorted_vals = values[perm]
+    new_group = torch.ones(n, dtype=torch.bool, device=indices.device)
+    if n > 1:
+        new_group[1:] = sorted_idx[1:] != sorted_idx[:-1]
+    group_id = torch.cumsum(new_group, 0) - 1
+    starts = torch.nonzero(new_group).flatten()
+    n_groups = starts.numel()
+    if n_groups == n:  # no duplicates: the common case for disjoint selections
+        return sorted_vals, sorted_idx.to(indices.dtype)
+    positions = torch.arange(n, device=indices.device)
+    occurrence = positions - starts[group_id]
+    out = sorted_vals[starts].clone()
+    max_mult = int(occurrence.max()) + 1
+    for j in range(1, max_mult):
+        sel = occurrence == j
+        out.index_add_(0, group_id[sel], sorted_vals[sel])
+    return out, sorted_idx[starts].to(indices.dtype)
+
+
+def merge_sparse(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, i_b: torch.Tensor,
+                 k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Merge two sparse vectors and keep the k entries of largest magnitude.
+
+    Algorithm:
+      1. concatenate (a first, then b) and coalesce: union of indices, values at shared
+         indices added as ``a + b``;
+      2. stable-sort the union by descending |value| (ties: lower index first) and keep the
+         first ``min(k, |union|)``;
+      3. return kept and dropped entries, each sorted by ascending index.
+
+    Returns ``(values, indices, dropped_values, dropped_indices)``. ``kept + dropped`` is
+    exactly the (rounded) sum ``a + b``: the mass-conserving residual rule charges the
+    dropped part to one rank. Inputs may be longer than k (e.g. GaussianK selections).
+
+    Cost: O((n_a + n_b) log(n_a + n_b)) time, no Python loop over entries. Deterministic and
+    canonical, so two ranks merging the same operands get bitwise-identical tensors (also
+    with the operands swapped, since IEEE addition of two numbers is commutative).
+    """
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k={k!r} has type {type(k).__name__}: expected int")
+    if k < 1:
+        raise ValueError(f"k={k!r} is invalid: expected an integer >= 1")
+    check_sparse(v_a, i_a, name="merge_sparse(a)")
+    check_sparse(v_b, i_b, name="merge_sparse(b)")
+    if v_a.dtype != v_b.dtype:
+        raise TypeError(f"merge_sparse: values dtypes differ ({v_a.dtype} vs {v_b.dtype}): expected equal")
+    idx_dtype = i_a.dtype if i_a.dtype == i_b.dtype else torch.int64
+    values, indices = coalesce_sparse(torch.cat([v_a, v_b]), torch.cat([i_a.to(idx_dtype), i_b.to(idx_dtype)]))
+    n = values.numel()
+    if n <= k:
+        empty_v = values.new_empty(0)
+        return values, indices, empty_v, indices.new_empty(0)
+    # Stable sort on -|v| keeps ascending-index order among equal magnitudes (ties -> lower index).
+    order = torch.sort(values.abs().neg(), stable=True).indices
+    keep_mask = torch.zeros(n, dtype=torch.bool, device=values.device)
+    keep_mask[order[:k]] = True
+    drop_mask = ~keep_mask
+    return values[keep_mask], indices[keep_mask], values[drop_mask], indices[drop_mask]

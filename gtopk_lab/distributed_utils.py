@@ -1,0 +1,160 @@
+"""Helpers to run real torch.distributed process groups on one machine (tests, benchmarks).
+
+- :func:`free_port` — a free TCP port on 127.0.0.1 (bind port 0; never a fixed port).
+- :func:`run_gloo` — run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes
+  joined in a gloo group on 127.0.0.1; returns each rank's return value in rank order,
+  raises ``RuntimeError`` with the failing rank's traceback, kills everything on timeout.
+- :func:`set_single_thread` — one intra-op thread per process (many ranks share few cores).
+
+The rendezvous store is a ``TCPStore`` owned by the calling process on a port the OS picks
+(port 0), so concurrent ``run_gloo`` calls never collide and there is no port race.
+
+Example::
+
+    def work(rank, world_size, x):
+        t = torch.full((3,), float(rank + x))
+        torch.distributed.all_reduce(t)
+        return t
+
+    results = run_gloo(work, 4, 1.0, timeout_s=60)
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue as queue_mod
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = ["free_port", "run_gloo", "set_single_thread", "LOCALHOST"]
+
+LOCALHOST = "127.0.0.1"
+
+
+def free_port(host: str = LOCALHOST) -> int:
+    """A TCP port that was free on ``host`` a moment ago (the OS picks it via port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def set_single_thread() -> None:
+    """Use one intra-op (and, where still possible, inter-op) thread in this process."""
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # only allowed before any parallel work started
+        pass
+
+
+def _loopback_ifname() -> str | None:
+    for name in ("lo", "lo0"):
+        if os.path.exists(f"/sys/class/net/{name}"):
+            return name
+    return None
+
+
+def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
+               results: Any, args: tuple[Any, ...], timeout_s: float) -> None:
+    set_single_thread()
+    ifname = _loopback_ifname()
+    if ifname is not None:  # gloo binds its sockets on loopback only
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", ifname)
+    initialised = False
+    try:
+        store = dist.TCPStore(LOCALHOST, port, world_size, is_master=False,
+                              timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+        initialised = True
+        value = fn(rank, world_size, *args)
+        results.put((rank, True, pickle.dumps(value)))
+    except BaseException:  # noqa: BLE001 - report everything, including SystemExit
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        if initialised:
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - the group may be broken after a peer died
+                pass
+
+
+def _stop(procs: list[Any]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 3.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(2.0)
+
+
+def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 60.0) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` real gloo ranks; return values in rank order.
+
+    ``fn`` and ``args`` must be picklable (module-level function; spawn start method). Each
+    rank uses one thread, binds gloo to loopback and initialises the default group with
+    ``timeout=timeout_s``; the group is destroyed in ``finally``. If any rank raises (or dies),
+    every rank is stopped and ``RuntimeError`` carries that rank's traceback. If the ranks
+    have not all finished after ``timeout_s`` (+ start-up allowance), all are killed and a
+    ``RuntimeError`` says which ranks were missing. Never hangs.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r} is invalid: expected an integer >= 1")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s={timeout_s!r} is invalid: expected a number > 0")
+    ctx = mp.get_context("spawn")
+    store = dist.TCPStore(LOCALHOST, 0, None, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout_s))
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, name=f"gloo-rank-{r}",
+                         args=(fn, r, world_size, store.port, results, args, timeout_s), daemon=True)
+             for r in range(world_size)]
+    values: dict[int, Any] = {}
+    # Spawning imports torch in every child: allow for that on a loaded machine.
+    deadline = time.monotonic() + timeout_s + 30.0 + 2.0 * world_size
+    try:
+        for p in procs:
+            p.start()
+        while len(values) < world_size:
+            try:
+                rank, ok, payload = results.get(timeout=0.2)
+            except queue_mod.Empty:
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(world_size)) - set(values))
+                    raise RuntimeError(f"run_gloo({getattr(fn, '__name__', fn)}, world_size={world_size}) "
+                                       f"timed out after {timeout_s:.0f}s; ranks {missing} did not finish") from None
+                for r, p in enumerate(procs):
+                    if r not in values and not p.is_alive() and p.exitcode not in (0, None):
+                        # give a dying rank's queued traceback a moment to arrive
+                        try:
+                            rank, ok, payload = results.get(timeout=1.0)
+                            break
+                        except queue_mod.Empty:
+                            raise RuntimeError(f"rank {r} of {world_size} died with exit code "
+                                               f"{p.exitcode} without reporting") from None
+                else:
+                    continue
+            if not ok:
+                raise RuntimeError(f"rank {rank} of {world_size} failed:\n{payload}")
+            values[rank] = pickle.loads(payload)
+        for p in procs:
+            p.join(5.0)
+        return [values[r] for r in range(world_size)]
+    finally:
+        _stop(procs)
+        results.close()
+        results.join_thread()
+        del store
