@@ -1,0 +1,267 @@
+"""The function Dask runs on each worker: rendezvous, ``train_rank``, cleanup.
+
+Worker side only: imports torch, dask's worker API and ``gtopk_lab.training``;
+never plotting or notebook code.
+
+One run of P ranks is P calls of :func:`run_rank`, one per Dask worker:
+
+1. **Rendezvous.** Rank 0 starts a ``torch.distributed.TCPStore`` on its own host,
+   bound to port 0 so the OS picks a free port (no race between "pick" and "bind"),
+   and publishes ``host:port`` in the Dask ``Variable`` ``gtopk-rdv-<run_id>``.
+   Ranks 1..P-1 read that variable (waiting at most ``timeout_s``) and connect.
+   One variable per run id, so two runs never share a rendezvous.
+2. **Process group.** ``init_process_group(backend, store=..., timeout=timeout_s)``:
+   NCCL on a worker that holds a ``GPU`` resource and sees CUDA, gloo otherwise.
+   The timeout bounds how long a rank waits for a dead or late peer.
+3. **Training.** ``train_rank(config, sink, device)``. The sink sends each batch of
+   metric rows to the scheduler with ``Worker.log_event("gtopk-<run_id>", rows)``
+   (one event per batch: the scheduler keeps only the last 1000 events per topic),
+   and at most once per second checks the run's cancel ``Event``.
+4. **Cleanup** (``finally``): the process group is destroyed, which closes the gloo
+   sockets so that peers blocked in a collective fail at once instead of waiting.
+
+Cost per sink call: one message on the worker's batched stream to the scheduler
+(asynchronous, no round trip) plus, once per second, one scheduler round trip for
+the cancel check.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+#: Prefix of the per-run log_event topic that carries metric rows.
+TOPIC_PREFIX = "gtopk-"
+#: Seconds between two checks of the run's cancel Event from the sink.
+CANCEL_CHECK_INTERVAL_S = 1.0
+
+
+def topic_for(run_id: str) -> str:
+    """The ``log_event`` topic of a run: ``gtopk-<run_id>``."""
+    return f"{TOPIC_PREFIX}{run_id}"
+
+
+def rendezvous_name(run_id: str) -> str:
+    """Name of the Dask ``Variable`` through which rank 0 publishes ``host:port``."""
+    return f"gtopk-rdv-{run_id}"
+
+
+def cancel_event_name(run_id: str) -> str:
+    """Name of the Dask ``Event`` that the client sets to cancel a running run."""
+    return f"gtopk-cancel-{run_id}"
+
+
+class RunCancelled(RuntimeError):
+    """Raised inside a rank when the client cancelled the run."""
+
+
+def to_plain(value: Any) -> Any:
+    """Convert numpy/torch scalars and tuples to msgpack-friendly Python values."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except (ValueError, RuntimeError):
+            pass
+    return str(value)
+
+
+def _worker_host(worker: Any) -> str:
+    """The host part of the worker's address (the interface its peers can reach)."""
+    addr = str(worker.address)
+    hostport = addr.split("://", 1)[-1]
+    host = hostport.rsplit(":", 1)[0].strip("[]")
+    return host or socket.gethostname()
+
+
+def select_device(worker: Any, requested: str) -> tuple[Any, str]:
+    """Pick ``(torch.device, backend)`` for this rank.
+
+    A worker that holds a ``GPU`` resource (and sees CUDA) gets ``cuda:0`` and NCCL;
+    dask-cuda and our GPU deployments give each worker one visible device, so
+    ``cuda:0`` is that worker's own GPU. Every other worker gets the CPU and gloo.
+    ``requested="cuda"`` on a worker without a usable GPU raises ``ValueError``.
+    """
+    import torch
+
+    has_gpu_resource = float(getattr(worker.state, "total_resources", {}).get("GPU", 0)) >= 1
+    cuda_ok = torch.cuda.is_available()
+    if requested == "cpu":
+        return torch.device("cpu"), "gloo"
+    if requested == "cuda" and not cuda_ok:
+        raise ValueError(f"device='cuda' but worker {worker.address} sees no CUDA device")
+    if cuda_ok and (requested == "cuda" or has_gpu_resource):
+        return torch.device("cuda", 0), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+class EventSink:
+    """Sends batches of metric rows to the client via ``Worker.log_event``.
+
+    Called by ``train_rank`` every ``sink_every`` iterations with the buffered rows;
+    one call is one event. Also checks the cancel ``Event`` at most once per
+    ``CANCEL_CHECK_INTERVAL_S`` and raises :class:`RunCancelled` when it is set.
+    """
+
+    def __init__(self, worker: Any, run_id: str, rank: int, client: Any = None,
+                 cancel_key: str | None = None) -> None:
+        self.cancel_key = cancel_key or run_id
+        self.worker = worker
+        self.client = client
+        self.topic = topic_for(run_id)
+        self.run_id = run_id
+        self.rank = rank
+        self.rows_sent = 0
+        self._cancel_event: Any = None
+        self._last_cancel_check_s = time.monotonic()
+
+    def __call__(self, rows: list[dict]) -> None:
+        if rows:
+            batch = [to_plain(dict(r)) for r in rows]
+            self.worker.log_event(self.topic, {"run_id": self.run_id, "rank": self.rank, "rows": batch})
+            self.rows_sent += len(batch)
+        now = time.monotonic()
+        if now - self._last_cancel_check_s >= CANCEL_CHECK_INTERVAL_S:
+            self._last_cancel_check_s = now
+            if self.cancelled():
+                raise RunCancelled(f"run {self.run_id} was cancelled by the client")
+
+    def cancelled(self) -> bool:
+        """True when the client has set the run's cancel Event (one scheduler round trip)."""
+        from distributed import Event
+
+        try:
+            if self._cancel_event is None:
+                self._cancel_event = Event(cancel_event_name(self.cancel_key), client=self.client)
+            return bool(self._cancel_event.is_set())
+        except Exception:  # the scheduler being briefly unreachable must not kill training
+            return False
+
+
+def _publish_rendezvous(key: str, value: str, client: Any) -> None:
+    from distributed import Variable
+
+    Variable(rendezvous_name(key), client=client).set(value)
+
+
+def _read_rendezvous(key: str, client: Any, timeout_s: float) -> str:
+    from distributed import Variable
+
+    try:
+        return str(Variable(rendezvous_name(key), client=client).get(timeout=timeout_s))
+    except TimeoutError as exc:
+        raise TimeoutError(
+            f"rendezvous {key}: rank 0 did not publish its address within {timeout_s:.0f} s"
+        ) from exc
+
+
+def run_rank(
+    config_dict: dict[str, Any],
+    rank: int,
+    timeout_s: float = 60.0,
+    train_fn: Callable[..., Any] | None = None,
+    rendezvous_key: str | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Run rank ``rank`` of the run described by ``config_dict`` on this Dask worker.
+
+    Returns ``{"rank", "worker", "rows", "summary", "backend", "device"}`` (plain
+    Python values). Any exception from rendezvous or training propagates to the
+    client with its traceback; the process group is destroyed in every case.
+
+    ``train_fn`` defaults to ``gtopk_lab.training.loop.train_rank``; the tests pass
+    another function with the same signature to inject failures. ``rendezvous_key``
+    (default: the run id) names the rendezvous Variable and cancel Event; the Lab
+    makes it unique per start so a resumed run never meets a stale address.
+    ``device`` ("cpu" | "cuda"; default ``config.device``) is the client's choice for
+    the whole run, so that all ranks agree on the backend.
+    """
+    import torch
+    import torch.distributed as dist
+    from distributed import get_client, get_worker
+
+    from gtopk_lab.config import RunConfig
+
+    config = RunConfig.from_dict(config_dict)
+    run_id = config.run_id
+    if not run_id:
+        raise ValueError("run_id=None is invalid: the client assigns a run id before submitting")
+    if not (0 <= rank < config.workers):
+        raise ValueError(f"rank={rank!r} is invalid: expected 0 <= rank < workers={config.workers}")
+    key = rendezvous_key or run_id
+    worker = get_worker()
+    client = get_client()
+    device, backend = select_device(worker, device or config.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=float(timeout_s))
+    if train_fn is None:
+        from gtopk_lab.training.loop import train_rank as train_fn
+
+    store = None
+    initialised = False
+    try:
+        if rank == 0:
+            host = _worker_host(worker)
+            store = dist.TCPStore(host, 0, config.workers, True, timeout=timeout, wait_for_workers=False)
+            _publish_rendezvous(key, f"{host}:{store.port}", client)
+        else:
+            address = _read_rendezvous(key, client, float(timeout_s))
+            host, port = address.rsplit(":", 1)
+            store = dist.TCPStore(host, int(port), config.workers, False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=config.workers,
+                                timeout=timeout)
+        initialised = True
+        sink = EventSink(worker, run_id, rank, client, cancel_key=key)
+        result = train_fn(config, sink=sink, device=device)
+        rows = getattr(result, "rows", None)
+        summary = getattr(result, "summary", None)
+        if rows is None and isinstance(result, dict):  # tolerate a plain dict result
+            rows, summary = result.get("rows", []), result.get("summary", {})
+        return {
+            "rank": rank,
+            "worker": str(worker.address),
+            "rows": to_plain(list(rows or [])),
+            "summary": to_plain(dict(summary or {})),
+            "backend": backend,
+            "device": str(device),
+        }
+    except BaseException as exc:
+        # Name the rank and worker in the message the client shows; keep the chain.
+        tb = traceback.format_exc()
+        raise RankFailed(rank, str(worker.address), f"{type(exc).__name__}: {exc}", tb,
+                         time.time()) from None
+    finally:
+        if initialised:
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+        del store
+
+
+class RankFailed(RuntimeError):
+    """A rank's exception, carried to the client with the rank, worker and traceback."""
+
+    def __init__(self, rank: int, worker: str, message: str, traceback_text: str,
+                 failed_at: float = 0.0) -> None:
+        super().__init__(rank, worker, message, traceback_text, failed_at)
+        self.failed_at = failed_at
+        self.rank = rank
+        self.worker = worker
+        self.message = message
+        self.traceback_text = traceback_text
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} on {self.worker} failed: {self.message}"
+
