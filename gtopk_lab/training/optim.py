@@ -95,11 +95,13 @@ def make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.SGD:
     """SGD over the model's parameters.
 
     With ``momentum_correction`` the velocity is kept per worker *before* sparsification
-    (see :mod:`gtopk_lab.training.loop`), so the optimiser itself runs without momentum.
+    (see :mod:`gtopk_lab.training.loop`), so the optimiser itself runs without momentum
+    (dense runs ignore ``momentum_correction``: with nothing left out it would cancel momentum).
     Weight decay is applied by the optimiser to the aggregated update (identical on
     every rank). The learning rate is overwritten each iteration from :func:`lr_at`.
     """
-    momentum = 0.0 if config.momentum_correction else config.momentum
+    local_velocity = config.momentum_correction and config.method != "dense"
+    momentum = 0.0 if local_velocity else config.momentum
     return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=momentum,
                            weight_decay=config.weight_decay)
 
