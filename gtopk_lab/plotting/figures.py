@@ -322,15 +322,17 @@ def _breakdown_frame(summaries: pd.DataFrame) -> pd.DataFrame:
             if isinstance(tb, Mapping) and part in tb:
                 parts[part] = float(tb[part])
             else:
-                for col in (f"time_breakdown_s.{part}", f"time_breakdown_s_{part}", f"{part}_s"):
+                for col in (f"time_breakdown_s.{part}", f"time_{part}_s"):
                     if col in summaries.columns and pd.notna(s[col]):
                         parts[part] = float(s[col])
                         break
-        if not parts:
-            raise ValueError("summaries has no time breakdown: expected a 'time_breakdown_s' dict "
-                             "column (or time_breakdown_s.<part> columns) per docs/architecture.md")
+        if not parts:  # e.g. a failed run without a breakdown
+            continue
         rows.append({"method": s["method"], "workers": int(s["workers"]),
                      **{p: parts.get(p, 0.0) for p, _ in _BREAKDOWN_PARTS}})
+    if not rows:
+        raise ValueError("summaries has no time breakdown: expected a 'time_breakdown_s' dict "
+                         "column (or time_<part>_s columns) per docs/architecture.md")
     frame = pd.DataFrame(rows)
     return frame.groupby(["method", "workers"], sort=False).mean().reset_index()
 
