@@ -76,6 +76,7 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         initialised = True
+        results.put((rank, None, b""))  # ready: the fn timeout starts when all ranks are
         value = fn(rank, world_size, *args)
         results.put((rank, True, pickle.dumps(value)))
     except BaseException:  # noqa: BLE001 - report everything, including SystemExit
@@ -101,7 +102,8 @@ def _stop(procs: list[Any]) -> None:
             p.join(2.0)
 
 
-def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 60.0) -> list[Any]:
+def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 60.0,
+             startup_s: float = 60.0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` real gloo ranks; return values in rank order.
 
     ``fn`` and ``args`` must be picklable (module-level function; spawn start method). Each
@@ -123,8 +125,10 @@ def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: flo
                          args=(fn, r, world_size, store.port, results, args, timeout_s), daemon=True)
              for r in range(world_size)]
     values: dict[int, Any] = {}
-    # Spawning imports torch in every child: allow for that on a loaded machine.
-    deadline = time.monotonic() + timeout_s + 30.0 + 2.0 * world_size
+    ready: set[int] = set()
+    # Spawning imports torch in every child: allow for that on a loaded machine until all
+    # ranks have joined the group; from then on fn gets timeout_s.
+    deadline = time.monotonic() + timeout_s + startup_s
     try:
         for p in procs:
             p.start()
@@ -147,6 +151,11 @@ def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: flo
                                                f"{p.exitcode} without reporting") from None
                 else:
                     continue
+            if ok is None:
+                ready.add(rank)
+                if len(ready) == world_size:
+                    deadline = min(deadline, time.monotonic() + timeout_s)
+                continue
             if not ok:
                 raise RuntimeError(f"rank {rank} of {world_size} failed:\n{payload}")
             values[rank] = pickle.loads(payload)
