@@ -74,6 +74,9 @@ class RankResult:
 
     rows: list[dict] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    #: Flat copy of the final parameters, only when ``config.extra["return_weights"]`` is
+    #: true (tests compare real and simulated runs with it); None otherwise.
+    final_weights: torch.Tensor | None = None
 
 
 # =========================================================================== plumbing
@@ -561,9 +564,21 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
                                 wall_time_s=wall_time_s, virtual_time_s=clock.virtual_time_s,
                                 extra={"rank": rank, "device": str(dev),
                                        "merge_cpu_s": clock.total_merge_cpu_s})
-        return RankResult(rows=buffer.rows, summary=summary)
+        weights = replica.flat_weights().cpu() if config.extra.get("return_weights") else None
+        return RankResult(rows=buffer.rows, summary=summary, final_weights=weights)
     finally:  # rows produced before an exception still reach the sink
         buffer.flush()
+
+
+def gloo_rank_entry(rank: int, world_size: int, config_dict: dict[str, Any]) -> RankResult:
+    """``run_gloo`` target: ``train_rank`` of ``RunConfig.from_dict(config_dict)`` on this rank.
+
+    Example::
+
+        from gtopk_lab.distributed_utils import run_gloo
+        results = run_gloo(gloo_rank_entry, 4, cfg.to_dict(), timeout_s=120)
+    """
+    return train_rank(RunConfig.from_dict(config_dict))
 
 
 def failed_summary(config: RunConfig, exc: BaseException) -> dict[str, Any]:

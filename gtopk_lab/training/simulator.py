@@ -1,0 +1,193 @@
+"""Single-process simulator: P virtual workers through the same code paths as ``train_rank``.
+
+``simulate(config, sink=None) -> RankResult`` runs ``config.workers`` virtual ranks (32,
+64, 256 ... on one laptop) one after the other in one process. Per iteration:
+
+1. for each virtual rank r (its RNG state and BatchNorm buffers swapped into the shared
+   replica): forward/backward on r's shard, then :func:`~gtopk_lab.training.loop.prepare_local`
+   (clipping, momentum correction, error feedback, selection) -- the code ``train_rank`` runs;
+   rank r's CPU time for this is measured with ``time.process_time`` (wall time on CUDA)
+2. the method's collective from :mod:`gtopk_lab.collectives_sim` (the real per-rank message
+   programs without transport; identical ``CommStats``)
+3. ``VirtualClock.simulate_collective(compute_s, stats)``: virtual time advances by the
+   slowest rank's compute plus the slowest rank's modelled communication
+4. each rank's :func:`~gtopk_lab.training.loop.finish_local` (residual rule), then one SGD
+   step of the shared replica (in synchronous SGD every rank holds the same weights;
+   its CPU time is added to virtual time)
+
+Only one model exists, so memory is one replica plus, per virtual rank, a residual and
+(with momentum correction) a velocity of d floats: P * d * 4 bytes each.
+
+Rows: the same schema as ``train_rank``'s. ``iter`` rows are emitted for every virtual rank
+when P <= 32 and for virtual rank 0 only above that (``rows="all"`` / ``"rank0"`` or
+``config.extra["sim_rows"]`` overrides). In simulated rows ``comm_s`` is the *modelled*
+communication time (there is no real transfer), ``compute_s`` / ``selection_s`` are the
+rank's own wall times, ``update_s`` the shared step's, and ``wall_time_s`` the simulator's
+elapsed time. The summary is rank 0's, as in a real run, and adds ``simulated: True``.
+
+Result: to float tolerance the same weights as a real P-rank gloo run of the same config
+(tests/test_simulator.py checks dense, topk and gtopk at P=4).
+
+Example::
+
+    result = simulate(RunConfig(method="gtopk", workers=64, model="resnet20",
+                                dataset="synthetic", bandwidth="1GbE", max_iterations=5))
+    result.summary["samples_per_s_virtual"]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from gtopk_lab.config import RunConfig, k_for
+from gtopk_lab.network.clock import VirtualClock
+from gtopk_lab.training.data import check_model_fits, load_dataset
+from gtopk_lab.training.loop import (
+    RankResult,
+    RankState,
+    Replica,
+    RowBuffer,
+    Sink,
+    aggregate_dense,
+    build_summary,
+    epoch_row,
+    finish_local,
+    iter_row,
+    network_of,
+    prepare_local,
+    resolve_device,
+    simulated_collective,
+)
+from gtopk_lab.training.optim import density_at, lr_at
+
+__all__ = ["simulate", "ALL_ROWS_MAX_WORKERS"]
+
+#: Up to this many virtual ranks every rank's ``iter`` rows are emitted by default.
+ALL_ROWS_MAX_WORKERS = 32
+
+
+def _timer(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return time.process_time()
+
+
+def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device | str | None = None,
+             rows: str | None = None) -> RankResult:
+    """Run ``config.workers`` virtual ranks in this process; see the module docstring.
+
+    ``rows``: "all" (iter rows of every virtual rank), "rank0", or None (all when
+    P <= :data:`ALL_ROWS_MAX_WORKERS`). Cost per iteration: P forward/backward passes and
+    selections, the in-process collective, one optimiser step.
+    """
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"config has type {type(config).__name__}: expected RunConfig")
+    rows = rows or config.extra.get("sim_rows")
+    if rows is None:
+        rows = "all" if config.workers <= ALL_ROWS_MAX_WORKERS else "rank0"
+    if rows not in ("all", "rank0"):
+        raise ValueError(f"rows={rows!r} is invalid: expected 'all', 'rank0' or None")
+    world = config.workers
+    dev = resolve_device(config, device)
+    wall_start = time.perf_counter()
+    dataset = load_dataset(config.dataset, model=config.model, train_samples=config.train_samples,
+                           test_samples=config.test_samples, seed=config.seed, data_dir=config.data_dir,
+                           num_classes=config.extra.get("model_kwargs", {}).get("vocab_size"))
+    check_model_fits(config.model, dataset)
+    replica = Replica(config, world, dev)
+    states = [RankState(config, r, world, replica, dataset) for r in range(world)]
+    swap_buffers = len(states[0].buffers) > 0
+    ipe = states[0].shard.iterations_per_epoch
+    total = config.epochs * ipe if config.max_iterations is None else min(config.max_iterations,
+                                                                          config.epochs * ipe)
+    clock = VirtualClock(network_of(config), throttle=False)
+    buffer = RowBuffer(sink, config.sink_every)
+    emit = range(world) if rows == "all" else range(1)
+    eval_wall_s = 0.0
+    density, k = config.density, k_for(replica.numel, config.density)
+    try:
+        for it in range(total):
+            epoch_index, pos = divmod(it, ipe)
+            progress = it / ipe
+            lr = lr_at(config, progress, world)
+            density = density_at(config, progress)
+            k = k_for(replica.numel, density)
+            locals_, losses, compute_s, timings = [], [], [], []
+            for state in states:
+                x, y = state.next_batch(epoch_index, pos == 0)
+                c0, w0 = _timer(dev), time.perf_counter()
+                with state.active(replica, swap_buffers):
+                    loss = replica.forward_backward(x, y)
+                w1 = time.perf_counter()
+                local = prepare_local(state, replica, k)
+                if local.gradient is replica.grad:  # the next rank's backward reuses the buffer
+                    local.gradient = replica.grad.clone()
+                c1, w2 = _timer(dev), time.perf_counter()
+                locals_.append(local)
+                losses.append(loss)
+                compute_s.append(c1 - c0)
+                timings.append((w1 - w0, w2 - w1))
+            results = simulated_collective(config, locals_, replica.numel, k)
+            clock.simulate_collective(compute_s, [r.stats for r in results])
+            u0, uw0 = _timer(dev), time.perf_counter()
+            for state, local, result in zip(states, locals_, results):
+                finish_local(state, local, result)
+            replica.apply(aggregate_dense(results[0], replica.numel, dev), lr)
+            u1, uw1 = _timer(dev), time.perf_counter()
+            # Every rank applies the same update: its CPU time counts once on the virtual clock.
+            clock.advance((u1 - u0) / world)
+            wall_now = time.perf_counter() - wall_start
+            for r in emit:
+                t = {"compute": timings[r][0], "selection": timings[r][1],
+                     "comm": clock.last_comm_model_s, "update": uw1 - uw0}
+                buffer.add(iter_row(config, r, world, it, (it + 1) / ipe, density, k, losses[r], lr, t,
+                                    results[r].stats, clock.last_comm_model_s, wall_now,
+                                    clock.synced_time_s), count_iteration=(r == 0))
+            for state, loss in zip(states, losses):
+                state.epoch_loss_sum += loss
+                state.epoch_loss_count += 1
+
+            end_of_epoch = (it + 1) % ipe == 0
+            if end_of_epoch or it + 1 == total:
+                done_epochs = (it + 1) / ipe
+                is_eval = (it + 1 == total) or (end_of_epoch and round(done_epochs) % config.eval_every_epochs == 0)
+                e0 = time.perf_counter()
+                mean_loss = sum(s.epoch_loss_sum / max(s.epoch_loss_count, 1) for s in states) / world
+                for s in states:
+                    s.epoch_loss_sum, s.epoch_loss_count = 0.0, 0
+                test = None
+                if is_eval:
+                    with states[0].active(replica, swap_buffers):  # rank 0's BN statistics
+                        test = replica.evaluate(dataset)
+                for r in emit:
+                    buffer.add(epoch_row(config, r, world, it + 1, done_epochs, density, k, mean_loss,
+                                         test if r == 0 else None, time.perf_counter() - wall_start,
+                                         clock.synced_time_s), count_iteration=False)
+                eval_wall_s += time.perf_counter() - e0
+        wall_time_s = time.perf_counter() - wall_start
+        rank0_rows = [r for r in buffer.rows if r["rank"] == 0]
+        summary = build_summary(config, rank0_rows, numel=replica.numel, world=world, iterations=total,
+                                iterations_per_epoch=ipe, train_wall_s=wall_time_s - eval_wall_s,
+                                wall_time_s=wall_time_s, virtual_time_s=clock.synced_time_s,
+                                extra={"rank": 0, "device": str(dev), "simulated": True,
+                                       "merge_cpu_s": clock.total_merge_cpu_s,
+                                       "compute_s_virtual": clock.total_compute_s / max(total, 1)})
+        # In a simulation wall throughput is the simulator's own speed, not the cluster's.
+        summary["samples_per_s_wall"] = math.nan if world > 1 else summary["samples_per_s_wall"]
+        weights = replica.flat_weights().cpu() if config.extra.get("return_weights") else None
+        return RankResult(rows=buffer.rows, summary=summary, final_weights=weights)
+    finally:
+        buffer.flush()
+
+
+def describe(result: RankResult) -> dict[str, Any]:
+    """A few headline numbers of a simulated run (for printing)."""
+    s = result.summary
+    return {k: s.get(k) for k in ("method", "workers", "k", "numel", "iterations", "virtual_time_s",
+                                  "samples_per_s_virtual", "bytes_sent_per_rank_per_iter",
+                                  "final_test_accuracy")}

@@ -1,0 +1,73 @@
+"""The simulator runs the same code as real ranks: same weights as a real gloo run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gtopk_lab.config import RunConfig
+from gtopk_lab.distributed_utils import run_gloo
+from gtopk_lab.training.loop import gloo_rank_entry
+from gtopk_lab.training.simulator import simulate
+
+
+def _config(method: str, workers: int = 4, **kw) -> RunConfig:
+    base = dict(method=method, workers=workers, model="mlp", dataset="mnist1d", train_samples=640,
+                test_samples=100, batch_size=8, epochs=1, max_iterations=20, density=0.05, lr=0.05,
+                momentum=0.9, bandwidth="1GbE", sink_every=5, extra={"return_weights": True})
+    base.update(kw)
+    return RunConfig(**base)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("method", ["dense", "topk", "gtopk"])
+def test_simulator_matches_real_gloo_run(method: str) -> None:
+    config = _config(method)
+    real = run_gloo(gloo_rank_entry, 4, config.to_dict(), timeout_s=150)
+    sim = simulate(config)
+    for r in real[1:]:  # synchronous SGD: every real rank holds the same weights
+        torch.testing.assert_close(r.final_weights, real[0].final_weights, rtol=0, atol=1e-6)
+    torch.testing.assert_close(sim.final_weights, real[0].final_weights, rtol=1e-4, atol=1e-5)
+    # same bytes per iteration and the same modelled communication, rank by rank
+    real_iters = sorted((row["rank"], row["iteration"], row["bytes_sent"], row["comm_model_s"])
+                        for r in real for row in r.rows if row["kind"] == "iter")
+    sim_iters = sorted((row["rank"], row["iteration"], row["bytes_sent"], row["comm_model_s"])
+                       for row in sim.rows if row["kind"] == "iter")
+    assert [x[:3] for x in real_iters] == [x[:3] for x in sim_iters]
+    assert all(math.isclose(a[3], b[3], rel_tol=1e-9) for a, b in zip(real_iters, sim_iters))
+    assert sim.summary["simulated"] is True and sim.summary["iterations"] == 20
+
+
+@pytest.mark.timeout(60)
+def test_simulator_many_virtual_ranks_rows_and_virtual_time() -> None:
+    sink_batches: list[list[dict]] = []
+    config = _config("gtopk", workers=64, dataset="synthetic", train_samples=64 * 8,
+                     epochs=3, max_iterations=3, sink_every=2)
+    result = simulate(config, sink=sink_batches.append)
+    iters = [r for r in result.rows if r["kind"] == "iter"]
+    assert {r["rank"] for r in iters} == {0}  # P > 32: rank 0 only by default
+    assert [r["iteration"] for r in iters] == [0, 1, 2]
+    assert sum(len(b) for b in sink_batches) == len(result.rows)
+    times = [r["virtual_time_s"] for r in iters]
+    assert all(b > a for a, b in zip(times, times[1:]))
+    # butterfly over 64 ranks: log2(64) = 6 rounds, each at least one latency on 1GbE
+    assert all(r["comm_model_s"] >= 6 * 0.436e-3 for r in iters)
+    assert result.summary["workers"] == 64 and result.summary["k"] == iters[0]["k"]
+
+
+@pytest.mark.timeout(60)
+def test_simulator_all_rows_and_residual_rule_paper() -> None:
+    config = _config("gtopk", workers=4, max_iterations=2, residual_rule="paper", algorithm="tree")
+    result = simulate(config, rows="all")
+    assert {r["rank"] for r in result.rows if r["kind"] == "iter"} == {0, 1, 2, 3}
+    epoch_rows = [r for r in result.rows if r["kind"] == "epoch"]
+    assert not math.isnan(epoch_rows[0]["test_accuracy"])
+    assert all(math.isnan(r["test_accuracy"]) for r in epoch_rows[1:])
+
+
+def test_simulator_rejects_bad_rows_argument() -> None:
+    with pytest.raises(ValueError, match="rows="):
+        simulate(_config("dense"), rows="some")
