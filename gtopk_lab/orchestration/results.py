@@ -195,7 +195,9 @@ def build_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, st
     """The run summary: rank 0's summary completed with every contract key.
 
     Keys missing from rank 0's summary (for example when the run failed before rank 0
-    finished) are filled from the config where known, else None.
+    finished) are filled from the config where known, else None. Beyond the contract
+    keys it records ``config_hash`` and the config's ``algorithm, bandwidth, latency,
+    model, dataset, selector, residual_rule`` (so tables need not open config.json).
     """
     summary: dict[str, Any] = {key: None for key in SUMMARY_KEYS}
     summary.update({"method": config.method, "workers": config.workers, "density": config.density,
@@ -206,6 +208,8 @@ def build_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, st
     summary["status"] = status
     summary["error"] = error
     summary["config_hash"] = config_hash(config)
+    for key in ("algorithm", "bandwidth", "latency", "model", "dataset", "selector", "residual_rule"):
+        summary.setdefault(key, getattr(config, key))
     if extra:
         summary.update(extra)
     return summary

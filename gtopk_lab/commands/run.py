@@ -1,0 +1,293 @@
+"""``gtopk-lab run``: one training run on a Dask cluster (embedded or remote) or simulated.
+
+Every ``RunConfig`` field is a flag, generated from the dataclass (``--max-iterations``,
+``--throttle/--no-throttle``, ``--lr-milestones 80,120``, ``--extra key=json`` ...).
+Everything is validated before any folder, cluster or connection is made, so bad input
+ends with exit code 2, one line and no files written.
+
+This module also holds the helpers ``sweep`` and ``demo`` share: flag generation,
+deep validation (model, dataset folder) and opening a :class:`~gtopk_lab.orchestration.Lab`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from gtopk_lab.cli import UsageError
+from gtopk_lab.config import RunConfig
+
+NAME = "run"
+HELP = "run one training run on a Dask cluster (embedded, tcp:// or tls://) or simulated"
+
+#: Datasets that must come from a local folder (``--data-dir``).
+FOLDER_DATASETS: tuple[str, ...] = ("cifar10", "mnist", "ptb", "imagenet")
+
+
+# ------------------------------------------------------------------------------------------
+# flags generated from RunConfig
+def _optional(parse: Any) -> Any:
+    def convert(text: str) -> Any:
+        if text.strip().lower() in ("none", "null", ""):
+            return None
+        return parse(text)
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def _int_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(t) for t in text.split(",") if t.strip())
+
+
+def _density_warmup(text: str) -> tuple[float, int]:
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise ValueError(text)
+    return float(parts[0]), int(parts[1])
+
+
+def _field_kind(f: dataclasses.Field) -> tuple[str, Any]:
+    """(kind, converter) of a RunConfig field from its annotation."""
+    hints = typing.get_type_hints(RunConfig)
+    hint = hints[f.name]
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if args and optional else hint
+    origin = typing.get_origin(base)
+    if base is bool:
+        return "bool", None
+    if f.name == "density_warmup":
+        return "value", _optional(_density_warmup)
+    if origin is tuple:
+        return "value", _int_tuple
+    if origin is dict or base is dict:
+        return "extra", None
+    conv = {int: int, float: float, str: str}.get(base, str)
+    return "value", (_optional(conv) if optional else conv)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, exclude: set[str] = frozenset()) -> None:
+    """Add one flag per RunConfig field (defaults suppressed: unset flags keep RunConfig's)."""
+    group = parser.add_argument_group("run configuration (RunConfig fields)")
+    for f in dataclasses.fields(RunConfig):
+        if f.name in exclude:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        kind, conv = _field_kind(f)
+        if kind == "bool":
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=f"(default {default})")
+        elif kind == "extra":
+            group.add_argument(flag, dest=f.name, action="append", default=argparse.SUPPRESS,
+                               metavar="KEY=JSON", help="extra settings, repeatable (value parsed as JSON)")
+        else:
+            group.add_argument(flag, dest=f.name, type=conv, default=argparse.SUPPRESS,
+                               metavar=f.name.upper(), help=f"(default {default!r})")
+
+
+def _parse_extra(items: list[str]) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--extra={item!r} is invalid: expected KEY=VALUE")
+        try:
+            extra[key] = json.loads(value)
+        except json.JSONDecodeError:
+            extra[key] = value
+    return extra
+
+
+def config_kwargs(args: argparse.Namespace, exclude: set[str] = frozenset()) -> dict[str, Any]:
+    """The RunConfig keyword arguments given on the command line."""
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(RunConfig):
+        if f.name in exclude or not hasattr(args, f.name):
+            continue
+        value = getattr(args, f.name)
+        kwargs[f.name] = _parse_extra(value) if f.name == "extra" else value
+    return kwargs
+
+
+def validate_config(config: RunConfig) -> None:
+    """Checks RunConfig cannot do alone: known model that fits the dataset, dataset folder.
+
+    (``k = max(1, floor(density * numel))`` never exceeds ``numel`` because RunConfig
+    keeps density in (0, 1].)
+    """
+    from gtopk_lab.training.data import DATASETS
+    from gtopk_lab.training.models import get_model_spec
+
+    spec = get_model_spec(config.model)  # ValueError listing the known models
+    if config.dataset not in DATASETS:
+        raise ValueError(f"dataset={config.dataset!r} is invalid: expected one of {', '.join(DATASETS)}")
+    if config.dataset not in spec.datasets:
+        raise ValueError(f"model={config.model!r} does not fit dataset={config.dataset!r}: "
+                         f"it fits {', '.join(spec.datasets)}")
+    if config.data_dir is not None and not Path(config.data_dir).expanduser().is_dir():
+        raise ValueError(f"data_dir={config.data_dir!r} is invalid: no such folder")
+    if config.dataset in FOLDER_DATASETS and config.data_dir is None:
+        raise ValueError(f"data_dir=None is invalid for dataset={config.dataset!r}: "
+                         "pass --data-dir pointing at the local dataset folder")
+    if config.selector is not None:
+        from gtopk_lab.compression import selection
+
+        known = getattr(selection, "SELECTORS", None) or getattr(selection, "REGISTRY", None)
+        if isinstance(known, dict) and config.selector not in known:
+            raise ValueError(f"selector={config.selector!r} is invalid: expected one of {', '.join(known)}")
+
+
+# ------------------------------------------------------------------------------------------
+# cluster flags
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("cluster")
+    group.add_argument("--scheduler", metavar="ADDR", default=None,
+                       help="tcp://HOST:PORT or tls://HOST:PORT of a running Dask scheduler "
+                            "(default: an embedded LocalCluster on 127.0.0.1)")
+    group.add_argument("--n-workers", type=int, default=None,
+                       help="workers of the embedded cluster (default: what the run(s) need)")
+    group.add_argument("--tls-ca-file", default=None, help="CA certificate (PEM) for tls://")
+    group.add_argument("--tls-cert", default=None, help="client certificate (PEM) for tls://")
+    group.add_argument("--tls-key", default=None, help="client private key (PEM) for tls://")
+    group.add_argument("--timeout", dest="timeout_s", type=float, default=60.0,
+                       help="rendezvous/collective timeout per rank and failure-detection bound, s (default 60)")
+    group.add_argument("--connect-timeout", dest="connect_timeout_s", type=float, default=10.0,
+                       help="seconds to wait for the scheduler (default 10)")
+    group.add_argument("--out", default="results", help="results folder (default results)")
+    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def validate_cluster_args(args: argparse.Namespace) -> None:
+    """Check cluster flags without connecting (so errors come before any side effect)."""
+    from gtopk_lab.orchestration.lab import validate_scheduler_address
+
+    if args.n_workers is not None and args.n_workers < 1:
+        raise UsageError(f"--n-workers={args.n_workers} is invalid: expected an integer >= 1")
+    if not args.timeout_s > 0:
+        raise UsageError(f"--timeout={args.timeout_s} is invalid: expected seconds > 0")
+    tls = (args.tls_ca_file, args.tls_cert, args.tls_key)
+    for flag, value in zip(("--tls-ca-file", "--tls-cert", "--tls-key"), tls):
+        if value is not None and not Path(value).is_file():
+            raise UsageError(f"{flag}={value!r} is invalid: no such file")
+    if args.scheduler is None:
+        if any(tls):
+            raise UsageError("--tls-ca-file/--tls-cert/--tls-key need --scheduler tls://HOST:PORT")
+        return
+    args.scheduler = validate_scheduler_address(args.scheduler)
+    if args.scheduler.startswith("tls://") and not all(tls):
+        raise UsageError(f"--scheduler={args.scheduler!r} needs --tls-ca-file, --tls-cert and --tls-key")
+    if args.scheduler.startswith("tcp://") and any(tls):
+        raise UsageError(f"--scheduler={args.scheduler!r} is tcp:// but TLS files were given: use tls://")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out={args.out!r} is invalid: it exists and is not a folder")
+
+
+def open_lab(args: argparse.Namespace, n_workers_needed: int, progress: bool) -> Any:
+    """A Lab for the parsed flags; an unreachable scheduler becomes a UsageError."""
+    from gtopk_lab.orchestration.lab import Lab, SchedulerUnreachable
+
+    try:
+        return Lab(
+            scheduler=args.scheduler,
+            n_workers=args.n_workers or n_workers_needed,
+            out=args.out, timeout_s=args.timeout_s, progress=progress,
+            tls_ca_file=args.tls_ca_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
+            connect_timeout_s=args.connect_timeout_s,
+        )
+    except SchedulerUnreachable as exc:
+        raise UsageError(str(exc)) from None
+
+
+def simulate_run(config: RunConfig, out: str) -> dict[str, Any]:
+    """Run ``config`` with the single-process simulator and store it like a Dask run."""
+    import traceback
+
+    from gtopk_lab.orchestration import results as store
+    from gtopk_lab.training.simulator import simulate
+
+    if config.run_id is None:
+        config = config.replace(run_id=store.new_run_id(config))
+    started = store.utc_now()
+    store.RunStore(out, config.run_id).write_config(config)
+    try:
+        result = simulate(config)
+        rows, rank0, status, error = list(result.rows), dict(result.summary), "completed", None
+    except Exception as exc:  # a failed simulation is a failed run, stored as such
+        rows, rank0, status = [], None, "failed"
+        error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+    summary = store.build_summary(config, rank0, status=status, error=error,
+                                  extra={"started_at": started, "finished_at": store.utc_now(),
+                                         "simulated": True})
+    store.write_run(out, config, store.rows_to_frame(rows), summary)
+    return summary
+
+
+def print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    from gtopk_lab.orchestration.results import _jsonable
+
+    if as_json:
+        print(json.dumps(_jsonable(summary), separators=(",", ":")))
+        return
+    keys = ("run_id", "status", "method", "workers", "density", "k", "iterations",
+            "final_train_loss", "final_test_accuracy", "wall_time_s", "virtual_time_s",
+            "samples_per_s_wall", "samples_per_s_virtual", "bytes_sent_per_rank_per_iter")
+    for key in keys:
+        value = summary.get(key)
+        text = f"{value:.6g}" if isinstance(value, float) else str(value)
+        print(f"{key:>30}  {text}")
+    if summary.get("error"):
+        print(f"{'error':>30}  {summary['error'].splitlines()[0]}")
+
+
+# ------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    add_cluster_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
+    parser.add_argument("--simulate", action="store_true",
+                        help="single-process simulator (P virtual workers, no Dask)")
+    parser.add_argument("--resume", metavar="RUN_ID", default=None,
+                        help="run again the stored config of RUN_ID (in --out) into the same folder; "
+                             "it restarts from iteration 0")
+
+
+def _resume_config(args: argparse.Namespace) -> RunConfig:
+    from gtopk_lab.orchestration.results import RunStore
+
+    store = RunStore(args.out, args.resume)
+    data = store.read_config()
+    if data is None:
+        raise UsageError(f"--resume={args.resume!r} is invalid: no {store.path}/config.json")
+    summary = store.read_summary() or {}
+    if summary.get("status") == "completed":
+        raise UsageError(f"--resume={args.resume!r} is invalid: that run already completed")
+    data.pop("config_hash", None)
+    data["run_id"] = args.resume
+    return RunConfig.from_dict(data)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = _resume_config(args) if args.resume else RunConfig(**config_kwargs(args))
+    validate_config(config)
+    if args.simulate:
+        if args.scheduler or any((args.tls_ca_file, args.tls_cert, args.tls_key)):
+            raise UsageError("--simulate runs in this process: drop --scheduler and the TLS flags")
+        summary = simulate_run(config, args.out)
+    else:
+        validate_cluster_args(args)
+        with open_lab(args, config.workers, progress=not args.no_progress) as lab:
+            handle = lab.submit(config)
+            if not args.json:
+                print(f"run {handle.run_id} on {len(handle.workers) or config.workers} Dask worker(s); "
+                      f"dashboard {lab.dashboard_link}", file=sys.stderr)
+            _, summary = handle.result()
+    print_summary(summary, args.json)
+    return 0 if summary.get("status") == "completed" else 1

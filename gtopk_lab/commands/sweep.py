@@ -1,0 +1,188 @@
+"""``gtopk-lab sweep``: a grid of runs (methods x P x density x bandwidth) and its
+scaling-efficiency table.
+
+Scaling efficiency of method m at P workers = throughput(m, P) / (P * throughput(m, 1))
+(samples per second; the paper's definition), computed both on the virtual clock
+(modelled network, ``--bandwidth``) and on the wall clock. The sweep is resumable:
+configs that already completed in ``--out`` are not run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from typing import Any
+
+import pandas as pd
+
+from gtopk_lab.cli import UsageError
+from gtopk_lab.commands import run as run_cmd
+from gtopk_lab.config import RunConfig
+
+NAME = "sweep"
+HELP = "run a grid of configs (methods x workers x density x bandwidth) and print scaling efficiency"
+
+#: RunConfig fields that the sweep takes as comma-separated lists instead.
+GRID_FIELDS = {"method", "workers", "density", "bandwidth", "algorithm"}
+
+
+def _split(text: str, flag: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise UsageError(f"{flag}={text!r} is invalid: expected a comma-separated list")
+    return items
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        return [int(t) for t in _split(text, flag)]
+    except ValueError:
+        raise UsageError(f"{flag}={text!r} is invalid: expected comma-separated integers") from None
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        return [float(t) for t in _split(text, flag)]
+    except ValueError:
+        raise UsageError(f"{flag}={text!r} is invalid: expected comma-separated numbers") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    grid = parser.add_argument_group("grid (comma-separated lists)")
+    grid.add_argument("--methods", default="dense,topk,gtopk", help="default dense,topk,gtopk")
+    grid.add_argument("--workers", default="1,2,4", help="ranks P per run (default 1,2,4)")
+    grid.add_argument("--density", default="0.01", help="densities rho (default 0.01; dense ignores it)")
+    grid.add_argument("--bandwidth", default="1Gbps", help="modelled link rates (default 1Gbps)")
+    grid.add_argument("--algorithms", default="butterfly", help="gTop-k patterns (default butterfly)")
+    run_cmd.add_config_arguments(parser, exclude=GRID_FIELDS | {"run_id"})
+    run_cmd.add_cluster_arguments(parser)
+    parser.add_argument("--simulate", action="store_true",
+                        help="single-process simulator: P may exceed the cluster")
+    parser.add_argument("--no-skip", action="store_true", help="rerun configs already completed in --out")
+    parser.add_argument("--json", action="store_true", help="print the table as JSON records (last line)")
+
+
+def build_grid(args: argparse.Namespace) -> list[RunConfig]:
+    """The validated configs of the sweep, in a stable order (P ascending inside each group).
+
+    Dense S-SGD does not depend on density or on the gTop-k pattern, so it is run
+    once per (P, bandwidth) with the first density listed.
+    """
+    methods = _split(args.methods, "--methods")
+    workers = _ints(args.workers, "--workers")
+    densities = _floats(args.density, "--density")
+    bandwidths = _split(args.bandwidth, "--bandwidth")
+    algorithms = _split(args.algorithms, "--algorithms")
+    base = run_cmd.config_kwargs(args, exclude=GRID_FIELDS | {"run_id"})
+    configs: list[RunConfig] = []
+    seen: set[tuple[Any, ...]] = set()
+    for method, bandwidth, density, algorithm, p in itertools.product(
+            methods, bandwidths, densities, algorithms, sorted(set(workers))):
+        if method == "dense":
+            density, algorithm = densities[0], algorithms[0]
+        key = (method, bandwidth, density, algorithm, p)
+        if key in seen:
+            continue
+        seen.add(key)
+        config = RunConfig(**base, method=method, workers=p, density=density, bandwidth=bandwidth,
+                           algorithm=algorithm)
+        configs.append(config)
+    for config in configs:
+        run_cmd.validate_config(config)
+    return configs
+
+
+def scaling_table(summaries: pd.DataFrame) -> pd.DataFrame:
+    """One row per completed run: throughput and scaling efficiency against P=1.
+
+    Groups are (method, density, bandwidth, algorithm); ``efficiency_virtual`` uses
+    ``samples_per_s_virtual`` (modelled network), ``efficiency_wall`` the wall clock.
+    Without a P=1 run in its group, efficiency is NaN.
+    """
+    columns = ["method", "algorithm", "density", "bandwidth", "workers", "iterations",
+               "iter_time_virtual_s", "samples_per_s_virtual", "efficiency_virtual",
+               "samples_per_s_wall", "efficiency_wall", "final_test_accuracy", "status"]
+    if summaries.empty:
+        return pd.DataFrame(columns=columns)
+    frame = summaries.copy()
+    for col in ("algorithm", "bandwidth", "samples_per_s_virtual", "samples_per_s_wall",
+                "virtual_time_s", "iterations", "final_test_accuracy"):
+        if col not in frame.columns:
+            frame[col] = None
+    frame = frame[frame["status"] == "completed"].copy()
+    for col in ("samples_per_s_virtual", "samples_per_s_wall", "virtual_time_s", "iterations"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    frame["iter_time_virtual_s"] = frame["virtual_time_s"] / frame["iterations"]
+    group = ["method", "density", "bandwidth", "algorithm"]
+    frame[group] = frame[group].astype(str)
+    for clock in ("virtual", "wall"):
+        col = f"samples_per_s_{clock}"
+        base = frame[frame["workers"] == 1].groupby(group)[col].first().rename("_base")
+        merged = frame.join(base, on=group)
+        frame[f"efficiency_{clock}"] = merged[col] / (merged["workers"] * merged["_base"])
+    order = {m: i for i, m in enumerate(("dense", "topk", "gtopk", "gaussiank", "oktopk"))}
+    frame["_m"] = frame["method"].map(order).fillna(99)
+    frame = frame.sort_values(["bandwidth", "density", "_m", "algorithm", "workers"])
+    return frame[columns].reset_index(drop=True)
+
+
+def format_table(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "(no completed runs)"
+    shown = table.copy()
+    for col in ("efficiency_virtual", "efficiency_wall", "final_test_accuracy"):
+        shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{float(v):.1%}")
+    for col in ("samples_per_s_virtual", "samples_per_s_wall"):
+        shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{float(v):.0f}")
+    shown["iter_time_virtual_s"] = shown["iter_time_virtual_s"].map(
+        lambda v: "" if pd.isna(v) else f"{float(v) * 1e3:.2f} ms")
+    shown = shown.rename(columns={"iter_time_virtual_s": "iter_virtual", "samples_per_s_virtual":
+                                  "samples/s_virt", "efficiency_virtual": "eff_virt",
+                                  "samples_per_s_wall": "samples/s_wall", "efficiency_wall": "eff_wall",
+                                  "final_test_accuracy": "test_acc"})
+    return shown.drop(columns=["status"]).to_string(index=False)
+
+
+def execute_sweep(args: argparse.Namespace, configs: list[RunConfig], progress: bool) -> pd.DataFrame:
+    """Run (or skip) every config; return the summaries of this sweep."""
+    from gtopk_lab.orchestration import results as store
+
+    if args.simulate:
+        done = {} if args.no_skip else store.completed_runs(args.out)
+        summaries = []
+        for config in configs:
+            digest = store.config_hash(config)
+            if digest in done:
+                summaries.append(store.RunStore(args.out, done[digest]).read_summary() or {})
+                continue
+            summary = run_cmd.simulate_run(config, args.out)
+            if progress:
+                print(f"{config.method} P={config.workers} rho={config.density} "
+                      f"{config.bandwidth}: {summary['status']}", file=sys.stderr)
+            summaries.append(summary)
+        frame = pd.DataFrame.from_records(summaries)
+    else:
+        need = max(c.workers for c in configs)
+        with run_cmd.open_lab(args, need, progress=progress) as lab:
+            frame = lab.sweep(configs, skip_completed=not args.no_skip, progress=progress)
+    return frame
+
+
+def run(args: argparse.Namespace) -> int:
+    configs = build_grid(args)
+    if not args.simulate:
+        run_cmd.validate_cluster_args(args)
+    progress = not args.no_progress and not args.json
+    summaries = execute_sweep(args, configs, progress)
+    table = scaling_table(summaries)
+    failed = int((summaries.get("status") != "completed").sum()) if len(summaries) else 0
+    if args.json:
+        from gtopk_lab.orchestration.results import _jsonable
+
+        print(json.dumps(_jsonable(table.to_dict(orient="records")), separators=(",", ":")))
+    else:
+        print(format_table(table))
+        print(f"\n{len(summaries)} run(s), {failed} not completed; results in {args.out}")
+    return 0 if failed == 0 else 1
