@@ -139,6 +139,13 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         yield {"address": address, "certs": certs, "root": root, "workers": workers,
                "logs": logs_text}
     finally:
+        # SIGTERM to all at once (they shut down in parallel), then _kill's SIGKILL backstop.
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
         for proc in reversed(procs):
             _kill(proc)
 
@@ -163,10 +170,12 @@ def test_gtopk_job_runs_through_the_cli_over_tls(tls_cluster: dict) -> None:
            "--scheduler", tls_cluster["address"],
            "--tls-ca-file", str(certs["ca"]), "--tls-cert", str(certs["client"]),
            "--tls-key", str(certs["client_key"]),
-           "--method", "gtopk", "--workers", "2", "--density", "0.01",
+           # The workers advertise GPU=1 as GPU workers do, but have no CUDA here:
+           # device=cpu runs gloo on them (device=auto would ask for CUDA).
+           "--method", "gtopk", "--workers", "2", "--density", "0.01", "--device", "cpu",
            "--model", "mlp", "--dataset", "mnist1d",
            "--train-samples", "200", "--test-samples", "100", "--batch-size", "16",
-           "--max-iterations", "3", "--out", str(out), "--json"]
+           "--max-iterations", "3", "--out", str(out), "--no-progress", "--json"]
     # The client gets its TLS settings from the command line only.
     env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
@@ -181,10 +190,7 @@ def test_gtopk_job_runs_through_the_cli_over_tls(tls_cluster: dict) -> None:
     finally:
         _kill(proc)  # type: ignore[arg-type]
     assert proc.returncode == 0, f"{stderr[-3000:]}\n{tls_cluster['logs']()}"
-    summary = json.loads(stdout)
-    if isinstance(summary, list):  # one summary per run
-        (summary,) = summary
-    summary = summary.get("summary", summary)
+    summary = json.loads(stdout.strip().splitlines()[-1])  # --json: the summary is the last line
     assert summary["status"] == "completed", summary.get("error")
     assert summary["method"] == "gtopk"
     assert summary["workers"] == 2
