@@ -1,0 +1,124 @@
+"""Tests of gtopk_lab.compression.merge: index dtype, coalescing and merge_sparse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gtopk_lab.compression.merge import coalesce_sparse, index_dtype, merge_sparse
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _sparse(gen: torch.Generator, numel: int, n: int, ties: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    idx = torch.randperm(numel, generator=gen)[:n].to(torch.int32)
+    if ties:
+        vals = torch.randint(-3, 4, (n,), generator=gen).float()
+    else:
+        vals = torch.randn(n, generator=gen)
+    return vals, idx
+
+
+def _dense(v: torch.Tensor, i: torch.Tensor, numel: int) -> torch.Tensor:
+    out = torch.zeros(numel, dtype=v.dtype)
+    out.index_add_(0, i.long(), v)
+    return out
+
+
+def _reference_merge(v_a, i_a, v_b, i_b, k, numel):
+    """Dense reference: sum, support = union, k largest |v| with ties -> lower index."""
+    dense = _dense(v_a, i_a, numel) + _dense(v_b, i_b, numel)
+    support = torch.unique(torch.cat([i_a, i_b]).long())
+    keys = sorted(support.tolist(), key=lambda j: (-abs(float(dense[j])), j))
+    kept = torch.tensor(sorted(keys[:k]), dtype=torch.long)
+    dropped = torch.tensor(sorted(keys[k:]), dtype=torch.long)
+    return dense, kept, dropped
+
+
+def test_index_dtype() -> None:
+    assert index_dtype(1) == torch.int32
+    assert index_dtype(2**31 - 1) == torch.int32
+    assert index_dtype(2**31) == torch.int64
+    with pytest.raises(ValueError, match="numel=0"):
+        index_dtype(0)
+    with pytest.raises(TypeError, match="numel"):
+        index_dtype(3.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("n_a,n_b,k", [(20, 20, 20), (30, 10, 15), (5, 5, 20), (0, 7, 3), (50, 50, 1)])
+def test_merge_matches_dense_reference(ties: bool, n_a: int, n_b: int, k: int) -> None:
+    numel = 64  # small index space: many shared indices
+    gen = torch.Generator().manual_seed(n_a * 100 + n_b + k + int(ties))
+    v_a, i_a = _sparse(gen, numel, n_a, ties)
+    v_b, i_b = _sparse(gen, numel, n_b, ties)
+    vals, idx, d_v, d_i = merge_sparse(v_a, i_a, v_b, i_b, k)
+    dense, kept, dropped = _reference_merge(v_a, i_a, v_b, i_b, k, numel)
+    assert idx.dtype == torch.int32 and d_i.dtype == torch.int32
+    assert torch.equal(idx.long(), kept)
+    assert torch.equal(vals, dense[kept])
+    assert torch.equal(d_i.long(), dropped)
+    assert torch.equal(d_v, dense[dropped])
+    # kept + dropped is exactly the sum of the inputs
+    assert torch.equal(_dense(vals, idx, numel) + _dense(d_v, d_i, numel), dense)
+
+
+def test_merge_is_bitwise_symmetric_and_deterministic() -> None:
+    gen = torch.Generator().manual_seed(3)
+    v_a, i_a = _sparse(gen, 10_000, 500)
+    v_b, i_b = _sparse(gen, 10_000, 500)
+    one = merge_sparse(v_a, i_a, v_b, i_b, 400)
+    two = merge_sparse(v_b, i_b, v_a, i_a, 400)
+    again = merge_sparse(v_a, i_a, v_b, i_b, 400)
+    for x, y, z in zip(one, two, again):
+        assert torch.equal(x, y) and torch.equal(x, z)
+
+
+def test_merge_tie_break_prefers_lower_index() -> None:
+    v = torch.tensor([1.0, -1.0, 1.0, 1.0])
+    i = torch.tensor([9, 3, 7, 1], dtype=torch.int32)
+    vals, idx, d_v, d_i = merge_sparse(v, i, v.new_empty(0), i.new_empty(0), 2)
+    assert idx.tolist() == [1, 3] and vals.tolist() == [1.0, -1.0]
+    assert d_i.tolist() == [7, 9]
+
+
+def test_coalesce_adds_in_argument_order() -> None:
+    # three "ranks" share index 5; float addition order matters: (1e8 + 1) - 1e8 != 1 + (1e8 - 1e8)
+    v = torch.tensor([1e8, 2.0, 1.0, -1e8, 3.0])
+    i = torch.tensor([5, 0, 5, 5, 2])
+    vals, idx = coalesce_sparse(v, i)
+    assert idx.tolist() == [0, 2, 5]
+    expected = (torch.tensor(1e8) + torch.tensor(1.0)) + torch.tensor(-1e8)
+    assert vals[2] == expected and vals[:2].tolist() == [2.0, 3.0]
+
+
+def test_merge_int64_indices_and_float64() -> None:
+    v = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    i = torch.tensor([2**40, 5], dtype=torch.int64)
+    vals, idx, _, _ = merge_sparse(v, i, v, i, 1)
+    assert idx.dtype == torch.int64 and idx.tolist() == [5] and vals.tolist() == [4.0]
+    _, idx2, _, _ = merge_sparse(v, i, v.new_empty(0), i.new_empty(0), 2)
+    assert idx2.tolist() == [5, 2**40]
+
+
+def test_merge_errors_name_the_problem() -> None:
+    v, i = torch.ones(3), torch.arange(3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="k=0"):
+        merge_sparse(v, i, v, i, 0)
+    with pytest.raises(ValueError, match="same length"):
+        merge_sparse(v, i[:2], v, i, 2)
+    with pytest.raises(TypeError, match="indices dtype"):
+        merge_sparse(v, i.float(), v, i, 2)
+    with pytest.raises(TypeError, match="dtypes differ"):
+        merge_sparse(v, i, v.double(), i, 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_merge_cuda_matches_cpu() -> None:
+    gen = torch.Generator().manual_seed(5)
+    v_a, i_a = _sparse(gen, 100_000, 5000, ties=True)
+    v_b, i_b = _sparse(gen, 100_000, 5000, ties=True)
+    cpu = merge_sparse(v_a, i_a, v_b, i_b, 3000)
+    gpu = merge_sparse(v_a.cuda(), i_a.cuda(), v_b.cuda(), i_b.cuda(), 3000)
+    for x, y in zip(cpu, gpu):
+        assert torch.equal(x, y.cpu())
