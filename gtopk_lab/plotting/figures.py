@@ -460,7 +460,7 @@ def gradient_histogram_figure(values: Any, bins: int = 120, density: float | Non
     The Gaussian is N(mu, sigma^2) with the sample mean and standard deviation (the
     maximum-likelihood fit). With ``density`` (rho), vertical lines mark the exact top-k
     threshold (k-th largest |u|) and GaussianK's first threshold
-    ``|mu| + |Phi^-1(rho/2)| * sigma``, showing how close the bell-shape assumption is.
+    ``mu + |Phi^-1(rho/2)| * sigma``, showing how close the bell-shape assumption is.
     Cost: O(d) for the moments and histogram, O(d) for the top-k threshold (partition).
     """
     u = _as_1d("values", values)
@@ -482,7 +482,7 @@ def gradient_histogram_figure(values: Any, bins: int = 120, density: float | Non
             raise ValueError(f"density={density!r} is invalid: expected a number in (0, 1]")
         k = max(1, int(math.floor(density * u.size)))
         exact = float(np.partition(np.abs(u), u.size - k)[u.size - k])
-        gauss = abs(mu) + abs(_norm_ppf(density / 2.0)) * sigma
+        gauss = mu + abs(_norm_ppf(density / 2.0)) * sigma
         for thr, name, color in ((exact, "exact top-k threshold", "#00CC96"),
                                  (gauss, "GaussianK threshold", "#AB63FA")):
             for sign in (1, -1):

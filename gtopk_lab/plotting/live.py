@@ -58,6 +58,7 @@ __all__ = [
     "live_frontend_present",
     "static_bundle",
     "display_static",
+    "show",
     "LiveFigure",
     "live_convergence",
 ]
@@ -128,6 +129,16 @@ def display_static(fig: go.Figure, display_id: str | None = None) -> Any:
     if get_ipython() is None:
         return None
     return display(static_bundle(fig), raw=True, display_id=display_id or True)
+
+
+def show(fig: go.Figure) -> None:
+    """Display a finished figure so that it renders live *and* in saved / exported notebooks.
+
+    Like :func:`display_static` (returns nothing, so it can end a cell): use it for figures
+    that do not change (finished sweeps, Top-k operator plots); use :class:`LiveFigure`
+    for runs in progress.
+    """
+    display_static(fig)
 
 
 def _as_frame(rows: Any) -> pd.DataFrame:
