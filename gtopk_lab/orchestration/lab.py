@@ -407,8 +407,14 @@ class Lab:
 
     # --- cluster view ------------------------------------------------------------------
     def worker_info(self) -> dict[str, dict[str, Any]]:
-        """``{address: info}`` of all workers (the scheduler's own list, no 5-worker cap)."""
-        return dict(self.client.scheduler_info(n_workers=-1).get("workers", {}))
+        """``{address: info}`` of all workers, fetched fresh from the scheduler.
+
+        Not ``client.scheduler_info(n_workers=-1)``: that returns a cache which the
+        client's periodic refresh (``n_workers=0``) may overwrite with an empty worker
+        list between the fetch and the return, so live workers would look gone.
+        """
+        info = self.client.sync(self.client.scheduler.identity, n_workers=-1)
+        return dict(info.get("workers", {}))
 
     @staticmethod
     def _is_gpu(info: dict[str, Any]) -> bool:
