@@ -1,0 +1,294 @@
+"""Benchmarks of the collectives (real gloo ranks) and of the local selectors.
+
+``collectives``: for every world size P in ``--workers`` one gloo group of P spawned ranks
+runs, for every ``--numel``, each collective ``--repeats`` times (after one warm-up) on a
+top-k selection of density ``--density``: dense_allreduce, topk_allgather,
+gtopk_allreduce (butterfly, tree). A call's time is the slowest rank's wall time
+(``time.perf_counter`` around the call, after a barrier); the table shows the median over
+repeats, bytes sent per rank (max over ranks) and both as a ratio to dense. With
+``--bandwidth`` (and optionally ``--latency``) every call is wrapped in
+``gtopk_lab.network.clock.VirtualClock(network, throttle=True)``: the rank sleeps up to the
+modelled time, and the table adds the modelled time and measured/modelled.
+
+``selection``: on one thread, the median time of torch.topk versus each registered
+selector on a N(0,1) vector of the largest ``--numel``, the count selected and the speed-up.
+
+Speed numbers depend on the machine; when ranks outnumber cores a note says so, since
+ranks then time-share cores and wall times mostly measure the scheduler.
+
+Example::
+
+    python benchmarks/collectives.py collectives --workers 2,4 --numel 1M --repeats 3
+    gtopk-lab bench selection --numel 25M --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["main", "add_arguments", "run", "parse_count_list", "bench_selection", "bench_collectives"]
+
+COLLECTIVES: tuple[tuple[str, str], ...] = (
+    ("dense_allreduce", "ring"), ("topk_allgather", "ring"),
+    ("gtopk_allreduce", "butterfly"), ("gtopk_allreduce", "tree"),
+)
+_SUFFIX = {"K": 10**3, "M": 10**6, "G": 10**9}
+
+
+def parse_count_list(text: str, name: str) -> list[int]:
+    """'1M,25M' -> [1_000_000, 25_000_000] (decimal K/M/G suffixes); ValueError names ``name``."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        mult = _SUFFIX.get(part[-1].upper(), 1)
+        digits = part[:-1] if mult != 1 else part
+        try:
+            value = int(float(digits) * mult)
+        except ValueError:
+            raise ValueError(f"{name}={text!r} is invalid: expected comma-separated integers "
+                             f"with optional K/M/G suffix, e.g. 1M,25M") from None
+        if value < 1:
+            raise ValueError(f"{name}={text!r} is invalid: every entry must be >= 1")
+        out.append(value)
+    if not out:
+        raise ValueError(f"{name}={text!r} is invalid: expected at least one value")
+    return out
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _fmt_count(n: int) -> str:
+    for suffix, mult in (("G", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n % mult == 0:
+            return f"{n // mult}{suffix}"
+    return str(n)
+
+
+# ---------------------------------------------------------------------------------------
+# selection
+def bench_selection(numel: int, density: float, repeats: int) -> list[dict[str, Any]]:
+    """Median single-thread time of each selector on N(0,1) of ``numel`` elements."""
+    from gtopk_lab.compression.selection import available_selectors, get_selector
+    from gtopk_lab.config import k_for
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+        k = k_for(numel, density)
+        rows = []
+        for name in available_selectors():
+            sel = get_selector(name)
+            sel(x, k)  # warm-up
+            times, count = [], 0
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                _, idx = sel(x, k)
+                times.append(time.perf_counter() - t0)
+                count = idx.numel()
+            rows.append({"selector": name, "numel": numel, "k": k, "count": count,
+                         "median_s": statistics.median(times)})
+        base = next(r["median_s"] for r in rows if r["selector"] == "topk")
+        for r in rows:
+            r["speedup_vs_topk"] = base / r["median_s"]
+        return rows
+    finally:
+        torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------
+# collectives
+def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, repeats: int,
+                bandwidth: str | None, latency: str | None) -> list[dict[str, Any]]:
+    import torch.distributed as dist
+
+    from gtopk_lab.collectives import dense_allreduce, gtopk_allreduce, topk_allgather
+    from gtopk_lab.compression.selection import get_selector
+    from gtopk_lab.config import k_for
+
+    clock = None
+    if bandwidth is not None:
+        from gtopk_lab.network.clock import VirtualClock
+        from gtopk_lab.network.model import NetworkModel
+
+        clock = VirtualClock(NetworkModel.from_strings(bandwidth, latency), throttle=True)
+    rows = []
+    for numel in numels:
+        k = k_for(numel, density)
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+        values, indices = get_selector("topk")(x, k)
+        for collective, algorithm in COLLECTIVES:
+            if collective == "dense_allreduce":
+                buf = x.clone()
+                call, args, kwargs = dense_allreduce, (buf,), {}
+            elif collective == "topk_allgather":
+                call, args, kwargs = topk_allgather, (values, indices, numel), {}
+            else:
+                call, args, kwargs = gtopk_allreduce, (values, indices, numel, k), {"algorithm": algorithm}
+            times, models = [], []
+            result = None
+            for rep in range(repeats + 1):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if clock is not None:
+                    result = clock.collective(call, *args, **kwargs)
+                else:
+                    result = call(*args, **kwargs)
+                elapsed = time.perf_counter() - t0
+                if rep > 0:  # the first call is a warm-up (connections, allocations)
+                    times.append(elapsed)
+                    models.append(clock.last_comm_model_s if clock is not None else float("nan"))
+            assert result is not None
+            st = result.stats
+            rows.append({"numel": numel, "k": k, "workers": world_size, "collective": collective,
+                         "algorithm": algorithm, "times_s": times, "model_s": models,
+                         "bytes_sent": st.bytes_sent, "bytes_recv": st.bytes_recv,
+                         "rounds": st.rounds, "merge_cpu_s": st.merge_cpu_s})
+            del result
+    return rows
+
+
+def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: float, repeats: int,
+                      bandwidth: str | None = None, latency: str | None = None,
+                      timeout_s: float = 600.0) -> list[dict[str, Any]]:
+    """One gloo group per P; returns one row per (P, numel, collective) aggregated over ranks."""
+    from gtopk_lab.distributed_utils import run_gloo
+
+    out: list[dict[str, Any]] = []
+    for p in workers:
+        per_rank = run_gloo(_bench_rank, p, list(numels), density, repeats, bandwidth, latency,
+                            timeout_s=timeout_s)
+        for j, row0 in enumerate(per_rank[0]):
+            rows = [r[j] for r in per_rank]
+            slowest = [max(ts) for ts in zip(*(r["times_s"] for r in rows))]
+            model = [m for m in rows[0]["model_s"]]
+            row = {k: row0[k] for k in ("numel", "k", "workers", "collective", "algorithm")}
+            row.update(median_s=statistics.median(slowest),
+                       bytes_sent_per_rank=max(r["bytes_sent"] for r in rows),
+                       rounds=max(r["rounds"] for r in rows),
+                       merge_cpu_s=max(r["merge_cpu_s"] for r in rows),
+                       model_s=statistics.median(model) if bandwidth is not None else None)
+            out.append(row)
+    for row in out:
+        dense = next(r for r in out if r["numel"] == row["numel"] and r["workers"] == row["workers"]
+                     and r["collective"] == "dense_allreduce")
+        row["bytes_vs_dense"] = (row["bytes_sent_per_rank"] / dense["bytes_sent_per_rank"]
+                                 if dense["bytes_sent_per_rank"] else float("nan"))
+        row["time_vs_dense"] = row["median_s"] / dense["median_s"]
+        row["measured_vs_model"] = (row["median_s"] / row["model_s"]
+                                    if row.get("model_s") else None)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# printing
+def _print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
+    head = f"{'P':>3} {'numel':>6} {'k':>6} {'collective':<26} {'median ms':>10} {'bytes/rank':>12} " \
+           f"{'bytes/dense':>11} {'time/dense':>10} {'merge ms':>9}"
+    if modelled:
+        head += f" {'model ms':>9} {'meas/model':>10}"
+    print(head)
+    for r in rows:
+        name = r["collective"] + ("" if r["algorithm"] == "ring" else f"/{r['algorithm']}")
+        line = (f"{r['workers']:>3} {_fmt_count(r['numel']):>6} {r['k']:>6} {name:<26} "
+                f"{r['median_s'] * 1e3:>10.2f} {r['bytes_sent_per_rank']:>12,d} "
+                f"{r['bytes_vs_dense']:>11.4f} {r['time_vs_dense']:>10.3f} {r['merge_cpu_s'] * 1e3:>9.2f}")
+        if modelled:
+            line += f" {r['model_s'] * 1e3:>9.2f} {r['measured_vs_model']:>10.2f}"
+        print(line)
+
+
+def _print_selection(rows: list[dict[str, Any]]) -> None:
+    print(f"{'selector':<18} {'numel':>6} {'k':>7} {'count':>7} {'median ms':>10} {'vs topk':>8}")
+    for r in rows:
+        print(f"{r['selector']:<18} {_fmt_count(r['numel']):>6} {r['k']:>7} {r['count']:>7} "
+              f"{r['median_s'] * 1e3:>10.1f} {r['speedup_vs_topk']:>7.2f}x")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by ``benchmarks/collectives.py`` and ``gtopk-lab bench``."""
+    parser.add_argument("what", nargs="?", choices=("collectives", "selection", "all"), default="all",
+                        help="which benchmark (default: all)")
+    parser.add_argument("--workers", default="2,4,8", help="world sizes, e.g. 2,4,8 (default)")
+    parser.add_argument("--numel", default="1M,25M", help="buffer sizes, e.g. 1M,25M (default)")
+    parser.add_argument("--density", type=float, default=0.001, help="k = density * numel (default 0.001)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per case (default 5)")
+    parser.add_argument("--bandwidth", default="none",
+                        help="model and throttle this link (e.g. 1Gbps, 10GbE, a calibration JSON); "
+                             "'none' (default) = no network model")
+    parser.add_argument("--latency", default=None, help="per-message latency, e.g. 0.5ms (with --bandwidth)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per process group (default 600)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark(s) described by parsed ``args``; returns the exit code."""
+    workers = parse_count_list(args.workers, "--workers")
+    numels = parse_count_list(args.numel, "--numel")
+    if not 0.0 < args.density <= 1.0:
+        raise ValueError(f"--density={args.density!r} is invalid: expected a number in (0, 1]")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats={args.repeats!r} is invalid: expected an integer >= 1")
+    bandwidth = None if str(args.bandwidth).strip().lower() == "none" else args.bandwidth
+    if bandwidth is None and args.latency is not None:
+        raise ValueError("--latency needs --bandwidth: a latency alone models no link")
+    if bandwidth is not None:
+        from gtopk_lab.network.model import NetworkModel
+
+        NetworkModel.from_strings(bandwidth, args.latency)  # fail before spawning anything
+    report: dict[str, Any] = {}
+    cores = _cores()
+    if args.what in ("collectives", "all"):
+        rows = bench_collectives(workers, numels, args.density, args.repeats, bandwidth, args.latency,
+                                 timeout_s=args.timeout)
+        report["collectives"] = rows
+        if not args.json:
+            print(f"# collectives: gloo on 127.0.0.1, density {args.density}, median of {args.repeats} "
+                  f"(slowest rank per call), {cores} cores" + (f", link {bandwidth}"
+                                                               + (f" @ {args.latency}" if args.latency else "")
+                                                               + " (throttled)" if bandwidth else ""))
+            if max(workers) > cores:
+                print(f"# note: up to {max(workers)} ranks share {cores} cores; wall times include "
+                      "time-sharing and are not link-bound")
+            _print_collectives(rows, bandwidth is not None)
+    if args.what in ("selection", "all"):
+        rows = bench_selection(max(numels), args.density, args.repeats)
+        report["selection"] = rows
+        if not args.json:
+            print(f"# selection: one thread, N(0,1), density {args.density}, median of {args.repeats}")
+            _print_selection(rows)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry: ``python benchmarks/collectives.py [collectives|selection|all] ...``."""
+    parser = argparse.ArgumentParser(prog="benchmarks/collectives.py", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
