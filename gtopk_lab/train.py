@@ -1,0 +1,132 @@
+"""Train one rank under ``torchrun``: ``python -m gtopk_lab.train --method gtopk ...``.
+
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; this module
+initialises the default process group from them (gloo on CPU, NCCL when the rank's
+device is CUDA), runs :func:`gtopk_lab.training.loop.train_rank` and, on rank 0, prints
+the summary as JSON (and writes it to ``--summary-out`` if given). Without torchrun (no
+WORLD_SIZE) it runs a single rank without a process group (``--workers`` must be 1).
+
+Every ``RunConfig`` field is an option (``--density 0.001``, ``--lr-milestones 81 122``,
+``--density-warmup 0.004 1``, ``--no-momentum-correction``); ``--recipe NAME`` starts
+from a named recipe (gtopk_lab.training.optim.RECIPES). ``--workers`` defaults to
+WORLD_SIZE. Examples::
+
+    torchrun --nproc-per-node 4 -m gtopk_lab.train --method gtopk --density 0.01 \\
+        --model cnn --dataset mnist1d --epochs 5 --bandwidth 1GbE
+    torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint host:29400 \\
+        -m gtopk_lab.train --recipe resnet20-cifar10 --data-dir ~/data/cifar10
+    python -m gtopk_lab.train --workers 1 --method dense --max-iterations 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gtopk_lab.config import RunConfig
+
+
+def _arg_type(name: str, default: Any) -> dict[str, Any]:
+    if name in ("lr_milestones",):
+        return {"type": int, "nargs": "*"}
+    if name == "density_warmup":
+        return {"type": float, "nargs": 2, "metavar": ("DENSITY", "EPOCHS")}
+    if isinstance(default, bool):
+        return {"action": argparse.BooleanOptionalAction}
+    if isinstance(default, int):
+        return {"type": int}
+    if isinstance(default, float):
+        return {"type": float}
+    return {"type": str}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One option per RunConfig field (defaults None = the recipe's / RunConfig's value)."""
+    parser = argparse.ArgumentParser(prog="python -m gtopk_lab.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default=None, help="named recipe to start from")
+    parser.add_argument("--summary-out", default=None, help="rank 0 writes the summary JSON here")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout")
+    for f in dataclasses.fields(RunConfig):
+        if f.name == "extra":
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if f.name in ("max_iterations", "grad_clip"):
+            default = 0 if f.name == "max_iterations" else 0.0
+        if f.name in ("selector", "data_dir", "latency", "run_id"):
+            default = ""
+        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=None,
+                            **_arg_type(f.name, default))
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, world_size: int | None) -> RunConfig:
+    """RunConfig from parsed options: recipe, then the options given, then WORLD_SIZE."""
+    from gtopk_lab.training.optim import RECIPES, recipe
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
+              if f.name != "extra" and getattr(args, f.name, None) is not None}
+    if "density_warmup" in values:
+        values["density_warmup"] = (values["density_warmup"][0], int(values["density_warmup"][1]))
+    if "workers" not in values and world_size is not None:
+        values["workers"] = world_size
+    if args.recipe is not None:
+        if args.recipe not in RECIPES:
+            raise ValueError(f"recipe={args.recipe!r} is invalid: expected one of {', '.join(RECIPES)}")
+        return recipe(args.recipe, **values)
+    return RunConfig(**values)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code (2 on bad options)."""
+    import torch
+    import torch.distributed as dist
+
+    from gtopk_lab.training.loop import resolve_device, train_rank
+
+    args = build_parser().parse_args(argv)
+    world_env = os.environ.get("WORLD_SIZE")
+    world_size = int(world_env) if world_env else None
+    try:
+        config = config_from_args(args, world_size)
+    except (ValueError, TypeError) as exc:
+        print(f"gtopk_lab.train: error: {exc}", file=sys.stderr)
+        return 2
+    device = resolve_device(config)
+    initialised = False
+    try:
+        if world_size is not None and not dist.is_initialized():
+            backend = "nccl" if device.type == "cuda" else "gloo"
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout_s))
+            initialised = True
+        result = train_rank(config, device=device)
+        if int(os.environ.get("RANK", "0")) == 0:
+            text = json.dumps(_json_safe(result.summary), indent=2, default=str)
+            print(text)
+            if args.summary_out:
+                with open(args.summary_out, "w", encoding="utf-8") as fh:
+                    fh.write(text + "\n")
+        return 0
+    finally:
+        if initialised:
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
