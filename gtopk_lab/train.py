@@ -11,7 +11,7 @@ Every ``RunConfig`` field is an option (``--density 0.001``, ``--lr-milestones 8
 from a named recipe (gtopk_lab.training.optim.RECIPES). ``--workers`` defaults to
 WORLD_SIZE. Examples::
 
-    torchrun --nproc-per-node 4 -m gtopk_lab.train --method gtopk --density 0.01 \\
+    torchrun --standalone --nproc-per-node 4 -m gtopk_lab.train --method gtopk --density 0.01 \\
         --model cnn --dataset mnist1d --epochs 5 --bandwidth 1GbE
     torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint host:29400 \\
         -m gtopk_lab.train --recipe resnet20-cifar10 --data-dir ~/data/cifar10
