@@ -60,7 +60,7 @@ from gtopk_lab.orchestration import results as _results
 from gtopk_lab.orchestration.rank_task import (
     RankFailed,
     RunCancelled,
-    cancel_event_name,
+    mark_cancelled,
     rendezvous_name,
     run_rank,
     topic_for,
@@ -567,11 +567,9 @@ class Lab:
             handle._cancel_requested = True
             handle._cancel_deadline = time.monotonic() + handle.timeout_s
         try:
-            from distributed import Event
-
-            Event(cancel_event_name(handle._key), client=self.client).set()
+            self.client.run(mark_cancelled, handle._key, workers=list(handle.workers), on_error="ignore")
         except Exception as exc:  # the monitor still abandons the run at the deadline
-            logger.warning("could not set the cancel event of %s: %s", handle.run_id, exc)
+            logger.warning("could not flag %s as cancelled on its workers: %s", handle.run_id, exc)
         self._wake.set()
 
     # --- monitor -----------------------------------------------------------------------
