@@ -7,8 +7,9 @@ and the parent compares final weights:
   project's own S-SGD step on a plain model: flat gradient, ErrorFeedback("mass"), top-k
   selector, ``gtopk_allreduce``, update with ``G / P`` (training/loop.py's data flow);
 - DDP + hook with density 1.0 (k = d, exact) against plain DDP (averaged allreduce);
-- DDP + hook with per-bucket Ok-Topk selection and one dense warm-up iteration (buckets
-  rebuilt after iteration 1): replicas stay identical and training makes progress.
+- DDP + hook with per-bucket gTop-k (tree) selection and one dense warm-up iteration
+  (buckets rebuilt after iteration 1): replicas stay identical and training makes progress;
+  a short whole-model Ok-Topk run keeps replicas identical too.
 """
 
 from __future__ import annotations
@@ -48,20 +49,20 @@ def _flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def _train_ddp(rank: int, state: SparseHookState | None) -> tuple[torch.Tensor, list[float]]:
+def _train_ddp(rank: int, state: SparseHookState | None, steps: int = STEPS) -> tuple[torch.Tensor, list[float]]:
     # small buckets: several per backward pass, so whole-model selection spans buckets
     model = DDP(_net(), bucket_cap_mb=0.002)
     if state is not None:
         model.register_comm_hook(state, gtopk_hook)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     losses = []
-    for step in range(STEPS):
+    for step in range(steps):
         x, y = _batch(rank, step)
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     return _flat(model.module), losses
 
 
@@ -100,9 +101,13 @@ def _rank_job(rank: int, world: int) -> dict:
     out["reference"] = _train_reference(rank, world)
     out["hook_dense"], _ = _train_ddp(rank, SparseHookState(density=1.0, warmup_iterations=0))
     out["ddp"], _ = _train_ddp(rank, None)
-    bucket_state = SparseHookState(density=0.2, method="oktopk", selection="bucket", warmup_iterations=1)
+    bucket_state = SparseHookState(density=0.2, method="gtopk", algorithm="tree", selection="bucket",
+                                   warmup_iterations=1)
     out["bucket"], out["bucket_losses"] = _train_ddp(rank, bucket_state)
     out["bucket_iterations"] = bucket_state.iteration
+    ok_state = SparseHookState(density=0.1, method="oktopk", warmup_iterations=1)
+    out["oktopk"], _ = _train_ddp(rank, ok_state, steps=8)
+    out["oktopk_collective"] = ok_state.last_stats.collective
     dist.barrier()
     return out
 
@@ -123,6 +128,8 @@ def test_gtopk_hook_matches_project_step_and_ddp(world: int) -> None:
         assert torch.isfinite(res["bucket"]).all()
         torch.testing.assert_close(res["bucket"], results[0]["bucket"], rtol=0, atol=0)
         torch.testing.assert_close(res["hook"], results[0]["hook"], rtol=0, atol=0)
+        torch.testing.assert_close(res["oktopk"], results[0]["oktopk"], rtol=0, atol=0)
+        assert res["oktopk_collective"] == "oktopk_allreduce"
     losses = results[0]["bucket_losses"]
     assert sum(losses[-10:]) < sum(losses[:10])
     # sparse training is not dense training: the comparison above is not vacuous
