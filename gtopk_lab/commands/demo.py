@@ -28,9 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", default="1,2,4", help="ranks P (default 1,2,4)")
     parser.add_argument("--density", default="0.01", help="default 0.01")
     parser.add_argument("--bandwidth", default="1Gbps", help="modelled link rate (default 1Gbps)")
-    parser.add_argument("--max-iterations", type=int, default=150,
-                        help="iterations per run (default 150)")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs per run, capped by --max-iterations")
+    parser.add_argument("--max-iterations", type=int, default=250,
+                        help="iterations per run (default 250)")
+    parser.add_argument("--epochs", type=int, default=4,
+                        help="epochs per run (default 4), capped by --max-iterations")
     parser.add_argument("--no-report", action="store_true", help="skip the HTML report")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--timeout", dest="timeout_s", type=float, default=60.0,

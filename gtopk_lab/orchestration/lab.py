@@ -574,14 +574,31 @@ class Lab:
 
     # --- monitor -----------------------------------------------------------------------
     def _monitor_loop(self) -> None:
+        last_ok = time.monotonic()
         while not self._closed:
             self._wake.wait(self.poll_interval_s)
             self._wake.clear()
             try:
                 self._tick()
+                last_ok = time.monotonic()
             except Exception as exc:  # keep watching: a transient scheduler hiccup
-                if not self._closed:
-                    logger.warning("gtopk-lab monitor: %s: %s", type(exc).__name__, exc)
+                if self._closed:
+                    break
+                logger.warning("gtopk-lab monitor: %s: %s", type(exc).__name__, exc)
+                if time.monotonic() - last_ok > self.timeout_s:
+                    self._fail_all(f"lost contact with the Dask scheduler for more than "
+                                   f"{self.timeout_s:.0f} s: {type(exc).__name__}: {exc}")
+                    last_ok = time.monotonic()
+
+    def _fail_all(self, error: str) -> None:
+        """The scheduler is gone: end every queued and running run as failed."""
+        with self._lock:
+            handles = list(self._pending) + list(self._active)
+            self._pending.clear()
+            self._active.clear()
+            self._reserved.clear()
+        for handle in handles:
+            self._finish(handle, "failed", error)
 
     def _tick(self) -> None:
         with self._lock:
