@@ -59,7 +59,6 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.orchestration import results as _results
 from gtopk_lab.orchestration.rank_task import (
     RankFailed,
-    RunCancelled,
     mark_cancelled,
     rendezvous_name,
     run_rank,
