@@ -91,7 +91,8 @@ from gtopk_lab.schedules import butterfly_schedule
 
 __all__ = [
     "OkTopkState", "oktopk_allreduce", "sim_oktopk_allreduce", "oktopk_program",
-    "equal_boundaries", "boundaries_from_histogram", "allreduce_rounds",
+    "equal_boundaries", "boundaries_from_histogram", "allreduce_rounds", "bisection_rounds",
+    "oktopk_model_time_s",
 ]
 
 Request = tuple[str, int, "torch.Tensor | None"]
@@ -183,6 +184,51 @@ def allreduce_rounds(world_size: int) -> int:
         return 0
     m = 1 << (world_size.bit_length() - 1)
     return (m.bit_length() - 1) + (2 if m != world_size else 0)
+
+
+def bisection_rounds(threshold_probes: int = 255, key_bits: int = 31) -> int:
+    """Upper bound R on threshold rounds: the key interval (2**key_bits wide) shrinks by
+    ``threshold_probes`` per round and is resolved by the round in which it fits the probes."""
+    width, rounds = (1 << key_bits) - 1, 1
+    while width > threshold_probes:
+        width = -(-width // threshold_probes)
+        rounds += 1
+    return rounds
+
+
+def oktopk_model_time_s(net: Any, numel: int, k: int, workers: int, rebalance_every: int = 16,
+                        bins_per_region: int = 8, threshold_probes: int = 255) -> float:
+    """Closed-form alpha-beta time of :func:`oktopk_allreduce` as implemented, balanced regions.
+
+    ``net`` is a :class:`~gtopk_lab.network.model.NetworkModel`. Per round the cost is
+    ``alpha + beta * (h + bytes)`` (sent == received when balanced), h = 8::
+
+        reduce-scatter: (P-1) rounds of k/P pairs
+        threshold:      R * L rounds of c (probes+1) bytes (R = bisection_rounds, no ties)
+        allgather:      Bruck round j carries min(2^j, P-2^j) blocks of k/P pairs
+        re-balancing:   L rounds of c * min(numel, bins_per_region * P) bytes, / rebalance_every
+
+    with m = 8 (12 at int64 indices) bytes per pair and c = 4 (8 when P*numel >= 2**31).
+    Sum: ``~ (P - 1 + R L + ceil(log2 P)) alpha + 2 k (P-1)/P m beta`` plus small terms.
+    Imbalance and ties make real calls slower (tests/benchmarks compare with measured steps).
+    """
+    p = workers
+    if p == 1:
+        return 0.0
+    alpha, beta = net.latency_s, net.beta_s_per_byte
+    m = 8 if numel < 2**31 else 12
+    c = 4 if p * numel < 2**31 else 8
+    block = m * k / p
+    L = allreduce_rounds(p)
+    t = (p - 1) * (alpha + beta * (HEADER_BYTES + block))
+    t += bisection_rounds(threshold_probes) * L * (alpha + beta * (HEADER_BYTES + c * (threshold_probes + 1)))
+    d = 1
+    while d < p:
+        t += alpha + beta * (HEADER_BYTES + block * min(d, p - d))
+        d *= 2
+    nbins = min(numel, bins_per_region * p)
+    t += L * (alpha + beta * (HEADER_BYTES + c * nbins)) / rebalance_every
+    return t
 
 
 # =========================================================================== the program
