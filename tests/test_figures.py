@@ -191,3 +191,46 @@ def test_figures_module_imports_no_dask_or_torch() -> None:
             "print(sorted(m for m in ('distributed', 'dask', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- live helpers (no cluster; the real-run path is in test_report.py) ----------------------
+def test_live_frontend_detection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gtopk_lab.plotting import live
+
+    monkeypatch.delenv(live.LIVE_ENV, raising=False)
+    monkeypatch.setenv(live.STATIC_ENV, "1")
+    assert live.live_frontend_present() is False
+    monkeypatch.delenv(live.STATIC_ENV)
+    monkeypatch.setenv(live.LIVE_ENV, "1")
+    assert live.live_frontend_present() is True
+    monkeypatch.delenv(live.LIVE_ENV)
+    monkeypatch.setenv("JPY_SESSION_NAME", "x.ipynb")
+    assert live.live_frontend_present() is False  # plain Python: no kernel, no widgets
+
+
+def test_copy_into_updates_a_figure_widget_in_place() -> None:
+    from gtopk_lab.plotting.live import _copy_into, static_bundle
+
+    _, metrics = synthetic_frames()
+    small = metrics[metrics.iteration < 5]
+    widget = go.FigureWidget(figures.convergence_figure(small))
+    before = id(widget)
+    _copy_into(widget, figures.convergence_figure(metrics))  # same runs, more points
+    assert id(widget) == before and len(widget.data[0].x) == 20
+    one_run = metrics[metrics.run_id == "gtopk-p4"]
+    _copy_into(widget, figures.convergence_figure(one_run))  # trace list changed shape
+    assert len(widget.data) == 2 and widget.data[0].name == "gtopk ρ=0.01 P=4"
+    bundle = static_bundle(go.Figure(widget))
+    assert set(bundle) == {"application/vnd.plotly.v1+json", "text/html", "text/plain"}
+    assert len(bundle["application/vnd.plotly.v1+json"]["data"]) == 2
+
+
+def test_live_figure_rejects_non_handles() -> None:
+    from gtopk_lab.plotting.live import LiveFigure, live_convergence
+
+    with pytest.raises(TypeError, match="RunHandle"):
+        LiveFigure([object()], live=False)
+    with pytest.raises(ValueError, match="min_interval_s"):
+        LiveFigure([], live=False, min_interval_s=-1)
+    with pytest.raises(ValueError, match="x='steps'"):
+        live_convergence([], x="steps", live=False)
