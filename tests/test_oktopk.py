@@ -19,8 +19,10 @@ from gtopk_lab.compression.merge import coalesce_sparse, merge_sparse
 from gtopk_lab.compression.residual import ErrorFeedback
 from gtopk_lab.compression.selection import get_selector
 from gtopk_lab.distributed_utils import run_gloo
+from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.oktopk import (
-    OkTopkState, boundaries_from_histogram, equal_boundaries, oktopk_allreduce, sim_oktopk_allreduce,
+    OkTopkState, boundaries_from_histogram, equal_boundaries, oktopk_allreduce, oktopk_model_time_s,
+    sim_oktopk_allreduce,
 )
 
 NUMEL = 3000
@@ -168,6 +170,12 @@ def test_balanced_bytes_near_lower_bound() -> None:
     assert "rebalance" not in state.phase_bytes
     assert pairs < 1.3 * lower_bound
     assert max(r.stats.bytes_sent for r in res) < 1.5 * lower_bound
+    # the closed form as implemented predicts the modelled time of the measured steps
+    for bandwidth, latency in (("1Gbps", None), ("1GbE", None)):
+        net = NetworkModel.from_strings(bandwidth, latency)
+        measured = max(net.steps_time_s(r.stats.steps) for r in res)
+        predicted = oktopk_model_time_s(net, numel, k, p, rebalance_every=10**9)
+        assert measured == pytest.approx(predicted, rel=0.15)
 
 
 @pytest.mark.timeout(60)
