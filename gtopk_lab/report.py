@@ -34,7 +34,7 @@ from plotly.offline import get_plotlyjs
 
 from gtopk_lab.plotting import figures
 
-__all__ = ["write_report", "scaling_table", "predicted_scaling_table", "render_report"]
+__all__ = ["write_report", "measured_scaling_table", "predicted_scaling_table", "render_report"]
 
 
 def _completed(summaries: pd.DataFrame) -> pd.DataFrame:
@@ -66,36 +66,37 @@ def network_label(bandwidth_bps: float, latency_s: float) -> str:
     return f"{format_bandwidth(bandwidth_bps)}, {format_latency(latency_s)}"
 
 
-def scaling_table(summaries: pd.DataFrame, time_basis: str = "virtual") -> pd.DataFrame:
-    """Measured scaling efficiency ``throughput(P) / (P * throughput(1))`` per run.
+def measured_scaling_table(summaries: pd.DataFrame, time_basis: str = "virtual") -> pd.DataFrame:
+    """Measured scaling efficiency ``throughput(P) / (P * throughput(1))``, one row per run.
 
-    Throughput is ``samples_per_s_<time_basis>`` of completed runs. The baseline
-    ``throughput(1)`` is the single-worker run on the same network and model size
-    (``numel``), preferring the dense run (plain SGD, as in Shi et al.), else the same
-    method's. Runs with no baseline are left out. Columns: ``method, workers, density,
-    bandwidth, samples_per_s, baseline_samples_per_s, scaling_efficiency, run_id``.
-    O(runs^2) in the worst case (runs are few).
+    Long-format and network-aware, for figures: each completed run is compared with the
+    single-worker run on the *same network* and model size (``numel``), preferring the
+    dense run (plain SGD, as in Shi et al.), else the same method's at the same density.
+    The arithmetic is ``gtopk_lab.training.scaling.scaling_efficiency`` (whose
+    ``scaling_table`` gives the paper's method x P pivot of one network). Runs without a
+    baseline are left out. Columns: ``method, workers, density, bandwidth, samples_per_s,
+    baseline_samples_per_s, scaling_efficiency, run_id``. O(runs^2) (runs are few).
     """
+    from gtopk_lab.training.scaling import scaling_efficiency
+
     col = _throughput_column(time_basis)
     done = _completed(summaries)
+    done = done[done[col].notna()] if col in done.columns else done.iloc[:0]
     rows: list[dict[str, Any]] = []
-    for _, run in done.iterrows():
-        if pd.isna(run.get(col)):
-            continue
-        net = _network_key(run)
-        same = done[[(_network_key(r) == net and r.get("numel") == run.get("numel") and int(r["workers"]) == 1)
-                     for _, r in done.iterrows()]]
-        base = same[same["method"] == "dense"]
+    keys = [(_network_key(r), r.get("numel"), int(r["workers"])) for _, r in done.iterrows()]
+    for (_, run), (net, numel, workers) in zip(done.iterrows(), keys):
+        singles = done[[k[0] == net and k[1] == numel and k[2] == 1 for k in keys]]
+        base = singles[singles["method"] == "dense"]
         if not len(base):
-            base = same[(same["method"] == run["method"]) & (same["density"] == run["density"])]
-        if not len(base) or pd.isna(base[col]).all():
+            base = singles[(singles["method"] == run["method"]) & (singles["density"] == run["density"])]
+        if not len(base):
             continue
-        base_thr = float(base[col].mean())
+        baseline = base.iloc[0].to_dict()
         rows.append({
-            "method": run["method"], "workers": int(run["workers"]), "density": float(run["density"]),
+            "method": run["method"], "workers": workers, "density": float(run["density"]),
             "bandwidth": network_label(*net), "samples_per_s": float(run[col]),
-            "baseline_samples_per_s": base_thr,
-            "scaling_efficiency": float(run[col]) / (int(run["workers"]) * base_thr),
+            "baseline_samples_per_s": float(baseline[col]),
+            "scaling_efficiency": scaling_efficiency(baseline, run.to_dict(), time_basis),
             "run_id": run.get("run_id"),
         })
     columns = ["method", "workers", "density", "bandwidth", "samples_per_s", "baseline_samples_per_s",
@@ -110,7 +111,7 @@ def predicted_scaling_table(summaries: pd.DataFrame, workers: list[int] | None =
     iteration from the single-worker runs' breakdown (compute + update), selection time
     from the method's runs, then ``gtopk_lab.network.extrapolate.predict_scaling`` over
     ``workers`` (default 1, 2, 4, ... up to max(32, largest P)). GaussianK travels as
-    ``topk`` (an allgather of about k pairs). Same columns as :func:`scaling_table`.
+    ``topk`` (an allgather of about k pairs). Columns as :func:`measured_scaling_table` (without the throughputs).
     """
     from gtopk_lab.network.extrapolate import predict_scaling
     from gtopk_lab.network.model import NetworkModel
@@ -193,7 +194,7 @@ def render_report(summaries: pd.DataFrame, metrics: pd.DataFrame, title: str = "
                               "Train loss (mean over ranks) and test accuracy per run; colour = method, "
                               "dash = density."))
     if len(completed):
-        measured = scaling_table(summaries, "virtual")
+        measured = measured_scaling_table(summaries, "virtual")
         try:
             predicted = predicted_scaling_table(summaries)
         except (ImportError, ValueError, TypeError) as exc:  # model unavailable or bad sizes

@@ -104,6 +104,19 @@ print(f"{summary['iterations']} iterations, final test accuracy {summary['final_
 show(figures.time_breakdown_figure(pd.DataFrame([summary])))
 metrics[metrics.kind == "epoch"][["epoch", "train_loss", "test_loss", "test_accuracy", "virtual_time_s"]]
 """),
+    md("""
+## 4. More runs from a control panel
+Pick methods, density, P, network, model and dataset, press **Launch**, and watch the runs in
+the *live* tab; the *finished runs* tab lists `lab.runs()` and draws selected runs side by
+side. (Needs a widget front end; in an executed notebook this cell shows no panel.)
+"""),
+    code("""
+from gtopk_lab.plotting.controls import ControlPanel
+
+ControlPanel(lab, defaults={"workers": workers, "density": density, "model": model, "dataset": dataset,
+                            "epochs": epochs, "bandwidth": bandwidth})
+"""),
+    md("Shut the cluster down when done:"),
     code("lab.close()"),
 ]
 
@@ -202,7 +215,7 @@ out = "results/scaling"
     code(SETUP + """
 from gtopk_lab.network.extrapolate import predict_scaling
 from gtopk_lab.network.model import NetworkModel
-from gtopk_lab.report import predicted_scaling_table, scaling_table
+from gtopk_lab.report import measured_scaling_table, predicted_scaling_table
 from gtopk_lab.training.simulator import simulate
 """),
     code("""
@@ -226,12 +239,19 @@ runs[["source", "method", "workers", "network", "samples_per_s_virtual", "bytes_
 """),
     md("## Measured (solid) vs modelled (dashed)"),
     code("""
-measured = scaling_table(runs, time_basis="virtual")
+measured = measured_scaling_table(runs, time_basis="virtual")
 predicted = predicted_scaling_table(runs, workers=sorted(set(real_workers) | set(sim_workers)))
 show(figures.scaling_efficiency_figure(measured, predicted, time_basis="virtual"))
 both = measured.merge(predicted, on=["method", "workers", "density", "bandwidth"], suffixes=("", "_model"))
 both["model_error_pp"] = 100 * (both.scaling_efficiency_model - both.scaling_efficiency)
 both[["bandwidth", "method", "workers", "scaling_efficiency", "scaling_efficiency_model", "model_error_pp"]]
+"""),
+    md("The same measurements as the paper's method x P table (percent), one table per network:"),
+    code("""
+from gtopk_lab.training.scaling import scaling_table as method_by_workers
+for bw in bandwidths:
+    print(bw)
+    display(method_by_workers(runs[runs.network.astype(str).str.startswith(bw)].to_dict("records")).round(2))
 """),
     code("""
 show(figures.time_breakdown_figure(runs[runs.network.astype(str).str.startswith(bandwidths[0])]))
@@ -262,7 +282,12 @@ for name, (d, compute_s, selection_s) in paper_models.items():
 side = pd.DataFrame(rows).pivot(index="model", columns="method", values=["paper", "modelled"])
 (100 * side).round(2)
 """),
-    md(f"## Extrapolation to many workers"),
+    md("""
+Where the modelled efficiency exceeds the paper's, the difference is time that the
+alpha-beta model of the collectives does not contain (everything in the reference
+implementation's iteration besides compute, selection and the modelled messages).
+"""),
+    md("## Extrapolation to many workers"),
     code("""
 grid = [2 ** i for i in range(0, int(np.log2(extrapolate_to)) + 1)]
 base = runs[(runs.workers == 1) & (runs.method == "dense")].iloc[0]

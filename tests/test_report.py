@@ -11,7 +11,7 @@ import pytest
 from gtopk_lab.cli import main
 from gtopk_lab.config import RunConfig
 from gtopk_lab.orchestration.results import build_summary, rows_to_frame, write_run
-from gtopk_lab.report import predicted_scaling_table, scaling_table, write_report
+from gtopk_lab.report import measured_scaling_table, predicted_scaling_table, write_report
 from gtopk_lab.orchestration.results import load_runs
 from test_figures import synthetic_run
 
@@ -51,7 +51,7 @@ def test_report_is_self_contained_html(tmp_path: Path) -> None:
 def test_scaling_tables(tmp_path: Path) -> None:
     _write_results(tmp_path)
     summaries, _ = load_runs(tmp_path)
-    measured = scaling_table(summaries, "virtual")
+    measured = measured_scaling_table(summaries, "virtual")
     assert len(measured) == 9
     one = measured[measured.workers == 1]
     assert one.scaling_efficiency.tolist() == pytest.approx([1.0, 1.0, 1.0])
@@ -65,7 +65,7 @@ def test_scaling_tables(tmp_path: Path) -> None:
     # on 1 Gbit/s the dense allreduce of 10k floats costs more than 100 gTop-k pairs
     assert at32["gtopk"] > at32["dense"]
     with pytest.raises(ValueError, match="time_basis"):
-        scaling_table(summaries, "cpu")
+        measured_scaling_table(summaries, "cpu")
 
 
 def test_report_of_empty_folder(tmp_path: Path) -> None:
