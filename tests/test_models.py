@@ -7,12 +7,12 @@ import torch
 
 from gtopk_lab.training.models import MODELS, build_model, count_parameters, get_model_spec, model_table
 
-EXPECTED_PARAMS = {"mlp": 15_210, "cnn": 5_210, "digits_cnn": 38_282, "resnet20": 269_722,
+EXPECTED_PARAMS = {"mlp": 15_210, "cnn": 5_210, "cnn_wide": 232_330, "digits_cnn": 38_282, "resnet20": 269_722,
                    "vgg16": 14_728_266}
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("name", ["mlp", "cnn", "digits_cnn", "resnet20", "vgg16", "lstm"])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "cnn_wide", "digits_cnn", "resnet20", "vgg16", "lstm"])
 def test_forward_shape_and_parameter_count(name: str) -> None:
     spec = get_model_spec(name)
     kwargs = {"vocab_size": 50, "embedding_size": 16, "hidden_size": 16} if name == "lstm" else {}
@@ -47,4 +47,4 @@ def test_registry_errors_and_table() -> None:
     with pytest.raises(TypeError):
         get_model_spec(3)  # type: ignore[arg-type]
     names = [row["name"] for row in model_table()]
-    assert names[:6] == ["mlp", "cnn", "digits_cnn", "resnet20", "vgg16", "lstm"]
+    assert names[:7] == ["mlp", "cnn", "cnn_wide", "digits_cnn", "resnet20", "vgg16", "lstm"]

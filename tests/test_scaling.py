@@ -58,3 +58,18 @@ def test_simulated_scaling_orders_methods_on_slow_network() -> None:
     assert gtopk8.summary["bytes_sent_per_rank_per_iter"] < dense8.summary["bytes_sent_per_rank_per_iter"] / 10
     e_dense, e_gtopk = scaling_efficiency(one, dense8), scaling_efficiency(one, gtopk8)
     assert 0 < e_dense < e_gtopk
+
+
+@pytest.mark.timeout(60)
+def test_measure_iteration_times_medians() -> None:
+    from gtopk_lab.config import RunConfig
+    from gtopk_lab.training.scaling import measure_iteration_times
+
+    cfg = RunConfig(method="gtopk", workers=4, model="cnn", dataset="synthetic", batch_size=16,
+                    density=0.01, device="cpu")
+    times = measure_iteration_times(cfg, repeats=3, warmup=1)
+    assert len(times["compute_samples_s"]) == 3 and times["compute_time_s"] > 0
+    assert times["selection_time_s"] >= 0 and times["numel"] == 5210 and times["k"] == 52
+    assert sorted(times["compute_samples_s"])[1] == times["compute_time_s"]
+    with pytest.raises(ValueError, match="repeats=0 is invalid"):
+        measure_iteration_times(cfg, repeats=0)

@@ -71,3 +71,76 @@ def test_simulator_all_rows_and_residual_rule_paper() -> None:
 def test_simulator_rejects_bad_rows_argument() -> None:
     with pytest.raises(ValueError, match="rows="):
         simulate(_config("dense"), rows="some")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("algorithm", ["butterfly", "tree"])
+def test_density_one_sparse_methods_reproduce_dense(algorithm: str) -> None:
+    """rho = 1: Top-k and gTop-k select everything, so the run must be dense S-SGD (to rounding),
+    with momentum, weight decay and LR warm-up all on (they act on G / P in the same way)."""
+    kw = dict(workers=3, density=1.0, max_iterations=12, weight_decay=1e-3, lr_warmup_epochs=1.0,
+              algorithm=algorithm)
+    dense = simulate(_config("dense", **kw), rows="rank0").final_weights
+    for method in ("topk", "gtopk"):
+        sparse = simulate(_config(method, **kw), rows="rank0").final_weights
+        torch.testing.assert_close(sparse, dense, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(60)
+def test_mass_rule_conserves_gradient_mass_every_iteration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mass rule: sum_i residual_i + G == sum_i acc_i after every iteration (nothing lost or
+    counted twice), also with P not a power of two and the density warm-up changing k."""
+    import gtopk_lab.training.simulator as sim
+    from gtopk_lab.training.loop import aggregate_dense, finish_local
+
+    seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    errors: list[float] = []
+
+    def checked(state, local, result) -> None:
+        finish_local(state, local, result)
+        seen.append((local.acc.clone(), state.error_feedback.residual.clone(),
+                     aggregate_dense(result, local.acc.numel(), local.acc.device)))
+        if len(seen) == state.config.workers:
+            acc_sum = sum(a for a, _, _ in seen)
+            kept = sum(r for _, r, _ in seen) + seen[0][2]
+            errors.append(float((kept - acc_sum).abs().max() / acc_sum.abs().max()))
+            seen.clear()
+
+    monkeypatch.setattr(sim, "finish_local", checked)
+    config = _config("gtopk", workers=3, density=0.01, density_warmup=(0.05, 1), max_iterations=30, epochs=3,
+                     train_samples=3 * 8 * 10)
+    simulate(config, rows="rank0")
+    assert len(errors) == 30 and max(errors) < 1e-5
+
+
+@pytest.mark.timeout(60)
+def test_fixed_compute_time_makes_virtual_time_exact() -> None:
+    """With fixed compute and selection times the virtual clock is compute + selection +
+    modelled communication per iteration, identical across repeats (no CPU noise)."""
+    fixed = {"compute_time_s": 0.1, "selection_time_s": 0.01}
+    runs = [simulate(_config("gtopk", workers=8, dataset="synthetic", train_samples=8 * 8,
+                             max_iterations=3, epochs=3, extra=dict(fixed)), rows="rank0")
+            for _ in range(2)]
+    for run in runs:
+        iters = [r for r in run.rows if r["kind"] == "iter"]
+        expected = sum(0.1 + 0.01 + r["comm_model_s"] for r in iters)
+        assert run.summary["virtual_time_s"] == pytest.approx(expected, rel=1e-12)
+        assert all(r["compute_s"] == 0.1 and r["selection_s"] == 0.01 for r in iters)
+        assert run.summary["compute_time_source"] == "fixed"
+    assert runs[0].summary["virtual_time_s"] == runs[1].summary["virtual_time_s"]
+    # dense is charged no selection; the keyword overrides config.extra
+    dense = simulate(_config("dense", workers=2, max_iterations=2, extra={"compute_time_s": 5.0}),
+                     rows="rank0", compute_time_s=0.2)
+    iters = [r for r in dense.rows if r["kind"] == "iter"]
+    assert dense.summary["virtual_time_s"] == pytest.approx(sum(0.2 + r["comm_model_s"] for r in iters))
+    assert simulate(_config("dense", workers=1, max_iterations=1),
+                    rows="rank0").summary["compute_time_source"] == "measured"
+
+
+def test_fixed_compute_time_bad_values() -> None:
+    with pytest.raises(ValueError, match="compute_time_s=-1.0 is invalid"):
+        simulate(_config("dense"), compute_time_s=-1.0)
+    with pytest.raises(TypeError, match="compute_time_s='fast'"):
+        simulate(_config("dense", extra={"compute_time_s": "fast"}))
+    with pytest.raises(ValueError, match="selection_time_s=0.1 is invalid without compute_time_s"):
+        simulate(_config("topk"), selection_time_s=0.1)

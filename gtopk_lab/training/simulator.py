@@ -15,6 +15,22 @@
    step of the shared replica (in synchronous SGD every rank holds the same weights;
    its CPU time is added to virtual time)
 
+**Fixed compute time** (``compute_time_s=`` / ``config.extra["compute_time_s"]``, and
+optionally ``selection_time_s=`` / ``config.extra["selection_time_s"]``): on a loaded machine
+one rank's measured forward/backward varies 3-5x between iterations, and step 3 takes the
+slowest of P such measurements, so measured virtual time drifts upward with P for reasons that
+have nothing to do with the method. With a fixed compute time every virtual rank is charged
+exactly ``compute_time_s`` (forward + backward + optimiser step of one rank's batch, e.g. the
+median of a few passes measured once at P=1 with
+:func:`~gtopk_lab.training.scaling.measure_iteration_times`) plus, for sparse methods, a
+selection time: ``selection_time_s`` when given, else the *median* over virtual ranks of the
+measured selection CPU time of that iteration. The update's measured CPU time is then not
+added (it is part of ``compute_time_s``). Virtual time per iteration becomes
+``compute_time_s + selection + max_i steps_time_s(stats_i)``, so scaling efficiencies differ
+only by communication and selection and are reproducible. Rows then report the charged values
+in ``compute_s`` / ``selection_s``, and the summary says ``compute_time_source: "fixed"``
+(``"measured"`` otherwise) with ``fixed_compute_time_s`` / ``fixed_selection_time_s``.
+
 Only one model exists, so memory is one replica plus, per virtual rank, a residual and
 (with momentum correction) a velocity of d floats: P * d * 4 bytes each.
 
@@ -38,6 +54,7 @@ Example::
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Any
 
@@ -77,16 +94,45 @@ def _timer(device: torch.device) -> float:
     return time.process_time()
 
 
+def _fixed_time(name: str, value: Any, allow_zero: bool) -> float | None:
+    """Validate an optional fixed time in seconds (keyword or ``config.extra`` entry)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}={value!r} has type {type(value).__name__}: expected a number of "
+                        "seconds or None")
+    value = float(value)
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok or math.isinf(value):
+        raise ValueError(f"{name}={value!r} is invalid: expected a finite number of seconds "
+                         f"{'>= 0' if allow_zero else '> 0'} (or None to measure it)")
+    return value
+
+
 def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device | str | None = None,
-             rows: str | None = None) -> RankResult:
+             rows: str | None = None, compute_time_s: float | None = None,
+             selection_time_s: float | None = None) -> RankResult:
     """Run ``config.workers`` virtual ranks in this process; see the module docstring.
 
     ``rows``: "all" (iter rows of every virtual rank), "rank0", or None (all when
-    P <= :data:`ALL_ROWS_MAX_WORKERS`). Cost per iteration: P forward/backward passes and
-    selections, the in-process collective, one optimiser step.
+    P <= :data:`ALL_ROWS_MAX_WORKERS`). ``compute_time_s`` / ``selection_time_s`` (default:
+    ``config.extra["compute_time_s"]`` / ``["selection_time_s"]``, else None = measure):
+    fixed per-rank times charged to the virtual clock instead of measured CPU time (see
+    "Fixed compute time" in the module docstring); ``selection_time_s`` needs
+    ``compute_time_s``. Cost per iteration: P forward/backward passes and selections, the
+    in-process collective, one optimiser step (the same work whether or not times are fixed:
+    the gradients and selections are real, only the clock's charge changes).
     """
     if not isinstance(config, RunConfig):
         raise TypeError(f"config has type {type(config).__name__}: expected RunConfig")
+    fixed_compute_s = _fixed_time("compute_time_s", compute_time_s if compute_time_s is not None
+                                  else config.extra.get("compute_time_s"), allow_zero=False)
+    fixed_selection_s = _fixed_time("selection_time_s", selection_time_s if selection_time_s is not None
+                                    else config.extra.get("selection_time_s"), allow_zero=True)
+    if fixed_selection_s is not None and fixed_compute_s is None:
+        raise ValueError(f"selection_time_s={fixed_selection_s!r} is invalid without compute_time_s: "
+                         "expected both fixed, or compute_time_s alone (selection then measured)")
+    sparse = config.method != "dense"
     rows = rows or config.extra.get("sim_rows")
     if rows is None:
         rows = "all" if config.workers <= ALL_ROWS_MAX_WORKERS else "rank0"
@@ -117,13 +163,13 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
             lr = lr_at(config, progress, world)
             density = density_at(config, progress)
             k = k_for(replica.numel, density)
-            locals_, losses, compute_s, timings = [], [], [], []
+            locals_, losses, compute_s, selection_cpu_s, timings = [], [], [], [], []
             for state in states:
                 x, y = state.next_batch(epoch_index, pos == 0)
                 c0, w0 = _timer(dev), time.perf_counter()
                 with state.active(replica, swap_buffers):
                     loss = replica.forward_backward(x, y)
-                w1 = time.perf_counter()
+                c_mid, w1 = _timer(dev), time.perf_counter()
                 local = prepare_local(state, replica, k)
                 if local.gradient is replica.grad:  # the next rank's backward reuses the buffer
                     local.gradient = replica.grad.clone()
@@ -131,16 +177,30 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                 locals_.append(local)
                 losses.append(loss)
                 compute_s.append(c1 - c0)
+                selection_cpu_s.append(c1 - c_mid)
                 timings.append((w1 - w0, w2 - w1))
+            if fixed_compute_s is not None:
+                # Every rank is charged the same: the clock then only sees method differences.
+                if not sparse:
+                    charged_selection_s = 0.0
+                elif fixed_selection_s is not None:
+                    charged_selection_s = fixed_selection_s
+                else:
+                    charged_selection_s = statistics.median(selection_cpu_s)
+                compute_s = [fixed_compute_s + charged_selection_s] * world
+                timings = [(fixed_compute_s, charged_selection_s)] * world
             results = simulated_collective(config, locals_, replica.numel, k)
             clock.simulate_collective(compute_s, [r.stats for r in results])
             u0, uw0 = _timer(dev), time.perf_counter()
             for state, local, result in zip(states, locals_, results):
                 finish_local(state, local, result)
+            u_mid = _timer(dev)
             replica.apply(aggregate_dense(results[0], replica.numel, dev), lr)
             u1, uw1 = _timer(dev), time.perf_counter()
-            # Every rank applies the same update: its CPU time counts once on the virtual clock.
-            clock.advance((u1 - u0) / world)
+            if fixed_compute_s is None:
+                # Real ranks update their residuals in parallel (one P-th of the loop each) and
+                # each takes the same optimiser step (counted once).
+                clock.advance((u_mid - u0) / world + (u1 - u_mid))
             wall_now = time.perf_counter() - wall_start
             for r in emit:
                 t = {"compute": timings[r][0], "selection": timings[r][1],
@@ -176,7 +236,11 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                 wall_time_s=wall_time_s, virtual_time_s=clock.synced_time_s,
                                 extra={"rank": 0, "device": str(dev), "simulated": True,
                                        "merge_cpu_s": clock.total_merge_cpu_s,
-                                       "compute_s_virtual": clock.total_compute_s / max(total, 1)})
+                                       "compute_s_virtual": clock.total_compute_s / max(total, 1),
+                                       "compute_time_source": ("measured" if fixed_compute_s is None
+                                                               else "fixed"),
+                                       "fixed_compute_time_s": fixed_compute_s,
+                                       "fixed_selection_time_s": fixed_selection_s})
         # In a simulation wall throughput is the simulator's own speed, not the cluster's.
         summary["samples_per_s_wall"] = math.nan if world > 1 else summary["samples_per_s_wall"]
         weights = replica.flat_weights().cpu() if config.extra.get("return_weights") else None
