@@ -235,6 +235,10 @@ class WaitFreeBackprop:
             self._release(g)
 
     def _comm_loop(self) -> None:
+        # The current CUDA device is per thread: use the model's, so NCCL runs on the right GPU.
+        first = next((p for ps in self.groups for p in ps), None)
+        if first is not None and first.device.type == "cuda":
+            torch.cuda.set_device(first.device)
         while True:
             expected, ready = 0, set()
             while expected < len(self.groups):
