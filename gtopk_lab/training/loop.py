@@ -12,7 +12,8 @@ One iteration on rank i of P (docs/architecture.md, "Data flow of one iteration"
    ``dense -> dense_allreduce(g)``, ``topk / gaussiank -> topk_allgather``,
    ``gtopk -> gtopk_allreduce(algorithm=config.algorithm)``
 5. ``ErrorFeedback.update`` (rule ``config.residual_rule``); with momentum correction the
-   velocity is zeroed at the applied indices (momentum factor masking)
+   velocity is zeroed at this rank's own selection S_i (DGC's momentum factor masking: the
+   entries whose accumulated velocity just left the residual)
 6. the aggregated ``G / P`` is written into the flat gradient buffer and SGD steps
    (momentum / weight decay as configured, LR from :func:`~gtopk_lab.training.optim.lr_at`)
 7. one metric row (docs/architecture.md schema), flushed to ``sink`` every ``sink_every``
@@ -268,11 +269,17 @@ def prepare_local(state: RankState, replica: Replica, k: int) -> LocalSelection:
 
 
 def finish_local(state: RankState, local: LocalSelection, result: Any) -> None:
-    """Step 5: residual update and momentum factor masking."""
+    """Step 5: residual update and momentum factor masking.
+
+    The velocity is masked at the rank's *local* selection S_i, as in DGC (Lin et al. 2018,
+    ``U <- U * not(Mask)`` with the local mask). Masking at the global index set instead
+    would zero the velocity of entries this rank never sent (their accumulated mass still
+    sits in its residual) whenever another rank's selection reached the global set.
+    """
     if state.sparse:
         _update_error_feedback(state.error_feedback, local, result)
         if state.velocity is not None:
-            state.velocity[result.indices.long()] = 0.0
+            state.velocity[local.indices.long()] = 0.0
 
 
 def aggregate_dense(result: Any, numel: int, device: torch.device) -> torch.Tensor:
