@@ -95,7 +95,8 @@ def cmd_scaling(args: argparse.Namespace) -> int:
             }
         rows.append(row)
         print(f"  P={p}: simulated in {row['sim_s']:.1f} s", file=sys.stderr)
-    print("| P | Ok-Topk bytes/rank (steady) | with re-balance | 6k(P-1)/P pairs | 2k(P-1)/P pairs (LB) | gTop-k bytes/rank |")
+    print("| P | Ok-Topk bytes/rank (steady) | with re-balance | 6k(P-1)/P pairs | 2k(P-1)/P pairs (LB) "
+          "| gTop-k bytes/rank |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['P']} | {r['ok_bytes']:,} | {r['ok_bytes_first']:,} | {r['paper_bound_bytes']:,.0f} | "
