@@ -42,6 +42,7 @@ from gtopk_lab.schedules import (
 
 __all__ = [
     "CommStats", "CollectiveResult", "dense_allreduce", "topk_allgather", "gtopk_allreduce",
+    "oktopk_allreduce", "OkTopkState",
     "gtopk_program", "HEADER_BYTES", "sparse_message_bytes", "allgather_assemble",
 ]
 
@@ -397,3 +398,11 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
         st.dropped_values = st.dropped_values.to(out_device)
         st.dropped_indices = st.dropped_indices.to(out_device)
     return CollectiveResult(result.values.to(out_device), result.indices.to(out_device), st)
+
+
+def __getattr__(name: str):  # lazy re-export: gtopk_lab.oktopk imports this module
+    if name in ("oktopk_allreduce", "OkTopkState"):
+        from gtopk_lab import oktopk
+
+        return getattr(oktopk, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,7 +28,8 @@ from gtopk_lab.collectives import (
 )
 from gtopk_lab.compression.merge import check_sparse
 
-__all__ = ["sim_dense_allreduce", "sim_topk_allgather", "sim_gtopk_allreduce", "run_programs"]
+__all__ = ["sim_dense_allreduce", "sim_topk_allgather", "sim_gtopk_allreduce", "sim_oktopk_allreduce",
+           "run_programs"]
 
 
 def _check_lists(values_list: Sequence[torch.Tensor], indices_list: Sequence[torch.Tensor],
@@ -143,3 +144,6 @@ def sim_gtopk_allreduce(values_list: list[torch.Tensor], indices_list: list[torc
     programs = [gtopk_program(r, world, v, i, numel, k, algorithm)
                 for r, (v, i) in enumerate(zip(values_list, indices_list))]
     return run_programs(programs)
+
+
+from gtopk_lab.oktopk import sim_oktopk_allreduce  # noqa: E402  (oktopk imports collectives only)
