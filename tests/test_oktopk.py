@@ -198,3 +198,16 @@ def test_state_validation_boundaries_and_pickling() -> None:
     kv, ki, _, _ = exact_global_topk(vs, is_, 17)
     assert torch.equal(got[2].indices, ki) and torch.equal(got[2].values, kv)
     assert pickle.loads(pickle.dumps(state)).boundaries == state.boundaries
+
+
+@pytest.mark.timeout(120)
+def test_oktopk_is_a_training_method_in_the_simulator() -> None:
+    from gtopk_lab.config import RunConfig
+    from gtopk_lab.training.simulator import simulate
+
+    cfg = RunConfig(method="oktopk", workers=3, density=0.01, max_iterations=4,
+                    train_samples=300, test_samples=100, bandwidth="1GbE")
+    result = simulate(cfg)
+    iters = [r for r in result.rows if r["kind"] == "iter"]
+    assert iters and all(r["bytes_sent"] > 0 for r in iters)
+    assert result.summary["method"] == "oktopk"
