@@ -240,8 +240,14 @@ def _safe_call(callback: Callable[..., Any], *args: Any) -> None:
 def _security_from_files(tls_ca_file: str | None, tls_cert: str | None, tls_key: str | None) -> Any:
     from pathlib import Path
 
+    import dask.config
     from distributed.security import Security
 
+    if tls_ca_file is None and tls_cert is None and tls_key is None \
+            and dask.config.get("distributed.comm.tls.ca-file", None):
+        # No files given, but the Dask config (e.g. cluster/dask/client.yaml in
+        # DASK_CONFIG) names them: Security() reads it.
+        return Security()
     for name, value in (("tls_ca_file", tls_ca_file), ("tls_cert", tls_cert), ("tls_key", tls_key)):
         if value is None:
             raise ValueError(f"{name}=None is invalid: a tls:// scheduler needs --tls-ca-file, "
