@@ -73,6 +73,8 @@ epochs = 2
 train_samples = 2000
 max_iterations = None
 bandwidth = "1GbE"        # the modelled network of the virtual clock, "none" for unthrottled
+latency = None            # per-message latency like "0.5ms", None for the preset's
+throttle = False          # True sleeps so that each collective lasts its modelled time
 sink_every = 2            # metric rows stream to the notebook every this many iterations
 out = "results/quickstart"
 """),
@@ -87,7 +89,7 @@ print("dashboard:", lab.dashboard_link)
     code("""
 config = RunConfig(method=method, workers=workers, density=density, model=model, dataset=dataset,
                    epochs=epochs, train_samples=train_samples, max_iterations=max_iterations,
-                   bandwidth=bandwidth, sink_every=sink_every)
+                   bandwidth=bandwidth, latency=latency, throttle=throttle, sink_every=sink_every)
 handle = lab.submit(config)
 view = live_convergence(handle, x="iteration", min_interval_s=0.3)
 """),

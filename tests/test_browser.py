@@ -31,9 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-#: The quickstart's parameters for this test: a 2-rank run of several seconds.
+#: The quickstart's parameters for this test: a 2-rank run that lasts at least ~8 s however
+#: fast the machine is (throttled to a 40 ms-latency link: 200 iterations x >= 40 ms), so the
+#: live figure has time to grow on screen. Throttling sleeps, so it costs no CPU.
 LIVE_PARAMETERS = {"n_workers": 2, "workers": 2, "method": "gtopk", "density": 0.01, "model": "mlp",
-                   "epochs": 4, "train_samples": 4000, "max_iterations": None, "sink_every": 2}
+                   "epochs": 4, "train_samples": 4000, "max_iterations": 200, "sink_every": 2,
+                   "bandwidth": "1Gbps", "latency": "40ms", "throttle": True}
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -139,8 +142,24 @@ def test_quickstart_live_figure_grows_in_jupyterlab(jupyter_lab: tuple[str, Path
                 return k && k.status === 'idle';
             }""", timeout=90_000)
             # (not awaited: the command's promise resolves only when every cell has run)
+            # The widget manager asks the kernel for its widgets (comm_info_request, a shell
+            # message) once the kernel connects. Queued behind "run all"'s blocking cells it
+            # would be answered only at the end, and no widget would render while the run is
+            # live. Our own request returns after the manager's (shell messages are FIFO).
+            page.evaluate("""async () => {
+                const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+                await k.requestCommInfo({target_name: 'jupyter.widget'});
+            }""")
+            page.wait_for_timeout(1000)
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            page.wait_for_selector(".jp-OutputArea .js-plotly-plot", timeout=120_000)
+            try:
+                page.wait_for_selector(".jp-OutputArea .js-plotly-plot", timeout=120_000)
+            except sync_api.TimeoutError:
+                page.screenshot(path=str(ARTIFACTS / "browser_quickstart_failure.png"), full_page=True)
+                outputs = page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
+                                        ".map(e => e.innerText.slice(0, 300))")
+                log = (tmp_path / "jupyter.log").read_text()[-2000:]
+                raise AssertionError(f"no plotly figure appeared; outputs: {outputs}\njupyter log: {log}") from None
             samples: list[tuple[float, int]] = []
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
