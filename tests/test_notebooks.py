@@ -7,7 +7,6 @@ without a live kernel (``application/vnd.plotly.v1+json`` or plotly ``text/html`
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
