@@ -66,12 +66,16 @@ def network_label(bandwidth_bps: float, latency_s: float) -> str:
     return f"{format_bandwidth(bandwidth_bps)}, {format_latency(latency_s)}"
 
 
-def measured_scaling_table(summaries: pd.DataFrame, time_basis: str = "virtual") -> pd.DataFrame:
+def measured_scaling_table(summaries: pd.DataFrame, time_basis: str = "virtual",
+                           baseline: str = "own") -> pd.DataFrame:
     """Measured scaling efficiency ``throughput(P) / (P * throughput(1))``, one row per run.
 
-    Long-format and network-aware, for figures: each completed run is compared with the
-    single-worker run on the *same network* and model size (``numel``), preferring the
-    dense run (plain SGD, as in Shi et al.), else the same method's at the same density.
+    Long-format and network-aware, for figures: each completed run is compared with a
+    single-worker run on the *same network* and model size (``numel``). ``baseline="own"``
+    (default, as ``gtopk-lab sweep`` prints it) takes the same method's P=1 run at the same
+    density, else the dense one; ``baseline="dense"`` takes plain single-worker SGD (the
+    paper's definition), else the method's own. With "own" every curve starts at 100%;
+    with "dense" a method whose P=1 iteration is cheaper than dense's can exceed 100%.
     The arithmetic is ``gtopk_lab.training.scaling.scaling_efficiency`` (whose
     ``scaling_table`` gives the paper's method x P pivot of one network). Runs without a
     baseline are left out. Columns: ``method, workers, density, bandwidth, samples_per_s,
@@ -79,6 +83,8 @@ def measured_scaling_table(summaries: pd.DataFrame, time_basis: str = "virtual")
     """
     from gtopk_lab.training.scaling import scaling_efficiency
 
+    if baseline not in ("own", "dense"):
+        raise ValueError(f"baseline={baseline!r} is invalid: expected 'own' or 'dense'")
     col = _throughput_column(time_basis)
     done = _completed(summaries)
     done = done[done[col].notna()] if col in done.columns else done.iloc[:0]
@@ -86,17 +92,17 @@ def measured_scaling_table(summaries: pd.DataFrame, time_basis: str = "virtual")
     keys = [(_network_key(r), r.get("numel"), int(r["workers"])) for _, r in done.iterrows()]
     for (_, run), (net, numel, workers) in zip(done.iterrows(), keys):
         singles = done[[k[0] == net and k[1] == numel and k[2] == 1 for k in keys]]
-        base = singles[singles["method"] == "dense"]
-        if not len(base):
-            base = singles[(singles["method"] == run["method"]) & (singles["density"] == run["density"])]
+        own = singles[(singles["method"] == run["method"]) & (singles["density"] == run["density"])]
+        dense = singles[singles["method"] == "dense"]
+        base = (own if len(own) else dense) if baseline == "own" else (dense if len(dense) else own)
         if not len(base):
             continue
-        baseline = base.iloc[0].to_dict()
+        base_run = base.iloc[0].to_dict()
         rows.append({
             "method": run["method"], "workers": workers, "density": float(run["density"]),
             "bandwidth": network_label(*net), "samples_per_s": float(run[col]),
-            "baseline_samples_per_s": float(baseline[col]),
-            "scaling_efficiency": scaling_efficiency(baseline, run.to_dict(), time_basis),
+            "baseline_samples_per_s": float(base_run[col]),
+            "scaling_efficiency": scaling_efficiency(base_run, run.to_dict(), time_basis),
             "run_id": run.get("run_id"),
         })
     columns = ["method", "workers", "density", "bandwidth", "samples_per_s", "baseline_samples_per_s",
@@ -206,8 +212,8 @@ def render_report(summaries: pd.DataFrame, metrics: pd.DataFrame, title: str = "
                 _figure_div(figures.scaling_efficiency_figure(measured, predicted, time_basis="virtual"))
                 + _table(measured.drop(columns=["run_id"]), percent=("scaling_efficiency",)),
                 "throughput(P) / (P * throughput(1)) on the virtual clock (compute measured, "
-                "communication modelled on each run's network). Dashed: alpha-beta model. Open markers: "
-                "the paper's 32 workers on 1 GbE."))
+                "communication modelled on each run's network); throughput(1) is the same method's "
+                "single-worker run. Dashed: alpha-beta model. Open markers: the paper's 32 workers on 1 GbE."))
         try:
             parts.append(_section("Time per iteration", _figure_div(figures.time_breakdown_figure(completed))))
         except ValueError:

@@ -65,6 +65,14 @@ def test_scaling_tables(tmp_path: Path) -> None:
     assert at32["gtopk"] > at32["dense"]
     with pytest.raises(ValueError, match="time_basis"):
         measured_scaling_table(summaries, "cpu")
+    with pytest.raises(ValueError, match="baseline='best'"):
+        measured_scaling_table(summaries, baseline="best")
+    # "own": each method against its own P=1 run; "dense": against plain single-worker SGD
+    own = measured_scaling_table(summaries).set_index(["method", "workers"]).scaling_efficiency
+    dense = measured_scaling_table(summaries, baseline="dense").set_index(["method", "workers"])
+    assert own["gtopk", 4] == pytest.approx(
+        s.loc["gtopk-p4", "samples_per_s_virtual"] / (4 * s.loc["gtopk-p1", "samples_per_s_virtual"]))
+    assert dense.loc[("gtopk", 4), "baseline_samples_per_s"] == s.loc["dense-p1", "samples_per_s_virtual"]
 
 
 def test_report_of_empty_folder(tmp_path: Path) -> None:
