@@ -201,7 +201,7 @@ class LiveFigure:
         self._on_rows(key, handle, None)
 
     def _on_rows(self, key: str, handle: Any, new_rows: Any) -> None:
-        # Called from the Dask client thread: keep it cheap and never raise into it.
+        # Called from the Lab's monitor thread (RunHandle subscribers): never raise into it.
         try:
             snapshot = _as_frame(getattr(handle, "metrics", None))
             if not len(snapshot) and new_rows is not None:
