@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 from typing import Any
 
@@ -142,7 +143,21 @@ def format_table(table: pd.DataFrame) -> str:
                                   "samples/s_virt", "efficiency_virtual": "eff_virt",
                                   "samples_per_s_wall": "samples/s_wall", "efficiency_wall": "eff_wall",
                                   "final_test_accuracy": "test_acc"})
-    return shown.drop(columns=["status"]).to_string(index=False)
+    # The gTop-k pattern means nothing for the other methods.
+    shown["algorithm"] = shown["algorithm"].where(shown["method"] == "gtopk", "-")
+    text = shown.drop(columns=["status"]).to_string(index=False)
+    return text + "\n" + clock_note(int(pd.to_numeric(table["workers"]).max()))
+
+
+def clock_note(max_workers: int, cores: int | None = None) -> str:
+    """Which clock to read: virtual when ranks outnumber this machine's cores."""
+    cores = cores or os.cpu_count() or 1
+    if max_workers > cores:
+        return (f"note: up to {max_workers} ranks ran on {cores} CPU cores, so wall-clock figures "
+                "(samples/s_wall, eff_wall) measure CPU contention; read the virtual ones "
+                "(measured compute CPU time + modelled network, docs/network.md).")
+    return ("note: virtual = measured compute CPU time + modelled network; wall = real clock "
+            "(one rank per core here, so both are meaningful).")
 
 
 def execute_sweep(args: argparse.Namespace, configs: list[RunConfig], progress: bool) -> pd.DataFrame:
