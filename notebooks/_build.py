@@ -208,7 +208,7 @@ The model then extrapolates to 1024 workers.
 n_workers = 4
 real_workers = [1, 2, 4]        # real gloo ranks on the cluster
 sim_workers = [8, 16, 32]       # virtual ranks in the simulator (same code paths)
-methods = ["dense", "topk", "gtopk"]
+methods = ["dense", "topk", "gtopk", "oktopk"]
 bandwidths = ["1GbE", "10GbE"]
 density = 0.001
 model = "cnn"

@@ -26,7 +26,7 @@ CI_PARAMETERS: dict[str, dict[str, Any]] = {
                              "densities": [0.01], "model": "mlp", "epochs": 1, "train_samples": 640,
                              "test_samples": 200},
     "02_scaling_efficiency.ipynb": {"n_workers": 2, "real_workers": [1, 2], "sim_workers": [4],
-                                    "methods": ["dense", "gtopk"], "bandwidths": ["1GbE"], "density": 0.01,
+                                    "methods": ["dense", "gtopk", "oktopk"], "bandwidths": ["1GbE"], "density": 0.01,
                                     "model": "mlp", "max_iterations": 6, "train_samples": 600,
                                     "extrapolate_to": 1024},
     "03_topk_operator.ipynb": {"iterations": 30, "snapshots": [5, 29], "speed_numel": 200_000,

@@ -368,7 +368,8 @@ def comm_bytes_per_rank_formula(method: str, workers: int, numel: int, k: int,
       other P add the fold/unfold messages of the extra ranks, averaged over ranks
     - gtopk tree (reduce + broadcast, mean over ranks): ``2 (P-1)/P * k * pair_bytes``
     - gaussiank: as topk (allgather of about k pairs)
-    - oktopk: ``6 k (P-1)/P * pair_bytes`` (upper bound)
+    - oktopk: ``2 k (P-1)/P * pair_bytes`` (balanced reduce-scatter + allgather as implemented,
+      without the small count/threshold messages; the paper's bound is 6 k (P-1)/P)
 
     ``pair_bytes`` is 8 (fp32 value + int32 index) or 12 with int64 indices. O(1).
     """
@@ -393,7 +394,7 @@ def comm_bytes_per_rank_formula(method: str, workers: int, numel: int, k: int,
         total = p2 * math.log2(p2) * k + 2 * extra * k
         return total / p * pair_bytes
     if method == "oktopk":
-        return 6.0 * k * (p - 1) / p * pair_bytes
+        return 2.0 * k * (p - 1) / p * pair_bytes
     raise ValueError(f"method={method!r} is invalid: expected dense, topk, gtopk, gaussiank or oktopk")
 
 
