@@ -26,7 +26,7 @@ Runs in the single-process simulator (4 virtual ranks, same selection / merge / 
 code as real ranks; tests/test_simulator.py shows equal weights to a real gloo run), which
 on 2 shared cores is several times faster than 4 real processes.
 
-    .venv/bin/python benchmarks/convergence.py                      # both models (~10 min, 2 cores)
+    .venv/bin/python benchmarks/convergence.py                      # both models (~12 min, 2 shared cores)
     .venv/bin/python benchmarks/convergence.py --models cnn --rules mass paper
     .venv/bin/python benchmarks/convergence.py --epochs 5           # quick look, both models
 """
