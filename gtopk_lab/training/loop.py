@@ -207,6 +207,8 @@ class RankState:
         # the optimiser's ordinary momentum (see optim.make_optimizer).
         self.velocity = (torch.zeros(replica.numel, device=device)
                          if config.momentum_correction and self.sparse else None)
+        # Ok-Topk's region boundaries, re-balanced every few calls rather than every call.
+        self.oktopk_state = _oktopk_state() if config.method == "oktopk" else None
         gen = torch.Generator().manual_seed(config.seed + 1 + rank)
         self.rng_state = gen.get_state()
         self.buffers = [b.detach().clone() for b in replica.model.buffers()]
@@ -308,7 +310,14 @@ def _update_error_feedback(ef: Any, local: LocalSelection, result: Any) -> None:
     ef.update(local.acc, local.values, local.indices, result)
 
 
-def collective_call(config: RunConfig, local: LocalSelection, numel: int, k: int
+def _oktopk_state() -> Any:
+    from gtopk_lab.oktopk import OkTopkState
+
+    return OkTopkState()
+
+
+def collective_call(config: RunConfig, local: LocalSelection, numel: int, k: int,
+                    oktopk_state: Any = None
                     ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
     """(function, args, kwargs) of this method's real collective for one rank."""
     from gtopk_lab import collectives as C
@@ -323,11 +332,11 @@ def collective_call(config: RunConfig, local: LocalSelection, numel: int, k: int
     if fn is None:
         raise ValueError(f"method={config.method!r} is not available: gtopk_lab.collectives has no "
                          "oktopk_allreduce; expected dense, topk, gtopk or gaussiank")
-    return fn, (local.values, local.indices, numel, k), {}
+    return fn, (local.values, local.indices, numel, k), {"state": oktopk_state}
 
 
-def simulated_collective(config: RunConfig, locals_: list[LocalSelection], numel: int, k: int
-                         ) -> list[Any]:
+def simulated_collective(config: RunConfig, locals_: list[LocalSelection], numel: int, k: int,
+                         oktopk_state: Any = None) -> list[Any]:
     """The in-process collective of :mod:`gtopk_lab.collectives_sim`: one result per rank.
 
     Dense inputs are summed in place, so callers pass per-rank copies of the gradient.
@@ -346,7 +355,7 @@ def simulated_collective(config: RunConfig, locals_: list[LocalSelection], numel
     if fn is None:
         raise ValueError(f"method={config.method!r} is not available in the simulator: expected "
                          "dense, topk, gtopk or gaussiank")
-    return fn(values, indices, numel, k)
+    return fn(values, indices, numel, k, state=oktopk_state)
 
 
 # =========================================================================== rows / summary
@@ -533,10 +542,11 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
             _sync(dev)
             t2 = time.perf_counter()
             if has_group:
-                fn, args, kwargs = collective_call(config, local, replica.numel, k)
+                fn, args, kwargs = collective_call(config, local, replica.numel, k, state.oktopk_state)
                 result = clock.collective(fn, *args, **kwargs)
             else:
-                result = clock.collective(lambda: simulated_collective(config, [local], replica.numel, k)[0])
+                result = clock.collective(lambda: simulated_collective(
+                    config, [local], replica.numel, k, state.oktopk_state)[0])
             _sync(dev)
             t3 = time.perf_counter()
             finish_local(state, local, result)

@@ -189,7 +189,8 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                     charged_selection_s = statistics.median(selection_cpu_s)
                 compute_s = [fixed_compute_s + charged_selection_s] * world
                 timings = [(fixed_compute_s, charged_selection_s)] * world
-            results = simulated_collective(config, locals_, replica.numel, k)
+            # one Ok-Topk state for the whole group: every real rank would hold the same regions
+            results = simulated_collective(config, locals_, replica.numel, k, states[0].oktopk_state)
             clock.simulate_collective(compute_s, [r.stats for r in results])
             u0, uw0 = _timer(dev), time.perf_counter()
             for state, local, result in zip(states, locals_, results):
