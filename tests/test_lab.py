@@ -53,8 +53,11 @@ def test_run_end_to_end(lab, method, workers):
 
 @pytest.mark.timeout(120)
 def test_live_rows_arrive_while_running(lab):
+    # Throttled to a 20 ms-latency link so the run lasts seconds whatever the machine's speed
+    # (the sleeps cost no CPU), longer than several 0.25 s monitor polls.
     cfg = RunConfig(method="gtopk", workers=2, density=0.05,
-                    **{**TINY, "max_iterations": 80, "sink_every": 5, "epochs": 20})
+                    **{**TINY, "max_iterations": 80, "sink_every": 5, "epochs": 20,
+                       "latency": "20ms", "throttle": True})
     handle = lab.submit(cfg)
     seen_running: list[int] = []
     handle.subscribe(lambda rows: seen_running.append(len(rows)) if handle.status == "running" else None)
