@@ -122,3 +122,18 @@ def test_merge_cuda_matches_cpu() -> None:
     gpu = merge_sparse(v_a.cuda(), i_a.cuda(), v_b.cuda(), i_b.cuda(), 3000)
     for x, y in zip(cpu, gpu):
         assert torch.equal(x, y.cpu())
+
+
+def test_top_magnitude_mask_equals_stable_sort_with_ties() -> None:
+    """The O(n) selection keeps exactly what a stable sort by descending |v| keeps."""
+    from gtopk_lab.compression.merge import top_magnitude_mask
+
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(300):
+        n = int(torch.randint(1, 200, (1,), generator=gen))
+        k = int(torch.randint(1, n + 1, (1,), generator=gen))
+        v = torch.randint(-3, 4, (n,), generator=gen).float()  # many ties, zeros included
+        order = torch.sort(v.abs().neg(), stable=True).indices
+        expected = torch.zeros(n, dtype=torch.bool)
+        expected[order[:k]] = True
+        assert torch.equal(top_magnitude_mask(v, k), expected)

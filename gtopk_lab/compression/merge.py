@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["index_dtype", "coalesce_sparse", "merge_sparse", "check_sparse"]
+__all__ = ["index_dtype", "coalesce_sparse", "merge_sparse", "check_sparse", "top_magnitude_mask"]
 
 _INT32_LIMIT = 2**31
 
@@ -96,6 +96,29 @@ def coalesce_sparse(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.
     return out, sorted_idx[starts].to(indices.dtype)
 
 
+def top_magnitude_mask(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Boolean mask of the k entries of largest |value|, ties broken by position (lower first).
+
+    With ``values`` in canonical (ascending index) order, "lower position" is "lower index",
+    the tie rule every rank must share. Algorithm: t = the k-th largest magnitude
+    (``torch.kthvalue``, a selection, not a sort); keep every |v| > t, then the first
+    ``k - count(|v| > t)`` entries with |v| == t. Cost O(n); the same result as a stable sort
+    by descending magnitude, several times faster at the tens of thousands of entries a
+    gTop-k merge handles.
+    """
+    n = values.numel()
+    if k >= n:
+        return torch.ones(n, dtype=torch.bool, device=values.device)
+    magnitude = values.abs()
+    threshold = torch.kthvalue(magnitude, n - k + 1).values
+    keep = magnitude > threshold
+    missing = k - int(keep.sum())
+    if missing > 0:
+        tied = magnitude == threshold
+        keep |= tied & (torch.cumsum(tied, 0) <= missing)
+    return keep
+
+
 def merge_sparse(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, i_b: torch.Tensor,
                  k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Merge two sparse vectors and keep the k entries of largest magnitude.
@@ -103,15 +126,16 @@ def merge_sparse(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, i_b: t
     Algorithm:
       1. concatenate (a first, then b) and coalesce: union of indices, values at shared
          indices added as ``a + b``;
-      2. stable-sort the union by descending |value| (ties: lower index first) and keep the
-         first ``min(k, |union|)``;
+      2. keep the ``min(k, |union|)`` entries of largest |value| (ties: lower index first),
+         found with one k-th order statistic instead of a sort (:func:`top_magnitude_mask`);
       3. return kept and dropped entries, each sorted by ascending index.
 
     Returns ``(values, indices, dropped_values, dropped_indices)``. ``kept + dropped`` is
     exactly the (rounded) sum ``a + b``: the mass-conserving residual rule charges the
     dropped part to one rank. Inputs may be longer than k (e.g. GaussianK selections).
 
-    Cost: O((n_a + n_b) log(n_a + n_b)) time, no Python loop over entries. Deterministic and
+    Cost: O((n_a + n_b) log(n_a + n_b)) time for the index sort of step 1, O(n_a + n_b) for
+    step 2; no Python loop over entries. Deterministic and
     canonical, so two ranks merging the same operands get bitwise-identical tensors (also
     with the operands swapped, since IEEE addition of two numbers is commutative).
     """
@@ -129,9 +153,6 @@ def merge_sparse(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, i_b: t
     if n <= k:
         empty_v = values.new_empty(0)
         return values, indices, empty_v, indices.new_empty(0)
-    # Stable sort on -|v| keeps ascending-index order among equal magnitudes (ties -> lower index).
-    order = torch.sort(values.abs().neg(), stable=True).indices
-    keep_mask = torch.zeros(n, dtype=torch.bool, device=values.device)
-    keep_mask[order[:k]] = True
+    keep_mask = top_magnitude_mask(values, k)
     drop_mask = ~keep_mask
     return values[keep_mask], indices[keep_mask], values[drop_mask], indices[drop_mask]
