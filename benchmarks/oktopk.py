@@ -89,7 +89,7 @@ def cmd_scaling(args: argparse.Namespace) -> int:
                 "oktopk": ok_steady,
                 "oktopk_amortised": ok_first / REBALANCE_EVERY + ok_steady * (REBALANCE_EVERY - 1) / REBALANCE_EVERY,
                 "gtopk": modelled_s(gtopk, net), "topk": modelled_s(topk, net),
-                "formula": net.collective_time_s("oktopk", numel, k, p),
+                "formula": net.collective_time_s("oktopk_paper_bound", numel, k, p),
                 "impl_formula": oktopk_model_time_s(net, numel, k, p, rebalance_every=REBALANCE_EVERY),
                 "lb": net.collective_time_s("lower_bound", numel, k, p),
             }
