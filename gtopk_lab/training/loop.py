@@ -488,14 +488,67 @@ def _all_mean(value: float, has_group: bool, world: int) -> float:
     return float(t) / world
 
 
+def _rank_checkpoint_state(replica: Replica, state: RankState, clock: VirtualClock, *,
+                           iteration: int, epoch: int, wall_time_s: float,
+                           eval_wall_s: float) -> dict[str, Any]:
+    """Everything this rank needs to continue after a completed epoch (see training.checkpoint)."""
+    import dataclasses
+
+    return {
+        "iteration": iteration, "epoch": epoch, "rank": state.rank,
+        "model": replica.model.state_dict(),
+        "optimizer": replica.optimizer.state_dict(),
+        "error_feedback": state.error_feedback.state_dict() if state.error_feedback is not None else None,
+        "velocity": state.velocity.detach().cpu().clone() if state.velocity is not None else None,
+        "oktopk": dataclasses.asdict(state.oktopk_state) if state.oktopk_state is not None else None,
+        "rng_state": state.rng_state.clone(),
+        "virtual_time_s": float(clock.virtual_time_s),
+        "wall_time_s": float(wall_time_s), "eval_wall_s": float(eval_wall_s),
+    }
+
+
+def _restore_rank_state(saved: dict[str, Any], replica: Replica, state: RankState,
+                        clock: VirtualClock) -> None:
+    """Inverse of :func:`_rank_checkpoint_state` (weights are copied in place, so the
+    parameters keep their ``.grad`` views into the flat buffer)."""
+    replica.model.load_state_dict(saved["model"])
+    replica.optimizer.load_state_dict(saved["optimizer"])
+    if state.error_feedback is not None and saved.get("error_feedback") is not None:
+        state.error_feedback.load_state_dict(saved["error_feedback"])
+    if state.velocity is not None and saved.get("velocity") is not None:
+        state.velocity.copy_(saved["velocity"].to(state.velocity.device))
+    if state.oktopk_state is not None and saved.get("oktopk") is not None:
+        from gtopk_lab.oktopk import OkTopkState
+
+        state.oktopk_state = OkTopkState(**saved["oktopk"])
+    state.rng_state = saved["rng_state"].clone()
+    state.buffers = [b.detach().clone() for b in replica.model.buffers()]
+    clock.advance(float(saved["virtual_time_s"]))  # continue the virtual timeline
+
+
+def _barrier(has_group: bool) -> None:
+    if has_group:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
 def train_rank(config: RunConfig, sink: Sink | None = None,
-               device: torch.device | None = None) -> RankResult:
+               device: torch.device | None = None, *, checkpoint_dir: str | None = None,
+               resume_from: str | None = None) -> RankResult:
     """Train this rank of ``config`` (see the module docstring for one iteration).
 
     Requires an initialised default process group of ``config.workers`` ranks, except for
     ``workers=1``, which also runs without one. Rows go to ``sink(rows)`` every
     ``config.sink_every`` iterations and at the end; exceptions propagate (after the
     rows produced so far were flushed).
+
+    Checkpoints (:mod:`gtopk_lab.training.checkpoint`): with ``config.checkpoint`` and a
+    ``checkpoint_dir``, every rank saves its state at the end of every epoch, then (after
+    a barrier) rank 0 writes ``latest.json``. ``resume_from`` (a checkpoint folder) loads
+    the newest complete checkpoint, if any, and continues from the next epoch: on CPU
+    the final weights equal those of an uninterrupted run. Rows and the summary's
+    per-iteration means then cover only the resumed part; ``iterations`` is the total.
     """
     if not isinstance(config, RunConfig):
         raise TypeError(f"config has type {type(config).__name__}: expected RunConfig")
@@ -522,9 +575,24 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
     eval_wall_s = 0.0
     k = k_for(replica.numel, config.density)
     density = config.density
+    start_iteration = 0
+    if resume_from is not None:
+        from gtopk_lab.training import checkpoint as ckpt
+
+        latest = ckpt.read_latest(resume_from)
+        if latest is not None:
+            if latest["workers"] != world:
+                raise ValueError(f"resume_from={resume_from!r} is invalid: its checkpoint has "
+                                 f"workers={latest['workers']}, this run has {world}")
+            saved = ckpt.load_rank_state(resume_from, latest["epoch"], rank)
+            _restore_rank_state(saved, replica, state, clock)
+            start_iteration = int(saved["iteration"])
+            wall_start -= float(saved["wall_time_s"])
+            eval_wall_s = float(saved["eval_wall_s"])
+    save_checkpoints = bool(config.checkpoint) and checkpoint_dir is not None
     try:
         clock.mark()
-        for it in range(total):
+        for it in range(start_iteration, total):
             epoch_index, pos = divmod(it, ipe)
             progress = it / ipe
             lr = lr_at(config, progress, world)
@@ -575,6 +643,18 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
                                              mean_loss, test, time.perf_counter() - wall_start,
                                              clock.virtual_time_s), count_iteration=False)
                 eval_wall_s += time.perf_counter() - e0
+                if save_checkpoints and end_of_epoch:
+                    from gtopk_lab.training import checkpoint as ckpt
+
+                    with clock.paused():
+                        done = (it + 1) // ipe
+                        ckpt.save_rank_state(checkpoint_dir, done, rank, _rank_checkpoint_state(
+                            replica, state, clock, iteration=it + 1, epoch=done,
+                            wall_time_s=time.perf_counter() - wall_start, eval_wall_s=eval_wall_s))
+                        _barrier(has_group)
+                        if rank == 0:
+                            ckpt.write_latest(checkpoint_dir, done, it + 1, world)
+                            ckpt.prune_older(checkpoint_dir, done)
         wall_time_s = time.perf_counter() - wall_start
         summary = build_summary(config, buffer.rows, numel=replica.numel, world=world, iterations=total,
                                 iterations_per_epoch=ipe, train_wall_s=wall_time_s - eval_wall_s,
@@ -596,6 +676,13 @@ def gloo_rank_entry(rank: int, world_size: int, config_dict: dict[str, Any]) -> 
         results = run_gloo(gloo_rank_entry, 4, cfg.to_dict(), timeout_s=120)
     """
     return train_rank(RunConfig.from_dict(config_dict))
+
+
+def gloo_checkpoint_entry(rank: int, world_size: int, config_dict: dict[str, Any],
+                          checkpoint_dir: str | None, resume_from: str | None) -> RankResult:
+    """``run_gloo`` target like :func:`gloo_rank_entry`, with checkpoint / resume folders."""
+    return train_rank(RunConfig.from_dict(config_dict), checkpoint_dir=checkpoint_dir,
+                      resume_from=resume_from)
 
 
 def failed_summary(config: RunConfig, exc: BaseException) -> dict[str, Any]:

@@ -1,0 +1,116 @@
+"""Per-rank epoch checkpoints for resuming interrupted runs (worker side, torch only).
+
+Layout of a checkpoint folder (the Dask rank task uses ``<out>/<run_id>/checkpoints``)::
+
+    epoch{E:05d}-rank{R:05d}.pt   one file per rank and completed epoch E (torch.save)
+    latest.json                   {"epoch": E, "iteration": I, "workers": P}: written by
+                                  rank 0 only after every rank saved epoch E
+
+Every file is written atomically (temp file in the same folder, fsync, ``os.replace``),
+so a crash leaves either the old or the new file, never a torn one. ``latest.json``
+names the newest *complete* epoch: a rank file of a newer epoch without a matching
+``latest.json`` (crash between ranks) is ignored. After ``latest.json`` moves to epoch
+E, rank 0 deletes the rank files of older epochs. On a multi-host cluster the folder
+must be shared (or each host keeps its own ranks' files: resume then needs every rank
+to come back on the host that saved it).
+
+What a rank file holds (see :func:`gtopk_lab.training.loop.train_rank`): model
+``state_dict`` (weights and BN buffers), optimiser ``state_dict`` (momentum buffers),
+ErrorFeedback residual, DGC velocity, Ok-Topk state, this rank's torch RNG state,
+the global iteration and epoch, and the virtual/wall clock totals. Metric rows are not
+stored (metrics.parquet keeps them). The data order needs no state: each epoch's batch
+order is seeded by (seed, epoch, rank) in :class:`~gtopk_lab.training.data.Shard`.
+
+Cost: one ``torch.save`` of ~ (2-4) x model size per rank per epoch, plus one barrier.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["LATEST_FILE", "rank_file", "save_rank_state", "load_rank_state", "write_latest",
+           "read_latest", "prune_older"]
+
+LATEST_FILE = "latest.json"
+_RANK_FILE = re.compile(r"^epoch(\d+)-rank(\d+)\.pt$")
+
+
+def rank_file(checkpoint_dir: str | os.PathLike[str], epoch: int, rank: int) -> Path:
+    """Path of rank ``rank``'s checkpoint after completed epoch ``epoch`` (1-based count)."""
+    return Path(checkpoint_dir) / f"epoch{int(epoch):05d}-rank{int(rank):05d}.pt"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def save_rank_state(checkpoint_dir: str | os.PathLike[str], epoch: int, rank: int,
+                    state: dict[str, Any]) -> Path:
+    """Write ``state`` (tensors, numbers, strings, lists, dicts) as rank ``rank``'s file of ``epoch``."""
+    if not isinstance(state, dict):
+        raise TypeError(f"state has type {type(state).__name__}: expected dict")
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    path = rank_file(checkpoint_dir, epoch, rank)
+    _atomic_write(path, buffer.getvalue())
+    return path
+
+
+def load_rank_state(checkpoint_dir: str | os.PathLike[str], epoch: int, rank: int) -> dict[str, Any]:
+    """Read rank ``rank``'s file of ``epoch`` (``weights_only`` loading: no code runs)."""
+    path = rank_file(checkpoint_dir, epoch, rank)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} is missing: latest.json names epoch {epoch} "
+                                f"but rank {rank} has no file for it")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def write_latest(checkpoint_dir: str | os.PathLike[str], epoch: int, iteration: int,
+                 workers: int) -> None:
+    """Mark epoch ``epoch`` (ending before global ``iteration``) as complete on all ranks."""
+    data = {"epoch": int(epoch), "iteration": int(iteration), "workers": int(workers)}
+    _atomic_write(Path(checkpoint_dir) / LATEST_FILE, json.dumps(data).encode())
+
+
+def read_latest(checkpoint_dir: str | os.PathLike[str] | None) -> dict[str, int] | None:
+    """``{"epoch", "iteration", "workers"}`` of the newest complete checkpoint, or None."""
+    if checkpoint_dir is None:
+        return None
+    try:
+        data = json.loads((Path(checkpoint_dir) / LATEST_FILE).read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), int)
+                                             for k in ("epoch", "iteration", "workers")):
+        return None
+    return data
+
+
+def prune_older(checkpoint_dir: str | os.PathLike[str], keep_epoch: int) -> None:
+    """Delete rank files of epochs older than ``keep_epoch`` (and stale temp files)."""
+    folder = Path(checkpoint_dir)
+    for path in folder.iterdir() if folder.is_dir() else ():
+        match = _RANK_FILE.match(path.name)
+        if match and int(match.group(1)) < keep_epoch:
+            path.unlink(missing_ok=True)
