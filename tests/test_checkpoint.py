@@ -79,3 +79,53 @@ def test_resume_refuses_a_checkpoint_of_another_world_size(tmp_path: Path) -> No
     ckpt.write_latest(tmp_path, 1, 4, 2)
     with pytest.raises(ValueError, match="workers=2"):
         train_rank(_config(workers=1), resume_from=str(tmp_path))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.slow
+def test_cli_resume_continues_a_failed_dask_run_from_its_checkpoint(tmp_path: Path, capsys) -> None:
+    from gtopk_lab.cli import main
+    from gtopk_lab.orchestration import results as store
+
+    out = tmp_path / "res"
+    config = _config(run_id="failed-run", extra={})
+    folder = store.checkpoint_folder(out, config.run_id)
+    # the "failed" run: epoch 1 of 3 checkpointed, a stray row of epoch 2 stored before the crash
+    first = run_gloo(gloo_checkpoint_entry, 2, config.replace(epochs=1).to_dict(), folder, None,
+                     timeout_s=90)
+    rows = [r for res in first for r in res.rows]
+    rows.append({**rows[0], "iteration": 4, "train_loss": -1.0})
+    store.write_run(out, config, store.rows_to_frame(rows),
+                    store.build_summary(config, None, status="failed", error="worker lost"))
+
+    rc = main(["run", "--resume", "failed-run", "--out", str(out), "--json", "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    assert "resuming failed-run from epoch 1" in captured.err
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert summary["status"] == "completed" and summary["iterations"] == 12
+    metrics = store.RunStore(out, "failed-run").read_metrics()
+    iters = metrics[metrics["kind"] == "iter"]
+    for rank in (0, 1):
+        assert sorted(iters[iters["rank"] == rank]["iteration"]) == list(range(12))
+    assert (iters["train_loss"] >= 0).all()  # the stray row past the checkpoint was dropped
+    epochs = metrics[(metrics["kind"] == "epoch") & (metrics["rank"] == 0)]
+    assert sorted(epochs["iteration"]) == [4, 8, 12]
+    assert ckpt.read_latest(folder)["epoch"] == 3
+
+
+@pytest.mark.timeout(60)
+def test_cli_resume_without_checkpoint_says_it_restarts(tmp_path: Path, capsys) -> None:
+    from gtopk_lab.cli import main
+    from gtopk_lab.orchestration import results as store
+
+    out = tmp_path / "res"
+    config = _config(run_id="no-ckpt", workers=2, epochs=1, extra={})
+    store.write_run(out, config, store.rows_to_frame([]),
+                    store.build_summary(config, None, status="failed", error="boom"))
+    rc = main(["run", "--resume", "no-ckpt", "--out", str(out), "--simulate", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert "no checkpoint" in captured.err and "re-running from iteration 0" in captured.err
+    metrics = store.RunStore(out, "no-ckpt").read_metrics()
+    assert metrics[metrics["kind"] == "iter"]["iteration"].min() == 0

@@ -255,8 +255,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate", action="store_true",
                         help="single-process simulator (P virtual workers, no Dask)")
     parser.add_argument("--resume", metavar="RUN_ID", default=None,
-                        help="run again the stored config of RUN_ID (in --out) into the same folder; "
-                             "it restarts from iteration 0")
+                        help="continue the failed run RUN_ID (in --out) with its stored config: "
+                             "from its last epoch checkpoint when it ran with --checkpoint "
+                             "(Dask runs; kept metric rows are extended), else from iteration 0")
 
 
 def _resume_config(args: argparse.Namespace) -> RunConfig:
@@ -274,9 +275,30 @@ def _resume_config(args: argparse.Namespace) -> RunConfig:
     return RunConfig.from_dict(data)
 
 
+def _resume_point(args: argparse.Namespace, config: RunConfig) -> dict[str, int] | None:
+    """The checkpoint ``--resume`` continues from (None: from iteration 0); says which on stderr."""
+    from gtopk_lab.orchestration.results import checkpoint_folder
+    from gtopk_lab.training.checkpoint import read_latest
+
+    latest = read_latest(checkpoint_folder(args.out, args.resume))
+    if latest is not None and latest["workers"] != config.workers:
+        latest = None
+    if latest is not None and args.simulate:
+        print(f"--resume {args.resume}: the simulator cannot load checkpoints; re-running from "
+              "iteration 0", file=sys.stderr)
+        return None
+    if latest is None:
+        print(f"--resume {args.resume}: no checkpoint in {checkpoint_folder(args.out, args.resume)}; "
+              "re-running from iteration 0", file=sys.stderr)
+        return None
+    print(f"resuming {args.resume} from epoch {latest['epoch']}", file=sys.stderr)
+    return latest
+
+
 def run(args: argparse.Namespace) -> int:
     config = _resume_config(args) if args.resume else RunConfig(**config_kwargs(args))
     validate_config(config)
+    resume_at = _resume_point(args, config) if args.resume else None
     if args.simulate:
         if args.scheduler or any((args.tls_ca_file, args.tls_cert, args.tls_key)):
             raise UsageError("--simulate runs in this process: drop --scheduler and the TLS flags")
@@ -284,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         validate_cluster_args(args)
         with open_lab(args, config.workers, progress=not args.no_progress) as lab:
-            handle = lab.submit(config)
+            handle = lab.submit(config, resume=resume_at is not None)
             if not args.json:
                 print(f"run {handle.run_id} on {len(handle.workers) or config.workers} Dask worker(s); "
                       f"dashboard {lab.dashboard_link}", file=sys.stderr)

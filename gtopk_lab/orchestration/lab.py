@@ -135,6 +135,7 @@ class RunHandle:
         self._drain_deadline: float | None = None
         self._released = False
         self._progress: Any = None
+        self._resume = False          # continue from <out>/<run_id>/checkpoints (Lab.submit)
 
     # --- public ------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -440,8 +441,15 @@ class Lab:
 
     # --- submit ------------------------------------------------------------------------
     def submit(self, config: RunConfig | dict[str, Any], wait_for_workers: bool = False,
-               timeout_s: float | None = None, progress: bool | None = None) -> RunHandle:
+               timeout_s: float | None = None, progress: bool | None = None,
+               resume: bool = False) -> RunHandle:
         """Queue a run and return its :class:`RunHandle` at once.
+
+        With ``config.checkpoint`` the ranks save epoch checkpoints under
+        ``<out>/<run_id>/checkpoints`` (a path the workers must reach: shared or local
+        disk). ``resume=True`` (needs ``config.run_id``) continues from the newest complete
+        checkpoint there, if any: stored metric rows before its iteration are kept and
+        the new rows appended; without a checkpoint the run starts from iteration 0.
 
         ``timeout_s`` (default the Lab's) is this run's rendezvous/collective timeout
         and, with ``wait_for_workers=True``, how long to wait for the cluster to have
@@ -467,6 +475,15 @@ class Lab:
 
         handle = RunHandle(self, config, timeout_s)
         store = _results.RunStore(self.out, handle.run_id)
+        if resume:
+            from gtopk_lab.training.checkpoint import read_latest
+
+            latest = read_latest(_results.checkpoint_folder(self.out, handle.run_id))
+            handle._resume = latest is not None
+            kept = _results.rows_before(store.read_metrics(), latest["iteration"] if latest else 0)
+            with handle._lock:
+                handle._add_rows(kept.to_dict("records"))
+                handle._undelivered = []
         store.write_config(config)
         store.write_summary(_results.build_summary(config, None, status="queued",
                                                    extra={"submitted_at": handle.submitted_at}))
@@ -548,11 +565,14 @@ class Lab:
             extra={"submitted_at": handle.submitted_at, "started_at": handle.started_at,
                    "dask_workers": handle.workers}))
         config_dict = handle.config.to_dict()
+        folder = _results.checkpoint_folder(self.out, handle.run_id)
+        ckpt_kwargs = {"checkpoint_dir": folder if handle.config.checkpoint else None,
+                       "resume_from": folder if handle._resume else None}
         resources = {"GPU": 1} if handle.device == "cuda" else None
         handle._futures = [
             self.client.submit(
                 run_rank, config_dict, rank, handle.timeout_s, self.train_fn,
-                rendezvous_key=handle._key, device=handle.device,
+                rendezvous_key=handle._key, device=handle.device, **ckpt_kwargs,
                 key=f"gtopk-rank{rank}-{handle._key}", workers=[addr], allow_other_workers=False,
                 pure=False, retries=0, resources=resources,
             )

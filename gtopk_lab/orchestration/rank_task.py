@@ -163,6 +163,8 @@ def run_rank(
     train_fn: Callable[..., Any] | None = None,
     rendezvous_key: str | None = None,
     device: str | None = None,
+    checkpoint_dir: str | None = None,
+    resume_from: str | None = None,
 ) -> dict[str, Any]:
     """Run rank ``rank`` of the run described by ``config_dict`` on this Dask worker.
 
@@ -175,7 +177,9 @@ def run_rank(
     (default: the run id) names the rendezvous Variable and cancel Event; the Lab
     makes it unique per start so a resumed run never meets a stale address.
     ``device`` ("cpu" | "cuda"; default ``config.device``) is the client's choice for
-    the whole run, so that all ranks agree on the backend.
+    the whole run, so that all ranks agree on the backend. ``checkpoint_dir`` /
+    ``resume_from`` (the Lab passes ``<out>/<run_id>/checkpoints``) go to ``train_fn``
+    as keywords only when given, so train functions without them keep working.
     """
     import torch
     import torch.distributed as dist
@@ -214,7 +218,10 @@ def run_rank(
                                 timeout=timeout)
         initialised = True
         sink = EventSink(worker, run_id, rank, cancel_key=key)
-        result = train_fn(config, sink=sink, device=device)
+        ckpt_kwargs = {name: value for name, value in (("checkpoint_dir", checkpoint_dir),
+                                                       ("resume_from", resume_from))
+                       if value is not None}
+        result = train_fn(config, sink=sink, device=device, **ckpt_kwargs)
         rows = getattr(result, "rows", None)
         summary = getattr(result, "summary", None)
         if rows is None and isinstance(result, dict):  # tolerate a plain dict result

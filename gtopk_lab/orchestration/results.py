@@ -145,6 +145,29 @@ def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return frame
 
 
+CHECKPOINT_DIR = "checkpoints"
+
+
+def checkpoint_folder(out: str | os.PathLike[str], run_id: str) -> str:
+    """Absolute ``<out>/<run_id>/checkpoints``: where the ranks of a run save epoch checkpoints."""
+    return str((Path(out) / run_id / CHECKPOINT_DIR).resolve())
+
+
+def rows_before(metrics: pd.DataFrame, iteration: int) -> pd.DataFrame:
+    """Stored rows a run resumed at global ``iteration`` keeps.
+
+    ``kind="iter"`` rows with ``iteration < iteration`` and ``kind="epoch"`` rows with
+    ``iteration <= iteration`` (an epoch row carries the iteration that *ends* its
+    epoch, so the checkpointed epoch's own row is kept; the resumed run never re-emits it).
+    """
+    if metrics.empty or "iteration" not in metrics.columns:
+        return metrics.iloc[0:0]
+    it = metrics["iteration"]
+    is_epoch = metrics["kind"] == "epoch"
+    keep = (~is_epoch & (it < iteration)) | (is_epoch & (it <= iteration))
+    return metrics[keep].reset_index(drop=True)
+
+
 # ------------------------------------------------------------------------------------------
 class RunStore:
     """The folder of one run: ``<out>/<run_id>/``."""
