@@ -196,7 +196,11 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
         values, indices, d_v, d_i = merge_sparse(values, indices, empty_v, empty_i, k)
         merge_cpu_s += time.process_time() - t0
         dropped.append((d_v, d_i))
-    if dropped:
+    if len(dropped) == 1:
+        # merge_sparse returns its drops canonical (ascending, unique indices), so coalescing
+        # a single drop would only copy it: return it as is (bitwise the same tensors).
+        drop_v, drop_i = dropped[0]
+    elif dropped:
         drop_v, drop_i = coalesce_sparse(torch.cat([d[0] for d in dropped]),
                                          torch.cat([d[1] for d in dropped]))
     else:

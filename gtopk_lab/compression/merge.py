@@ -75,25 +75,28 @@ def coalesce_sparse(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.
     n = indices.numel()
     if n == 0:
         return values.clone(), indices.clone()
-    idx64 = indices.to(torch.int64)
-    sorted_idx, perm = torch.sort(idx64, stable=True)
-    sorted_vals = values[perm]
+    # A stable sort permutes equal keys the same way in any integer dtype, so sort the
+    # indices as they come (int32 sorts ~2x faster than a widened int64 copy).
+    sorted_idx, perm = torch.sort(indices, stable=True)
+    sorted_vals = values.index_select(0, perm)
     new_group = torch.ones(n, dtype=torch.bool, device=indices.device)
     if n > 1:
-        new_group[1:] = sorted_idx[1:] != sorted_idx[:-1]
-    group_id = torch.cumsum(new_group, 0) - 1
-    starts = torch.nonzero(new_group).flatten()
+        torch.ne(sorted_idx[1:], sorted_idx[:-1], out=new_group[1:])
+    starts = torch.nonzero(new_group).squeeze(1)
     n_groups = starts.numel()
     if n_groups == n:  # no duplicates: the common case for disjoint selections
-        return sorted_vals, sorted_idx.to(indices.dtype)
+        return sorted_vals, sorted_idx
+    group_id = torch.cumsum(new_group, 0) - 1
     positions = torch.arange(n, device=indices.device)
-    occurrence = positions - starts[group_id]
-    out = sorted_vals[starts].clone()
+    occurrence = positions - starts.index_select(0, group_id)
+    out = sorted_vals.index_select(0, starts)
     max_mult = int(occurrence.max()) + 1
     for j in range(1, max_mult):
-        sel = occurrence == j
-        out.index_add_(0, group_id[sel], sorted_vals[sel])
-    return out, sorted_idx[starts].to(indices.dtype)
+        # gathers by position (index_select) instead of boolean-mask indexing: same
+        # elements in the same order, several times cheaper on CPU
+        sel = torch.nonzero(occurrence == j).squeeze(1)
+        out.index_add_(0, group_id.index_select(0, sel), sorted_vals.index_select(0, sel))
+    return out, sorted_idx.index_select(0, starts)
 
 
 def top_magnitude_mask(values: torch.Tensor, k: int) -> torch.Tensor:
@@ -154,5 +157,8 @@ def merge_sparse(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, i_b: t
         empty_v = values.new_empty(0)
         return values, indices, empty_v, indices.new_empty(0)
     keep_mask = top_magnitude_mask(values, k)
-    drop_mask = ~keep_mask
-    return values[keep_mask], indices[keep_mask], values[drop_mask], indices[drop_mask]
+    # one nonzero per side, then positional gathers (cheaper than four boolean-mask indexings)
+    keep = torch.nonzero(keep_mask).squeeze(1)
+    drop = torch.nonzero(~keep_mask).squeeze(1)
+    return (values.index_select(0, keep), indices.index_select(0, keep),
+            values.index_select(0, drop), indices.index_select(0, drop))
