@@ -159,8 +159,11 @@ def merge_sparse(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, i_b: t
         empty_v = values.new_empty(0)
         return values, indices, empty_v, indices.new_empty(0)
     keep_mask = top_magnitude_mask(values, k)
-    # one nonzero per side, then positional gathers (cheaper than four boolean-mask indexings)
-    keep = torch.nonzero(keep_mask).squeeze(1)
-    drop = torch.nonzero(~keep_mask).squeeze(1)
+    # Positions of kept then dropped entries, each ascending, from one stable sort of the
+    # 1-byte "dropped" flag (cheaper than two nonzero passes or four boolean-mask indexings),
+    # then positional gathers.
+    n_keep = int(keep_mask.sum())
+    order = torch.sort((~keep_mask).to(torch.uint8), stable=True).indices
+    keep, drop = order[:n_keep], order[n_keep:]
     return (values.index_select(0, keep), indices.index_select(0, keep),
             values.index_select(0, drop), indices.index_select(0, drop))
