@@ -137,3 +137,13 @@ def test_top_magnitude_mask_equals_stable_sort_with_ties() -> None:
         expected = torch.zeros(n, dtype=torch.bool)
         expected[order[:k]] = True
         assert torch.equal(top_magnitude_mask(v, k), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64, torch.int16])
+def test_coalesce_accepts_other_integer_index_dtypes(dtype: torch.dtype) -> None:
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    indices = torch.tensor([7, 2, 7, 5]).to(dtype)
+    out_v, out_i = coalesce_sparse(values, indices)
+    assert out_i.dtype == dtype
+    assert out_i.to(torch.int64).tolist() == [2, 5, 7]
+    assert out_v.tolist() == [2.0, 4.0, 4.0]

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from gtopk_lab.atomic_io import atomic_write_bytes
 from gtopk_lab.config import RunConfig
 from gtopk_lab.orchestration import results as store
 
@@ -64,7 +65,7 @@ def test_atomic_write_leaves_old_file_when_writing_fails(tmp_path):
     target = tmp_path / "run" / "summary.json"
     store.write_json_atomic(target, {"status": "running"})
     with pytest.raises(TypeError):  # fails half way: after the temp file was created
-        store._atomic_write_bytes(target, None)  # type: ignore[arg-type]
+        atomic_write_bytes(target, None)  # type: ignore[arg-type]
     assert json.loads(target.read_text()) == {"status": "running"}
     assert [p.name for p in target.parent.iterdir()] == ["summary.json"]  # no temp file left
 

@@ -27,12 +27,12 @@ import json
 import math
 import os
 import secrets
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from gtopk_lab.atomic_io import atomic_path, atomic_write_bytes
 from gtopk_lab.config import RunConfig
 
 CONFIG_FILE = "config.json"
@@ -95,43 +95,15 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     """Write ``data`` as indented JSON via temp file + ``os.replace``."""
-    _atomic_write_bytes(Path(path), (json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n").encode())
+    atomic_write_bytes(Path(path), (json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n").encode())
 
 
 def write_parquet_atomic(path: str | os.PathLike[str], frame: pd.DataFrame) -> None:
     """Write ``frame`` as parquet via temp file + ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:

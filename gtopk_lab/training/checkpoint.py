@@ -30,11 +30,12 @@ import io
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from gtopk_lab.atomic_io import atomic_write_bytes
 
 __all__ = ["LATEST_FILE", "rank_file", "save_rank_state", "load_rank_state", "write_latest",
            "read_latest", "prune_older"]
@@ -48,23 +49,6 @@ def rank_file(checkpoint_dir: str | os.PathLike[str], epoch: int, rank: int) -> 
     return Path(checkpoint_dir) / f"epoch{int(epoch):05d}-rank{int(rank):05d}.pt"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def save_rank_state(checkpoint_dir: str | os.PathLike[str], epoch: int, rank: int,
                     state: dict[str, Any]) -> Path:
     """Write ``state`` (tensors, numbers, strings, lists, dicts) as rank ``rank``'s file of ``epoch``."""
@@ -73,7 +57,7 @@ def save_rank_state(checkpoint_dir: str | os.PathLike[str], epoch: int, rank: in
     buffer = io.BytesIO()
     torch.save(state, buffer)
     path = rank_file(checkpoint_dir, epoch, rank)
-    _atomic_write(path, buffer.getvalue())
+    atomic_write_bytes(path, buffer.getvalue())
     return path
 
 
@@ -90,7 +74,7 @@ def write_latest(checkpoint_dir: str | os.PathLike[str], epoch: int, iteration: 
                  workers: int) -> None:
     """Mark epoch ``epoch`` (ending before global ``iteration``) as complete on all ranks."""
     data = {"epoch": int(epoch), "iteration": int(iteration), "workers": int(workers)}
-    _atomic_write(Path(checkpoint_dir) / LATEST_FILE, json.dumps(data).encode())
+    atomic_write_bytes(Path(checkpoint_dir) / LATEST_FILE, json.dumps(data).encode())
 
 
 def read_latest(checkpoint_dir: str | os.PathLike[str] | None) -> dict[str, int] | None:
