@@ -533,6 +533,16 @@ def _barrier(has_group: bool) -> None:
         dist.barrier()
 
 
+def run_dataset(config: RunConfig) -> Dataset:
+    """The run's dataset (every rank loads the same; each trains on its own shard), checked
+    against the model's input shape."""
+    dataset = load_dataset(config.dataset, model=config.model, train_samples=config.train_samples,
+                           test_samples=config.test_samples, seed=config.seed, data_dir=config.data_dir,
+                           num_classes=config.extra.get("model_kwargs", {}).get("vocab_size"))
+    check_model_fits(config.model, dataset)
+    return dataset
+
+
 def train_rank(config: RunConfig, sink: Sink | None = None,
                device: torch.device | None = None, *, checkpoint_dir: str | None = None,
                resume_from: str | None = None) -> RankResult:
@@ -559,10 +569,7 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
     _limit_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     wall_start = time.perf_counter()
 
-    dataset = load_dataset(config.dataset, model=config.model, train_samples=config.train_samples,
-                           test_samples=config.test_samples, seed=config.seed, data_dir=config.data_dir,
-                           num_classes=config.extra.get("model_kwargs", {}).get("vocab_size"))
-    check_model_fits(config.model, dataset)
+    dataset = run_dataset(config)
     replica = Replica(config, world, dev)
     state = RankState(config, rank, world, replica, dataset)
     if dev.type == "cuda":  # CUDA dropout masks differ between ranks, as on CPU

@@ -62,7 +62,6 @@ import torch
 
 from gtopk_lab.config import RunConfig, k_for
 from gtopk_lab.network.clock import VirtualClock
-from gtopk_lab.training.data import check_model_fits, load_dataset
 from gtopk_lab.training.loop import (
     RankResult,
     RankState,
@@ -77,6 +76,7 @@ from gtopk_lab.training.loop import (
     network_of,
     prepare_local,
     resolve_device,
+    run_dataset,
     simulated_collective,
 )
 from gtopk_lab.training.optim import density_at, lr_at
@@ -141,10 +141,7 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     world = config.workers
     dev = resolve_device(config, device)
     wall_start = time.perf_counter()
-    dataset = load_dataset(config.dataset, model=config.model, train_samples=config.train_samples,
-                           test_samples=config.test_samples, seed=config.seed, data_dir=config.data_dir,
-                           num_classes=config.extra.get("model_kwargs", {}).get("vocab_size"))
-    check_model_fits(config.model, dataset)
+    dataset = run_dataset(config)
     replica = Replica(config, world, dev)
     states = [RankState(config, r, world, replica, dataset) for r in range(world)]
     swap_buffers = len(states[0].buffers) > 0
