@@ -543,6 +543,14 @@ def topk_error_table(values: Any, densities: Sequence[float], label: str = "") -
     return pd.DataFrame(rows)
 
 
+def _rows_per_label(table: pd.DataFrame, sort_by: str) -> list[tuple[str, pd.DataFrame]]:
+    """(label, rows sorted by ``sort_by``) per value of the optional ``label`` column."""
+    if "label" not in table.columns:
+        return [("", table.sort_values(sort_by))]
+    return [(label, table[table["label"] == label].sort_values(sort_by))
+            for label in table["label"].unique()]
+
+
 def topk_error_figure(table: pd.DataFrame, title: str | None = None) -> go.Figure:
     """Measured Top-k error vs k/d against the (1-k/d) and (1-k/d)^2 bounds.
 
@@ -551,10 +559,7 @@ def topk_error_figure(table: pd.DataFrame, title: str | None = None) -> go.Figur
     """
     _require_frame("table", table, ("k_over_d", "relative_error"))
     fig = go.Figure()
-    labels = table["label"].unique() if "label" in table.columns else [""]
-    for i, label in enumerate(labels):
-        rows = table[table["label"] == label] if "label" in table.columns else table
-        rows = rows.sort_values("k_over_d")
+    for i, (label, rows) in enumerate(_rows_per_label(table, "k_over_d")):
         fig.add_trace(go.Scatter(x=rows["k_over_d"], y=rows["relative_error"], mode="lines+markers",
                                  name=f"measured {label}".strip(),
                                  line=dict(color=_FALLBACK_COLORS[i % len(_FALLBACK_COLORS)]
@@ -586,10 +591,7 @@ def gaussiank_count_figure(table: pd.DataFrame, title: str | None = None) -> go.
                                  name="2k/3 .. 4k/3 (adjustment band)", hoverinfo="skip"))
         fig.add_trace(go.Scatter(x=ks, y=ks, mode="lines", name="selected = k",
                                  line=dict(color="#636EFA", dash="dash")))
-    labels = table["label"].unique() if "label" in table.columns else [""]
-    for i, label in enumerate(labels):
-        rows = table[table["label"] == label] if "label" in table.columns else table
-        rows = rows.sort_values("k")
+    for i, (label, rows) in enumerate(_rows_per_label(table, "k")):
         fig.add_trace(go.Scatter(x=rows["k"], y=rows["selected"], mode="markers+lines",
                                  name=f"GaussianK {label}".strip(),
                                  marker=dict(color="#AB63FA" if i == 0 else _FALLBACK_COLORS[i % 5])))
