@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from gtopk_lab.compression.merge import check_sparse, coalesce_sparse, index_dtype, merge_sparse
+from gtopk_lab.network.pacing import active_pacer
 from gtopk_lab.schedules import (
     SPARSE_ALGORITHMS, ring_allgather_steps, ring_allreduce_steps, sparse_schedule,
 )
@@ -43,7 +44,7 @@ from gtopk_lab.schedules import (
 __all__ = [
     "CommStats", "CollectiveResult", "dense_allreduce", "topk_allgather", "gtopk_allreduce",
     "oktopk_allreduce", "OkTopkState",
-    "gtopk_program", "HEADER_BYTES", "sparse_message_bytes", "allgather_assemble",
+    "gtopk_program", "HEADER_BYTES", "sparse_message_bytes", "allgather_assemble", "allgather_steps",
 ]
 
 #: Bytes of the count header that precedes every sparse point-to-point message.
@@ -242,9 +243,15 @@ class _P2P:
         return dist.irecv(t, src=_global_rank(self.group, peer), group=self.group)
 
     def run(self, op: str, peer: int, payload: Payload | None) -> Payload | None:
+        """One round: post the header(s), then the payload(s); paced when a pacer is active."""
+        pacer = active_pacer()
+        if pacer is not None:
+            pacer.begin_round()
         works = []
         send_buf = None
+        sent_bytes = 0
         if payload is not None:
+            sent_bytes = HEADER_BYTES + payload[0].numel() * self.pair_bytes
             payload = (payload[0].to(self.device), payload[1].to(self.device))
             header = torch.tensor([payload[0].numel()], dtype=torch.int64, device=self.device)
             works.append(self._isend(header, peer))
@@ -266,6 +273,8 @@ class _P2P:
                 works.append(self._irecv(recv_buf, peer))
         for w in works:
             w.wait()
+        if pacer is not None:
+            pacer.end_round(sent_bytes, HEADER_BYTES + n * self.pair_bytes if recv_header is not None else 0)
         if recv_header is None:
             return None
         if recv_buf is None:
@@ -287,14 +296,19 @@ def dense_allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
         raise TypeError(f"tensor has type {type(tensor).__name__}: expected torch.Tensor")
     _rank, world = _rank_world(group)
     device = _comm_device(tensor, group)
+    stats = dense_stats(tensor.numel() * tensor.element_size(), world)
     if world > 1:
+        t0 = time.perf_counter()
         if tensor.device == device and tensor.is_contiguous():
             dist.all_reduce(tensor, group=group)
         else:
             buf = tensor.detach().to(device).contiguous()
             dist.all_reduce(buf, group=group)
             tensor.copy_(buf)
-    return CollectiveResult(tensor, None, dense_stats(tensor.numel() * tensor.element_size(), world))
+        pacer = active_pacer()
+        if pacer is not None:
+            pacer.pace_steps(t0, stats.steps)
+    return CollectiveResult(tensor, None, stats)
 
 
 def dense_stats(nbytes: int, world_size: int) -> CommStats:
@@ -303,6 +317,17 @@ def dense_stats(nbytes: int, world_size: int) -> CommStats:
     return CommStats(collective="dense_allreduce", algorithm="ring",
                      bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),
                      messages=len(steps), rounds=len(steps), steps=steps, library_estimate=True)
+
+
+def allgather_steps(counts: list[int], value_dtype: torch.dtype, idx_dtype: torch.dtype,
+                    world_size: int) -> list[tuple[int, int]]:
+    """Rounds of topk_allgather: a ring allgather of the 8-byte counts, then one of
+    max(counts) padded (value, index) pairs per rank (none when every count is 0)."""
+    pair = sparse_message_bytes(1, value_dtype, idx_dtype) - HEADER_BYTES
+    steps = ring_allgather_steps(HEADER_BYTES, world_size)
+    if max(counts) > 0:
+        steps += ring_allgather_steps(max(counts) * pair, world_size)
+    return steps
 
 
 def allgather_assemble(counts: list[int], gathered: list[Payload], value_dtype: torch.dtype,
@@ -320,10 +345,7 @@ def allgather_assemble(counts: list[int], gathered: list[Payload], value_dtype: 
         values = torch.empty(0, dtype=value_dtype)
         indices = torch.empty(0, dtype=idx_dtype)
     merge_cpu_s = time.process_time() - t0
-    pair = sparse_message_bytes(1, value_dtype, idx_dtype) - HEADER_BYTES
-    steps = ring_allgather_steps(HEADER_BYTES, world_size)
-    if max(counts) > 0:
-        steps += ring_allgather_steps(max(counts) * pair, world_size)
+    steps = allgather_steps(counts, value_dtype, idx_dtype, world_size)
     stats = CommStats(collective="topk_allgather", algorithm="ring",
                       bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),
                       messages=len(steps), rounds=len(steps), steps=steps, merge_cpu_s=merge_cpu_s,
@@ -350,6 +372,7 @@ def topk_allgather(values: torch.Tensor, indices: torch.Tensor, numel: int,
         result = allgather_assemble([values.numel()], [(values, indices)], vdt, idt, 1)
         return result
     device = _comm_device(values, group)
+    t0 = time.perf_counter()
     count = torch.tensor([values.numel()], dtype=torch.int64, device=device)
     counts_t = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(world)]
     dist.all_gather(counts_t, count, group=group)
@@ -364,6 +387,9 @@ def topk_allgather(values: torch.Tensor, indices: torch.Tensor, numel: int,
         bufs = [torch.empty_like(buf) for _ in range(world)]
         dist.all_gather(bufs, buf, group=group)
         gathered = [_unpack(b[: c * pair], c, vdt, idt) for b, c in zip(bufs, counts)]
+    pacer = active_pacer()
+    if pacer is not None:  # the wire time comes before the local assembly that needs it
+        pacer.pace_steps(t0, allgather_steps(counts, vdt, idt, world))
     result = allgather_assemble(counts, gathered, vdt, idt, world)
     return CollectiveResult(result.values.to(out_device), result.indices.to(out_device), result.stats)
 

@@ -87,6 +87,7 @@ from gtopk_lab.collectives import (
     _rank_world, _wire,
 )
 from gtopk_lab.compression.merge import check_sparse, coalesce_sparse
+from gtopk_lab.network.pacing import active_pacer
 from gtopk_lab.schedules import butterfly_schedule
 
 __all__ = [
@@ -248,6 +249,9 @@ class _Recorder:
             self.messages += 2 if sent.numel() > 0 else 1
         self.steps.append((s, r))
         self.phase_bytes[phase] = self.phase_bytes.get(phase, 0) + s
+        pacer = active_pacer()
+        if pacer is not None:  # real transport under a throttled clock: the round ends here
+            pacer.end_round(s, r)
 
 
 def _as_bytes(*tensors: torch.Tensor) -> torch.Tensor:
@@ -470,6 +474,9 @@ class _ByteTransport:
         return buf
 
     def run(self, op: str, peer: int, payload: torch.Tensor | None) -> torch.Tensor | None:
+        pacer = active_pacer()
+        if pacer is not None:
+            pacer.begin_round()
         if op in ("send", "exchange"):
             assert payload is not None
             self._send(peer, payload)

@@ -164,12 +164,41 @@ def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, r
     return rows
 
 
+def measure_gamma(numel: int, k: int, repeats: int = 5) -> float:
+    """gamma (CPU s per merged element) of a k+k merge over ``numel``, on one thread here."""
+    from gtopk_lab.network.calibrate import measure_gamma_s_per_element
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the ranks run with one intra-op thread each
+    try:
+        return measure_gamma_s_per_element(k=k, repeats=repeats, numel=numel)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: float, repeats: int,
                       bandwidth: str | None = None, latency: str | None = None,
-                      timeout_s: float = 600.0) -> list[dict[str, Any]]:
-    """One gloo group per P; returns one row per (P, numel, collective) aggregated over ranks."""
+                      timeout_s: float = 600.0, gamma_s_per_element: float | None = None
+                      ) -> list[dict[str, Any]]:
+    """One gloo group per P; returns one row per (P, numel, collective) aggregated over ranks.
+
+    With ``bandwidth`` each row also has ``model_s`` (alpha-beta time of the steps this
+    rank really sent) and ``model_abg_s`` (the closed-form alpha-beta-gamma time of
+    :meth:`NetworkModel.collective_time_s`, merges on the critical path included), with
+    ``gamma_s_per_element`` measured here per numel when None.
+    """
+    from gtopk_lab.config import k_for
     from gtopk_lab.distributed_utils import run_gloo
 
+    network = None
+    gammas: dict[int, float] = {}
+    if bandwidth is not None:
+        from gtopk_lab.network.model import NetworkModel
+
+        network = NetworkModel.from_strings(bandwidth, latency)
+        for numel in numels:
+            gammas[numel] = (measure_gamma(numel, k_for(numel, density)) if gamma_s_per_element is None
+                             else float(gamma_s_per_element))
     out: list[dict[str, Any]] = []
     for p in workers:
         per_rank = run_gloo(_bench_rank, p, list(numels), density, repeats, bandwidth, latency,
@@ -184,6 +213,13 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
                        rounds=max(r["rounds"] for r in rows),
                        merge_cpu_s=max(r["merge_cpu_s"] for r in rows),
                        model_s=statistics.median(model) if bandwidth is not None else None)
+            if network is not None:
+                gamma = gammas[row["numel"]]
+                row["gamma_s_per_element"] = gamma
+                row["model_abg_s"] = network.collective_time_s(
+                    row["collective"], row["numel"], row["k"], p,
+                    algorithm=None if row["algorithm"] == "ring" else row["algorithm"],
+                    gamma_s_per_element=gamma)
             out.append(row)
     for row in out:
         dense = next(r for r in out if r["numel"] == row["numel"] and r["workers"] == row["workers"]
@@ -193,6 +229,8 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
         row["time_vs_dense"] = row["median_s"] / dense["median_s"]
         row["measured_vs_model"] = (row["median_s"] / row["model_s"]
                                     if row.get("model_s") else None)
+        row["measured_vs_abg"] = (row["median_s"] / row["model_abg_s"]
+                                  if row.get("model_abg_s") else None)
     return out
 
 
@@ -202,7 +240,7 @@ def _print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
     head = f"{'P':>3} {'numel':>6} {'k':>6} {'collective':<26} {'median ms':>10} {'bytes/rank':>12} " \
            f"{'bytes/dense':>11} {'time/dense':>10} {'merge ms':>9}"
     if modelled:
-        head += f" {'model ms':>9} {'meas/model':>10}"
+        head += f" {'ab ms':>9} {'meas/ab':>8} {'abg ms':>9} {'meas/abg':>8}"
     print(head)
     for r in rows:
         name = r["collective"] + ("" if r["algorithm"] == "ring" else f"/{r['algorithm']}")
@@ -210,7 +248,8 @@ def _print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
                 f"{r['median_s'] * 1e3:>10.2f} {r['bytes_sent_per_rank']:>12,d} "
                 f"{r['bytes_vs_dense']:>11.4f} {r['time_vs_dense']:>10.3f} {r['merge_cpu_s'] * 1e3:>9.2f}")
         if modelled:
-            line += f" {r['model_s'] * 1e3:>9.2f} {r['measured_vs_model']:>10.2f}"
+            line += (f" {r['model_s'] * 1e3:>9.2f} {r['measured_vs_model']:>8.2f}"
+                     f" {r['model_abg_s'] * 1e3:>9.2f} {r['measured_vs_abg']:>8.2f}")
         print(line)
 
 
@@ -233,6 +272,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model and throttle this link (e.g. 1Gbps, 10GbE, a calibration JSON); "
                              "'none' (default) = no network model")
     parser.add_argument("--latency", default=None, help="per-message latency, e.g. 0.5ms (with --bandwidth)")
+    parser.add_argument("--gamma", default="auto",
+                        help="merge CPU seconds per element for the alpha-beta-gamma column: 'auto' "
+                             "(default: measured here, one thread) or a number, e.g. 4e-8")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per process group (default 600)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
@@ -248,6 +290,15 @@ def run(args: argparse.Namespace) -> int:
     bandwidth = None if str(args.bandwidth).strip().lower() == "none" else args.bandwidth
     if bandwidth is None and args.latency is not None:
         raise ValueError("--latency needs --bandwidth: a latency alone models no link")
+    gamma: float | None = None
+    if str(args.gamma).strip().lower() != "auto":
+        try:
+            gamma = float(args.gamma)
+        except ValueError:
+            gamma = float("nan")
+        if not (gamma >= 0 and gamma < float("inf")):
+            raise ValueError(f"--gamma={args.gamma!r} is invalid: expected 'auto' or a number >= 0 "
+                             "(seconds per element)")
     if bandwidth is not None:
         from gtopk_lab.network.model import NetworkModel
 
@@ -256,13 +307,19 @@ def run(args: argparse.Namespace) -> int:
     cores = _cores()
     if args.what in ("collectives", "all"):
         rows = bench_collectives(workers, numels, args.density, args.repeats, bandwidth, args.latency,
-                                 timeout_s=args.timeout)
+                                 timeout_s=args.timeout, gamma_s_per_element=gamma)
         report["collectives"] = rows
         if not args.json:
             print(f"# collectives: gloo on 127.0.0.1, density {args.density}, median of {args.repeats} "
                   f"(slowest rank per call), {cores} cores" + (f", link {bandwidth}"
                                                                + (f" @ {args.latency}" if args.latency else "")
                                                                + " (throttled)" if bandwidth else ""))
+            if bandwidth:
+                gam = sorted({r["gamma_s_per_element"] for r in rows})
+                print("# ab = alpha-beta time of the bytes sent; abg = alpha-beta-gamma closed form, "
+                      "gamma = " + ", ".join(f"{g:.3g}" for g in gam) + " s/element "
+                      + ("(measured here, one thread)" if gamma is None else "(given)")
+                      + "; each round is paced to its ab time, merges run after it")
             if max(workers) > cores:
                 print(f"# note: up to {max(workers)} ranks share {cores} cores; wall times include "
                       "time-sharing and are not link-bound")

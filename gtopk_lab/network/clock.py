@@ -22,9 +22,14 @@ Two clocks describe a distributed run:
   bandwidth, OS jitter) and, by default, the CPU time of merges inside the collective
   (reported separately as ``merge_cpu_s``; pass ``include_merge_cpu=True`` to add it).
 
-With ``throttle=True`` every rank also *sleeps* ``max(0, modelled_s - wall_s)`` after the
-real collective, so that its wall time is at least the modelled time of its own link
-(per-rank full-duplex link emulation, unlike ``tc`` on loopback which shares one link).
+With ``throttle=True`` every *round* of the real collective is paced
+(:mod:`gtopk_lab.network.pacing`): the rank sleeps until the round has lasted
+``alpha + beta * max(sent, recv)`` before it goes on, so the merge that needs the round's
+data starts after the emulated wire time, as on a real link (per-rank full-duplex link
+emulation, unlike ``tc`` on loopback which shares one link). Library collectives are paced
+as a whole before their local assembly. A final ``max(0, modelled_s - wall_s)`` top-up
+covers collectives without pacing hooks. Wall time of a throttled sparse collective is
+therefore about the alpha-beta-gamma time (wire + merge CPU), not ``max`` of the two.
 
 Cost per collective: one extra ``all_reduce(MAX)`` of two float64 values over ``group``.
 
@@ -39,6 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from gtopk_lab.network.model import NetworkModel
+from gtopk_lab.network.pacing import pacing
 
 __all__ = ["VirtualClock"]
 
@@ -185,16 +191,21 @@ class VirtualClock:
         """Run the real collective ``fn(*args, **kwargs)`` and advance virtual time.
 
         Steps: (1) arrival = virtual time now (CPU compute since the last collective
-        included); (2) run ``fn`` and time it on the wall clock; (3) modelled_s =
-        ``network.steps_time_s(result.stats.steps)``; (4) with ``throttle`` sleep
-        ``max(0, modelled_s - wall_s)``; (5) one ``all_reduce(MAX)`` of (arrival,
+        included); (2) run ``fn`` and time it on the wall clock, with ``throttle`` under a
+        :func:`~gtopk_lab.network.pacing.pacing` block that paces each round; (3)
+        modelled_s = ``network.steps_time_s(result.stats.steps)``; (4) with ``throttle``
+        top up with a sleep of ``max(0, modelled_s - wall_s)``; (5) one ``all_reduce(MAX)`` of (arrival,
         modelled_s) -> virtual time = max arrival + max modelled duration.
         ``fn`` must return an object with ``.stats.steps`` (a ``CollectiveResult``).
         """
         compute_s = self._pending_compute_s()
         arrival_s = self._time_s + compute_s
         wall_start = time.perf_counter()
-        result = fn(*args, **kwargs)
+        if self.throttle:
+            with pacing(self.network) as pacer:
+                result = fn(*args, **kwargs)
+        else:
+            result = fn(*args, **kwargs)
         wall_s = time.perf_counter() - wall_start
         stats = getattr(result, "stats", None)
         if stats is None or not hasattr(stats, "steps"):
@@ -205,9 +216,10 @@ class VirtualClock:
         duration_s = rank_model_s + (merge_cpu_s if self.include_merge_cpu else 0.0)
         sleep_s = 0.0
         if self.throttle:
-            sleep_s = max(0.0, rank_model_s - wall_s)
-            if sleep_s > 0:
-                time.sleep(sleep_s)
+            top_up_s = max(0.0, rank_model_s - wall_s)
+            if top_up_s > 0:
+                time.sleep(top_up_s)
+            sleep_s = pacer.slept_s + top_up_s
         max_arrival_s, max_duration_s = self._max_over_ranks(arrival_s, duration_s)
         comm_wall_s = time.perf_counter() - wall_start
         self._record(compute_s, max_arrival_s - arrival_s, max_duration_s, rank_model_s,

@@ -1,0 +1,94 @@
+"""Per-round link pacing: each communication round lasts at least its modelled time.
+
+Throttling a whole collective (sleep after it until ``alpha-beta(steps)`` has passed) is
+wrong for the sparse collectives: their merges *depend* on the round that delivered the
+data, so on a real 1 Gbit/s link the merge CPU comes *after* the wire time, while a
+per-call sleep lets it hide inside the modelled wire time. A :class:`LinkPacer` instead
+paces every round on its own: a round that began at ``t0`` and moved ``(sent, recv)``
+bytes ends no earlier than ``t0 + alpha + beta * max(sent, recv)`` (one full-duplex link
+per rank, as on switched Ethernet). Library collectives without visible rounds (dense
+ring allreduce, the allgather) are paced as a whole with :meth:`LinkPacer.pace_steps`,
+before any local assembly that follows them.
+
+The pacer is found through a context variable, so collectives need no extra argument:
+:class:`gtopk_lab.network.clock.VirtualClock` installs one around each throttled call
+(``with pacing(network) as pacer: ...``) and the transports call :func:`active_pacer`.
+Outside such a block every hook is a no-op (one context-variable read per round).
+
+Worker-side module: standard library plus the network model only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+from collections.abc import Iterator, Sequence
+
+from gtopk_lab.network.model import NetworkModel
+
+__all__ = ["LinkPacer", "pacing", "active_pacer"]
+
+_ACTIVE: contextvars.ContextVar["LinkPacer | None"] = contextvars.ContextVar("gtopk_lab_pacer", default=None)
+
+
+class LinkPacer:
+    """Sleeps so that each round (or library collective) lasts its modelled time.
+
+    Usage inside a transport: ``begin_round()`` when the round's first message is posted,
+    ``end_round(sent, recv)`` once all of its messages completed. ``slept_s`` and
+    ``rounds`` total what was paced.
+    """
+
+    def __init__(self, network: NetworkModel) -> None:
+        if not isinstance(network, NetworkModel):
+            raise TypeError(f"network={network!r} has type {type(network).__name__}: expected NetworkModel")
+        self.network = network
+        self.slept_s = 0.0
+        self.rounds = 0
+        self._round_start: float | None = None
+
+    def _sleep_until(self, deadline: float) -> None:
+        delay = deadline - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+            self.slept_s += delay
+
+    def begin_round(self) -> None:
+        """Mark the start of a round (a no-op if one is already open)."""
+        if self._round_start is None:
+            self._round_start = time.perf_counter()
+
+    def end_round(self, bytes_sent: int, bytes_recv: int) -> None:
+        """Close the open round: sleep until ``start + alpha + beta * max(sent, recv)``.
+
+        A no-op when no round is open (a program driven by the in-process simulator
+        records rounds without any transport beginning them).
+        """
+        start = self._round_start
+        if start is None:
+            return
+        self._round_start = None
+        self.rounds += 1
+        self._sleep_until(start + self.network.message_time_s(max(bytes_sent, bytes_recv)))
+
+    def pace_steps(self, start_s: float, steps: Sequence[tuple[int, int]]) -> None:
+        """Rounds that ran as one library call since ``start_s`` (``time.perf_counter``)."""
+        self.rounds += len(steps)
+        self._sleep_until(start_s + self.network.steps_time_s(steps))
+
+
+def active_pacer() -> LinkPacer | None:
+    """The pacer installed by the innermost :func:`pacing` block of this thread, or None."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def pacing(network: NetworkModel) -> Iterator[LinkPacer]:
+    """Install a fresh :class:`LinkPacer` for ``network`` for the duration of the block."""
+    pacer = LinkPacer(network)
+    token = _ACTIVE.set(pacer)
+    try:
+        yield pacer
+    finally:
+        _ACTIVE.reset(token)
