@@ -116,3 +116,22 @@ def test_handles_are_thread_safe_to_read(lab):
     handle.result(timeout_s=60)
     reader.join(10)
     assert frames == sorted(frames)
+
+
+@pytest.mark.timeout(120)
+def test_calibration_file_travels_as_constants(lab, tmp_path):
+    """Workers need no copy of a calibration JSON: the Lab sends its constants inline."""
+    from gtopk_lab.network.model import NetworkModel
+
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"model": {"alpha_s": 2e-4, "beta_s_per_byte": 8e-9, "name": "lab-cal"}}))
+    cfg = RunConfig(method="gtopk", workers=2, density=0.05, **{**TINY, "bandwidth": str(cal)})
+    handle = lab.submit(cfg)
+    cal.unlink()  # gone before any rank reads it
+    _metrics, summary = handle.result(timeout_s=100)
+    assert summary["status"] == "completed", summary["error"]
+    assert summary["latency_s"] == pytest.approx(2e-4) and summary["bandwidth_bps"] == pytest.approx(1e9)
+    stored = json.loads((Path(lab.out) / handle.run_id / "config.json").read_text())
+    assert NetworkModel.from_strings(stored["bandwidth"]).name == "lab-cal"
+    with pytest.raises(ValueError, match="bandwidth="):
+        lab.submit(RunConfig(method="gtopk", workers=2, density=0.05, **{**TINY, "bandwidth": str(cal)}))

@@ -261,3 +261,30 @@ def test_model_scaling_cli() -> None:
     assert main(["model", "scaling", "--bandwidth", "warp-speed"]) == 2
     assert main(["model", "scaling", "--density", "0"]) == 2
     assert main(["model", "scaling", "--workers", "1,2"]) == 0
+
+
+def test_inline_model_round_trips_and_labels() -> None:
+    from gtopk_lab.network.model import bandwidth_label, portable_bandwidth
+
+    model = NetworkModel(latency_s=4.5e-5, bandwidth_bps=14.5e9, name="calibrated:cal.json",
+                         gamma_s_per_element=3e-8)
+    text = model.to_inline()
+    assert NetworkModel.from_strings(text) == model
+    assert NetworkModel.from_strings(text, "1ms").latency_s == 1e-3
+    assert NetworkModel.from_strings(NetworkModel.from_strings("none").to_inline()).unthrottled
+    assert bandwidth_label(text) == "calibrated:cal.json" and bandwidth_label("1Gbps") == "1Gbps"
+    assert portable_bandwidth("10GbE") == "10GbE" and portable_bandwidth(text) == text
+    for bad in ("{bad", '{"x": 1}'):
+        with pytest.raises(ValueError, match="bandwidth="):
+            NetworkModel.from_strings(bad)
+
+
+def test_portable_bandwidth_reads_a_calibration_file(tmp_path) -> None:
+    from gtopk_lab.network.model import portable_bandwidth
+
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"model": {"alpha_s": 1e-4, "beta_s_per_byte": 1e-9}}))
+    inline = portable_bandwidth(str(cal))
+    assert inline.startswith("{") and NetworkModel.from_strings(inline) == NetworkModel.from_json(cal)
+    with pytest.raises(ValueError, match="no such calibration file"):
+        portable_bandwidth(str(tmp_path / "missing.json"))

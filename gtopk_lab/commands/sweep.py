@@ -21,6 +21,7 @@ import pandas as pd
 from gtopk_lab.cli import UsageError
 from gtopk_lab.commands import run as run_cmd
 from gtopk_lab.config import RunConfig
+from gtopk_lab.network.model import bandwidth_label
 
 NAME = "sweep"
 HELP = "run a grid of configs (methods x workers x density x bandwidth) and print scaling efficiency"
@@ -118,6 +119,7 @@ def scaling_table(summaries: pd.DataFrame) -> pd.DataFrame:
     frame["iter_time_virtual_s"] = frame["virtual_time_s"] / frame["iterations"]
     group = ["method", "density", "bandwidth", "algorithm"]
     frame[group] = frame[group].astype(str)
+    frame["bandwidth"] = frame["bandwidth"].map(bandwidth_label)  # calibrated: its name
     for clock in ("virtual", "wall"):
         col = f"samples_per_s_{clock}"
         base = frame[frame["workers"] == 1].groupby(group)[col].first().rename("_base")

@@ -37,6 +37,8 @@ __all__ = [
     "parse_latency_s",
     "format_bandwidth",
     "format_latency",
+    "portable_bandwidth",
+    "bandwidth_label",
 ]
 
 #: Bytes per (value, index) pair of a sparse vector: fp32 value + int32 index.
@@ -73,7 +75,8 @@ _PRESET_ALIASES: dict[str, str] = {
 _BANDWIDTH_FORMS = (
     "a rate like '1Gbps', '100Mbps', '2.5 Gbit/s', '125MB/s' (B = bytes); "
     "a preset: 1GbE, 10GbE, 25GbE, 100G-IB, none/unthrottled; "
-    "or the path of a calibration JSON from 'gtopk-lab calibrate'"
+    "the path of a calibration JSON from 'gtopk-lab calibrate'; "
+    "or that JSON's model inline, '{\"latency_s\": ..., \"bandwidth_bps\": ...}'"
 )
 _LATENCY_FORMS = "a latency like '0.5ms', '50us', '1e-4s', '200ns' (or '0')"
 
@@ -207,6 +210,10 @@ class NetworkModel:
         if preset is not None:
             latency_s, bandwidth_bps, _ = PRESETS[preset]
             name = preset
+        elif text.startswith("{"):
+            model = cls.from_inline(text)
+            latency_s, bandwidth_bps, name = model.latency_s, model.bandwidth_bps, model.name
+            gamma = model.gamma_s_per_element
         elif text.lower().endswith(".json") or (text and os.path.isfile(text)):
             model = cls.from_json(text)
             latency_s, bandwidth_bps, name = model.latency_s, model.bandwidth_bps, model.name
@@ -267,6 +274,29 @@ class NetworkModel:
             f"network dict keys {sorted(data)} are invalid: expected latency_s and bandwidth_bps "
             "(or alpha_s and beta_s_per_byte)"
         )
+
+    @classmethod
+    def from_inline(cls, text: str) -> "NetworkModel":
+        """Parse :meth:`to_inline` (a JSON object in a string)."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"bandwidth={text[:60]!r} is invalid: inline model is not JSON ({exc.msg}); "
+                             f"expected {_BANDWIDTH_FORMS}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"bandwidth={text[:60]!r} is invalid: expected {_BANDWIDTH_FORMS}")
+        try:
+            return cls.from_dict(data)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"bandwidth={text[:60]!r} is invalid: {exc}") from None
+
+    def to_inline(self) -> str:
+        """This model as a one-line JSON string that :meth:`from_strings` parses back.
+
+        The client sends a calibration file's constants this way, so Dask workers need no
+        copy of the file and ``config.json`` records the constants themselves.
+        """
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly dict; ``bandwidth_bps`` is ``None`` when unthrottled (JSON has no inf)."""
@@ -354,6 +384,31 @@ class NetworkModel:
         if algorithm not in (None, "ring") and name in ("dense", "topk"):
             raise ValueError(f"algorithm={algorithm!r} is invalid for {collective}: expected ring or None")
         return _FORMULAS[name](self, numel, k, workers, gamma)
+
+
+def portable_bandwidth(bandwidth: str) -> str:
+    """``bandwidth`` as every machine of a cluster can read it.
+
+    A calibration-file path becomes its model inline (:meth:`NetworkModel.to_inline`),
+    read here on the client; rates, presets and inline models come back unchanged.
+    Raises ``ValueError`` for a path that cannot be read.
+    """
+    text = bandwidth.strip() if isinstance(bandwidth, str) else bandwidth
+    if (isinstance(text, str) and not text.startswith("{") and text.lower() not in _PRESET_ALIASES
+            and (text.lower().endswith(".json") or (text and os.path.isfile(text)))):
+        return NetworkModel.from_json(text).to_inline()
+    return bandwidth
+
+
+def bandwidth_label(bandwidth: str) -> str:
+    """Short label of a ``bandwidth`` string for tables: an inline model shows its name."""
+    if isinstance(bandwidth, str) and bandwidth.strip().startswith("{"):
+        try:
+            model = NetworkModel.from_inline(bandwidth.strip())
+        except ValueError:
+            return bandwidth
+        return model.name or str(model)
+    return bandwidth
 
 
 _COLLECTIVE_ALIASES: dict[str, str] = {

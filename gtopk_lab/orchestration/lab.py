@@ -56,6 +56,7 @@ from typing import Any
 import pandas as pd
 
 from gtopk_lab.config import RunConfig
+from gtopk_lab.network.model import portable_bandwidth
 from gtopk_lab.orchestration import results as _results
 from gtopk_lab.orchestration.rank_task import (
     RankFailed,
@@ -468,6 +469,10 @@ class Lab:
             raise ValueError(f"timeout_s={timeout_s!r} is invalid: expected a number > 0")
         if config.run_id is None:
             config = config.replace(run_id=_results.new_run_id(config))
+        # a calibration file is read here: workers get its constants, not a path they may lack
+        bandwidth = portable_bandwidth(config.bandwidth)
+        if bandwidth != config.bandwidth:
+            config = config.replace(bandwidth=bandwidth)
         with self._lock:
             if any(h.run_id == config.run_id for h in self._pending + self._active):
                 raise ValueError(f"run_id={config.run_id!r} is invalid: a run with this id is active")

@@ -34,6 +34,7 @@ import pandas as pd
 
 from gtopk_lab.atomic_io import atomic_path, atomic_write_bytes
 from gtopk_lab.config import RunConfig
+from gtopk_lab.network.model import portable_bandwidth
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.parquet"
@@ -54,9 +55,16 @@ SUMMARY_KEYS: tuple[str, ...] = (
 def config_hash(config: RunConfig | dict[str, Any]) -> str:
     """SHA-256 (first 16 hex digits) of the canonical JSON of a config without its run_id.
 
-    Two configs that differ only in ``run_id`` hash equal; any other field changes it.
+    Two configs that differ only in ``run_id`` hash equal; any other field changes it. A
+    calibration-file ``bandwidth`` hashes as the constants in it (the form the Lab
+    stores, :func:`gtopk_lab.network.model.portable_bandwidth`).
     """
     data = config.to_dict() if isinstance(config, RunConfig) else dict(config)
+    if isinstance(data.get("bandwidth"), str):
+        try:
+            data["bandwidth"] = portable_bandwidth(data["bandwidth"])
+        except ValueError:  # unreadable file: hash the path; submitting will say what is wrong
+            pass
     data.pop("run_id", None)
     data.pop("config_hash", None)
     text = json.dumps(_jsonable(data), sort_keys=True, separators=(",", ":"))
