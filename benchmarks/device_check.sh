@@ -17,9 +17,7 @@
 #   smoke    benchmarks/gpu_nccl_smoke.py: NCCL P=1, gloo P=2/4 with cuda:0 inputs, NCCL P=2
 #            on one GPU (reported only) -> $OUT/gpu_nccl_smoke.json
 #   dask-gpu `gtopk-lab run --device cuda --workers 1` on an embedded LocalCluster (NCCL, P=1)
-#            -> $OUT/gpu_run/<run_id>/. The CLI has no flag for worker resources, so the
-#            embedded workers get their GPU resource from Dask's own configuration
-#            (DASK_DISTRIBUTED__WORKER__RESOURCES='{"GPU": 1}')
+#            -> $OUT/gpu_run/<run_id>/ (--device cuda gives the embedded workers a GPU resource)
 #   dask-cpu the same with --device cpu --workers 4 (gloo) -> $OUT/cpu_run_summary.json
 #
 # Without CUDA the GPU stages say so and run as CPU dry runs of the scripts, or are skipped.
@@ -159,7 +157,7 @@ EOF
 
 dask_gpu() {
   rm -rf "$OUT/gpu_run"
-  DASK_DISTRIBUTED__WORKER__RESOURCES='{"GPU": 1}' "$PY" -m gtopk_lab.cli run --device cuda --workers 1 \
+  "$PY" -m gtopk_lab.cli run --device cuda --workers 1 \
       --method gtopk --model cnn_wide --density 0.01 --epochs 1 --max-iterations 60 \
       --out "$OUT/gpu_run" --no-progress --timeout 60 --json || return $?
   local summary

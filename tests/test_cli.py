@@ -81,9 +81,30 @@ def test_simulated_sweep_prints_scaling_table_and_resumes(tmp_path, capsys):
     assert main([*argv, "--json"]) == 0  # resumable: nothing is run again
     table = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert sorted(os.listdir(out)) == first
-    p1 = [r for r in table if r["workers"] == 1]
-    assert all(r["efficiency_virtual"] == pytest.approx(1.0) for r in p1)
+    assert "baseline" in text and "dense P=1" in text  # column and note under the table
+    # every method is divided by the dense P=1 run (the paper's definition)
+    assert {r["baseline"] for r in table} == {"dense P=1"}
+    p1 = {r["method"]: r for r in table if r["workers"] == 1}
+    assert p1["dense"]["efficiency_virtual"] == pytest.approx(1.0)
+    assert p1["gtopk"]["efficiency_virtual"] == pytest.approx(
+        p1["gtopk"]["samples_per_s_virtual"] / p1["dense"]["samples_per_s_virtual"])
     assert all(0 < r["efficiency_virtual"] for r in table)
+
+
+def test_sweep_grid_always_holds_the_dense_p1_baseline():
+    from gtopk_lab.cli import build_parser
+    from gtopk_lab.commands.sweep import build_grid
+
+    def grid(*argv):
+        args = build_parser().parse_args(["sweep", "--simulate", *argv])
+        return [(c.method, c.workers, c.bandwidth) for c in build_grid(args)]
+
+    assert grid("--methods", "dense,gtopk", "--workers", "2,4", "--bandwidth", "1GbE,10GbE") == [
+        ("dense", 1, "1GbE"), ("dense", 2, "1GbE"), ("dense", 4, "1GbE"),
+        ("dense", 1, "10GbE"), ("dense", 2, "10GbE"), ("dense", 4, "10GbE"),
+        ("gtopk", 2, "1GbE"), ("gtopk", 4, "1GbE"), ("gtopk", 2, "10GbE"), ("gtopk", 4, "10GbE")]
+    assert ("dense", 1, "1Gbps") in grid()  # the defaults (also the demo's): dense at P=1
+    assert grid("--methods", "gtopk", "--workers", "2") == [("gtopk", 2, "1Gbps")]
 
 
 @pytest.mark.timeout(180)
@@ -99,3 +120,35 @@ def test_run_on_embedded_cluster_via_entry_point(tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["status"] == "completed" and len(summary["dask_workers"]) == 2
     assert (out / summary["run_id"] / "summary.json").exists()
+
+
+def test_cuda_on_the_local_cluster_takes_one_gpu_per_rank(monkeypatch) -> None:
+    import torch
+
+    from gtopk_lab.cli import UsageError
+    from gtopk_lab.commands.run import local_gpu_resources
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UsageError, match="no CUDA device"):
+        local_gpu_resources(1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert local_gpu_resources(2) == {"GPU": 1.0}
+    with pytest.raises(UsageError, match="workers=3 is invalid.*2 GPU"):
+        local_gpu_resources(3)
+
+
+def test_select_device_spreads_ranks_over_visible_gpus(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from gtopk_lab.orchestration.rank_task import select_device
+
+    gpu_worker = SimpleNamespace(state=SimpleNamespace(total_resources={"GPU": 1}), address="w")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert select_device(gpu_worker, "auto", 3) == (torch.device("cuda", 1), "nccl")
+    assert select_device(gpu_worker, "cpu", 3) == (torch.device("cpu"), "gloo")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # dask-cuda: one visible device
+    assert select_device(gpu_worker, "cuda", 3) == (torch.device("cuda", 0), "nccl")

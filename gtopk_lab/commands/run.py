@@ -190,13 +190,39 @@ def validate_cluster_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--out={args.out!r} is invalid: it exists and is not a folder")
 
 
+def local_gpu_resources(workers: int) -> dict[str, float]:
+    """Worker resources of an embedded LocalCluster for ``--device cuda``: one GPU each.
+
+    Ranks on one machine take distinct GPUs (``rank_task.select_device``), so at most as
+    many ranks as visible CUDA devices: NCCL cannot put two ranks on one GPU.
+    """
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus == 0:
+        raise UsageError("device='cuda' is invalid here: this machine has no CUDA device for the "
+                         "embedded LocalCluster (use --device cpu, or --scheduler for a GPU cluster)")
+    if workers > gpus:
+        raise UsageError(f"workers={workers} is invalid with device='cuda' on the embedded LocalCluster: "
+                         f"{gpus} GPU(s) here and NCCL needs one GPU per rank")
+    return {"GPU": 1.0}
+
+
 def open_lab(args: argparse.Namespace, n_workers_needed: int, progress: bool) -> Any:
-    """A Lab for the parsed flags; an unreachable scheduler becomes a UsageError."""
+    """A Lab for the parsed flags; an unreachable scheduler becomes a UsageError.
+
+    ``--device cuda`` without ``--scheduler`` gives the LocalCluster's workers a ``GPU``
+    resource (:func:`local_gpu_resources`), so GPU ranks can be placed on them.
+    """
     from gtopk_lab.orchestration.lab import Lab, SchedulerUnreachable
 
+    resources = None
+    if args.scheduler is None and getattr(args, "device", "auto") == "cuda":
+        resources = local_gpu_resources(n_workers_needed)
     try:
         return Lab(
             scheduler=args.scheduler,
+            resources=resources,
             n_workers=args.n_workers or n_workers_needed,
             out=args.out, timeout_s=args.timeout_s, progress=progress,
             tls_ca_file=args.tls_ca_file, tls_cert=args.tls_cert, tls_key=args.tls_key,

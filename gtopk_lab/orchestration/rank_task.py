@@ -77,12 +77,14 @@ def _worker_host(worker: Any) -> str:
     return host or socket.gethostname()
 
 
-def select_device(worker: Any, requested: str) -> tuple[Any, str]:
+def select_device(worker: Any, requested: str, rank: int = 0) -> tuple[Any, str]:
     """Pick ``(torch.device, backend)`` for this rank.
 
-    A worker that holds a ``GPU`` resource (and sees CUDA) gets ``cuda:0`` and NCCL;
-    dask-cuda and our GPU deployments give each worker one visible device, so
-    ``cuda:0`` is that worker's own GPU. Every other worker gets the CPU and gloo.
+    A worker that holds a ``GPU`` resource (and sees CUDA) gets a GPU and NCCL;
+    dask-cuda and our GPU deployments give each worker one visible device, so that is
+    ``cuda:0``. A worker that sees several devices (the embedded LocalCluster on a
+    multi-GPU machine) takes ``cuda:(rank mod device_count)``, so ranks on one machine get
+    distinct GPUs. Every other worker gets the CPU and gloo.
     ``requested="cuda"`` on a worker without a usable GPU raises ``ValueError``.
     """
     import torch
@@ -94,7 +96,7 @@ def select_device(worker: Any, requested: str) -> tuple[Any, str]:
     if requested == "cuda" and not cuda_ok:
         raise ValueError(f"device='cuda' but worker {worker.address} sees no CUDA device")
     if cuda_ok and (requested == "cuda" or has_gpu_resource):
-        return torch.device("cuda", 0), "nccl"
+        return torch.device("cuda", rank % max(1, torch.cuda.device_count())), "nccl"
     return torch.device("cpu"), "gloo"
 
 
@@ -196,7 +198,7 @@ def run_rank(
     key = rendezvous_key or run_id
     worker = get_worker()
     client = get_client()
-    device, backend = select_device(worker, device or config.device)
+    device, backend = select_device(worker, device or config.device, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=float(timeout_s))
