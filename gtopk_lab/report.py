@@ -33,6 +33,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from gtopk_lab.plotting import figures
+from gtopk_lab.training.scaling import baseline_note
 
 __all__ = ["write_report", "measured_scaling_table", "predicted_scaling_table", "render_report"]
 
@@ -67,46 +68,38 @@ def network_label(bandwidth_bps: float, latency_s: float) -> str:
 
 
 def measured_scaling_table(summaries: pd.DataFrame, time_basis: str = "virtual",
-                           baseline: str = "own") -> pd.DataFrame:
-    """Measured scaling efficiency ``throughput(P) / (P * throughput(1))``, one row per run.
+                           baseline: str = "dense") -> pd.DataFrame:
+    """Measured scaling efficiency ``throughput(P) / (P * throughput(dense, 1))``, one row per run.
 
-    Long-format and network-aware, for figures: each completed run is compared with a
-    single-worker run on the *same network* and model size (``numel``). ``baseline="own"``
-    (default, as ``gtopk-lab sweep`` prints it) takes the same method's P=1 run at the same
-    density, else the dense one; ``baseline="dense"`` takes plain single-worker SGD (the
-    paper's definition), else the method's own. With "own" every curve starts at 100%;
-    with "dense" a method whose P=1 iteration is cheaper than dense's can exceed 100%.
-    The arithmetic is ``gtopk_lab.training.scaling.scaling_efficiency`` (whose
-    ``scaling_table`` gives the paper's method x P pivot of one network). Runs without a
-    baseline are left out. Columns: ``method, workers, density, bandwidth, samples_per_s,
-    baseline_samples_per_s, scaling_efficiency, run_id``. O(runs^2) (runs are few).
+    Long-format and network-aware, for figures. The baseline follows the project's rule,
+    ``gtopk_lab.training.scaling.add_scaling_efficiency`` (as ``gtopk-lab sweep`` prints it):
+    dense S-SGD at P=1 with the same model, batch and network, else the method's own P=1
+    run; the ``baseline`` column says which ("dense P=1" / "own P=1"). A method whose P=1
+    iteration is cheaper than dense's can exceed 100%. ``baseline="own"`` is an explicit
+    opt-out that prefers the method's own P=1 run (every curve then starts at 100%).
+    Runs without a baseline are left out. Columns: ``method, workers, density, bandwidth,
+    samples_per_s, baseline_samples_per_s, scaling_efficiency, baseline, run_id``. O(runs).
     """
-    from gtopk_lab.training.scaling import scaling_efficiency
+    from gtopk_lab.training.scaling import BASELINE_NONE, BASELINES, add_scaling_efficiency
 
-    if baseline not in ("own", "dense"):
-        raise ValueError(f"baseline={baseline!r} is invalid: expected 'own' or 'dense'")
     col = _throughput_column(time_basis)
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline={baseline!r} is invalid: expected one of {', '.join(map(repr, BASELINES))}")
+    columns = ["method", "workers", "density", "bandwidth", "samples_per_s", "baseline_samples_per_s",
+               "scaling_efficiency", "baseline", "run_id"]
     done = _completed(summaries)
     done = done[done[col].notna()] if col in done.columns else done.iloc[:0]
-    rows: list[dict[str, Any]] = []
-    keys = [(_network_key(r), r.get("numel"), int(r["workers"])) for _, r in done.iterrows()]
-    for (_, run), (net, numel, workers) in zip(done.iterrows(), keys):
-        singles = done[[k[0] == net and k[1] == numel and k[2] == 1 for k in keys]]
-        own = singles[(singles["method"] == run["method"]) & (singles["density"] == run["density"])]
-        dense = singles[singles["method"] == "dense"]
-        base = (own if len(own) else dense) if baseline == "own" else (dense if len(dense) else own)
-        if not len(base):
-            continue
-        base_run = base.iloc[0].to_dict()
-        rows.append({
-            "method": run["method"], "workers": workers, "density": float(run["density"]),
-            "bandwidth": network_label(*net), "samples_per_s": float(run[col]),
-            "baseline_samples_per_s": float(base_run[col]),
-            "scaling_efficiency": scaling_efficiency(base_run, run.to_dict(), time_basis),
-            "run_id": run.get("run_id"),
-        })
-    columns = ["method", "workers", "density", "bandwidth", "samples_per_s", "baseline_samples_per_s",
-               "scaling_efficiency", "run_id"]
+    if not len(done):
+        return pd.DataFrame(columns=columns)
+    ranked = add_scaling_efficiency(done, times=time_basis, baseline=baseline)
+    ranked = ranked[ranked["baseline"] != BASELINE_NONE]
+    rows = [{
+        "method": run["method"], "workers": int(run["workers"]), "density": float(run["density"]),
+        "bandwidth": network_label(*_network_key(run)), "samples_per_s": float(run[col]),
+        "baseline_samples_per_s": float(run[f"baseline_{col}"]),
+        "scaling_efficiency": float(run[f"efficiency_{time_basis}"]), "baseline": run["baseline"],
+        "run_id": run.get("run_id"),
+    } for _, run in ranked.iterrows()]
     return pd.DataFrame(rows, columns=columns).sort_values(["bandwidth", "method", "workers"]).reset_index(drop=True)
 
 
@@ -212,8 +205,8 @@ def render_report(summaries: pd.DataFrame, metrics: pd.DataFrame, title: str = "
                 _figure_div(figures.scaling_efficiency_figure(measured, predicted, time_basis="virtual"))
                 + _table(measured.drop(columns=["run_id"]), percent=("scaling_efficiency",)),
                 "throughput(P) / (P * throughput(1)) on the virtual clock (compute measured, "
-                "communication modelled on each run's network); throughput(1) is the same method's "
-                "single-worker run. Dashed: alpha-beta model. Open markers: the paper's 32 workers on 1 GbE."))
+                "communication modelled on each run's network). Dashed: alpha-beta model. Open markers: "
+                "the paper's 32 workers on 1 GbE. " + baseline_note(measured["baseline"])))
         try:
             parts.append(_section("Time per iteration", _figure_div(figures.time_breakdown_figure(completed))))
         except ValueError:

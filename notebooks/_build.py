@@ -202,7 +202,9 @@ NOTEBOOKS["02_scaling_efficiency.ipynb"] = [
     md("""
 # Scaling efficiency: measured, modelled, and the paper's 32 workers on 1 GbE
 
-Scaling efficiency = throughput(P) / (P * throughput(1)). Compute is measured; communication
+Scaling efficiency = throughput(P) / (P * throughput(1)), with throughput(1) the dense S-SGD
+run on one worker of the same network, the paper's definition (the `baseline` column says when
+a method's own P = 1 run stood in; docs/architecture.md). Compute is measured; communication
 time comes from the virtual clock, i.e. the alpha-beta model of each run's network applied to
 the bytes each collective really moved. Real ranks run on the cluster up to the cores we have;
 beyond that the single-process simulator runs P virtual workers through the same code paths.

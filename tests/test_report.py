@@ -45,19 +45,26 @@ def test_report_is_self_contained_html(tmp_path: Path) -> None:
         assert heading in text
     assert "Runs (9 completed of 10)" in text and "broken" in text
     assert "85.70%" in text  # the paper's ResNet-20 gTop-k point
+    assert "dense S-SGD at P=1" in text and "dense P=1" in text  # the baseline is stated
 
 
 def test_scaling_tables(tmp_path: Path) -> None:
     _write_results(tmp_path)
     summaries, _ = load_runs(tmp_path)
+    # gTop-k's P=1 run made slower than dense's, so that the two baselines differ
+    summaries.loc[summaries.run_id == "gtopk-p1", "samples_per_s_virtual"] *= 0.5
     measured = measured_scaling_table(summaries, "virtual")
     assert len(measured) == 9
-    one = measured[measured.workers == 1]
-    assert one.scaling_efficiency.tolist() == pytest.approx([1.0, 1.0, 1.0])
-    row = measured[(measured.method == "dense") & (measured.workers == 4)].iloc[0]
     s = summaries.set_index("run_id")
-    assert row.scaling_efficiency == pytest.approx(
-        s.loc["dense-p4", "samples_per_s_virtual"] / (4 * s.loc["dense-p1", "samples_per_s_virtual"]))
+    dense_1 = s.loc["dense-p1", "samples_per_s_virtual"]
+    # default = the project's rule: every method against dense S-SGD at P=1
+    assert set(measured.baseline) == {"dense P=1"}
+    assert set(measured.baseline_samples_per_s) == {dense_1}
+    one = measured[measured.workers == 1].set_index("method").scaling_efficiency
+    assert one["dense"] == pytest.approx(1.0)
+    assert one["gtopk"] == pytest.approx(s.loc["gtopk-p1", "samples_per_s_virtual"] / dense_1)
+    row = measured[(measured.method == "dense") & (measured.workers == 4)].iloc[0]
+    assert row.scaling_efficiency == pytest.approx(s.loc["dense-p4", "samples_per_s_virtual"] / (4 * dense_1))
     predicted = predicted_scaling_table(summaries)
     assert set(predicted.method) == {"dense", "topk", "gtopk"}
     at32 = predicted[predicted.workers == 32].set_index("method").scaling_efficiency
@@ -67,12 +74,20 @@ def test_scaling_tables(tmp_path: Path) -> None:
         measured_scaling_table(summaries, "cpu")
     with pytest.raises(ValueError, match="baseline='best'"):
         measured_scaling_table(summaries, baseline="best")
-    # "own": each method against its own P=1 run; "dense": against plain single-worker SGD
-    own = measured_scaling_table(summaries).set_index(["method", "workers"]).scaling_efficiency
-    dense = measured_scaling_table(summaries, baseline="dense").set_index(["method", "workers"])
-    assert own["gtopk", 4] == pytest.approx(
+    # the same numbers as gtopk-lab sweep prints for these runs
+    from gtopk_lab.commands.sweep import scaling_table as sweep_table
+    swept = sweep_table(summaries).set_index(["method", "workers"]).efficiency_virtual
+    for _, r in measured.iterrows():
+        assert r.scaling_efficiency == pytest.approx(swept[r.method, r.workers])
+    # explicit opt-out: each method against its own P=1 run, and the table says so
+    own = measured_scaling_table(summaries, baseline="own").set_index(["method", "workers"])
+    assert own.loc[("gtopk", 4), "scaling_efficiency"] == pytest.approx(
         s.loc["gtopk-p4", "samples_per_s_virtual"] / (4 * s.loc["gtopk-p1", "samples_per_s_virtual"]))
-    assert dense.loc[("gtopk", 4), "baseline_samples_per_s"] == s.loc["dense-p1", "samples_per_s_virtual"]
+    assert own.loc[("gtopk", 4), "baseline"] == "own P=1" and own.loc[("dense", 4), "baseline"] == "dense P=1"
+    # without a dense P=1 run the rule falls back to the method's own P=1 run
+    no_dense = measured_scaling_table(summaries[summaries.run_id != "dense-p1"]).set_index(["method", "workers"])
+    assert no_dense.loc[("gtopk", 4), "baseline"] == "own P=1"
+    assert ("dense", 4) not in no_dense.index  # no baseline at all: left out
 
 
 def test_report_of_empty_folder(tmp_path: Path) -> None:

@@ -4,9 +4,10 @@ A small sweep on an embedded LocalCluster (4 worker processes on 127.0.0.1): MNI
 1-D CNN, dense / Top-k / gTop-k S-SGD at P in {1, 2, 4}, density 0.01, the paper's
 fitted 1 GbE network (alpha 0.436 ms, beta 9e-9 s/B) in virtual time, a few hundred
 iterations at most. With that latency the message counts matter as in the paper: at P = 4
-gTop-k's virtual scaling efficiency comes out well above dense's and Top-k's. It prints the scaling-efficiency
-table and writes the HTML report (``gtopk_lab.report.write_report``) to
-``<out>/report.html``. Takes a few minutes on 2 cores; rerunning it skips the runs
+gTop-k's virtual scaling efficiency comes out well above dense's and Top-k's. It prints the
+scaling-efficiency table (every method divided by the dense P = 1 run, the paper's definition;
+see ``gtopk_lab.training.scaling.add_scaling_efficiency``) and writes the HTML report
+(``gtopk_lab.report.write_report``, same rule) to ``<out>/report.html``. Takes a few minutes on 2 cores; rerunning it skips the runs
 already completed in ``--out``.
 """
 
@@ -27,7 +28,8 @@ HELP = "small MNIST-1D sweep (dense/topk/gtopk x P=1,2,4) on an embedded cluster
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="results/demo", help="results folder (default results/demo)")
     parser.add_argument("--methods", default="dense,topk,gtopk", help="default dense,topk,gtopk")
-    parser.add_argument("--workers", default="1,2,4", help="ranks P (default 1,2,4)")
+    parser.add_argument("--workers", default="1,2,4",
+                        help="ranks P (default 1,2,4; dense also runs at P=1, the efficiency baseline)")
     parser.add_argument("--density", default="0.01", help="default 0.01")
     parser.add_argument("--bandwidth", default="1GbE",
                         help="modelled network (default 1GbE: the paper's fitted constants)")

@@ -1,10 +1,13 @@
 """``gtopk-lab sweep``: a grid of runs (methods x P x density x bandwidth) and its
 scaling-efficiency table.
 
-Scaling efficiency of method m at P workers = throughput(m, P) / (P * throughput(m, 1))
-(samples per second; the paper's definition), computed both on the virtual clock
-(modelled network, ``--bandwidth``) and on the wall clock. The sweep is resumable:
-configs that already completed in ``--out`` are not run again.
+Scaling efficiency of method m at P workers = throughput(m, P) / (P * throughput(dense, 1))
+(samples per second; the paper's definition, ``gtopk_lab.training.scaling.add_scaling_efficiency``),
+computed both on the virtual clock (modelled network, ``--bandwidth``) and on the wall clock.
+When dense is among ``--methods`` the grid always holds dense at P=1 (the baseline), even if
+``--workers`` leaves 1 out; without it each method falls back to its own P=1 run and the
+table's ``baseline`` column says so. The sweep is resumable: configs that already completed in
+``--out`` are not run again.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from gtopk_lab.cli import UsageError
 from gtopk_lab.commands import run as run_cmd
 from gtopk_lab.config import RunConfig
 from gtopk_lab.network.model import bandwidth_label
+from gtopk_lab.training.scaling import add_scaling_efficiency, baseline_note
 
 NAME = "sweep"
 HELP = "run a grid of configs (methods x workers x density x bandwidth) and print scaling efficiency"
@@ -54,7 +58,8 @@ def _floats(text: str, flag: str) -> list[float]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid = parser.add_argument_group("grid (comma-separated lists)")
     grid.add_argument("--methods", default="dense,topk,gtopk", help="default dense,topk,gtopk")
-    grid.add_argument("--workers", default="1,2,4", help="ranks P per run (default 1,2,4)")
+    grid.add_argument("--workers", default="1,2,4",
+                      help="ranks P per run (default 1,2,4; dense also runs at P=1, the efficiency baseline)")
     grid.add_argument("--density", default="0.01", help="densities rho (default 0.01; dense ignores it)")
     grid.add_argument("--bandwidth", default="1Gbps", help="modelled link rates (default 1Gbps)")
     grid.add_argument("--algorithms", default="butterfly", help="gTop-k patterns (default butterfly)")
@@ -70,7 +75,8 @@ def build_grid(args: argparse.Namespace) -> list[RunConfig]:
     """The validated configs of the sweep, in a stable order (P ascending inside each group).
 
     Dense S-SGD does not depend on density or on the gTop-k pattern, so it is run
-    once per (P, bandwidth) with the first density listed.
+    once per (P, bandwidth) with the first density listed, and always at P=1 too: that
+    run is the baseline of every efficiency in its bandwidth's group.
     """
     methods = _split(args.methods, "--methods")
     workers = _ints(args.workers, "--workers")
@@ -81,7 +87,9 @@ def build_grid(args: argparse.Namespace) -> list[RunConfig]:
     configs: list[RunConfig] = []
     seen: set[tuple[Any, ...]] = set()
     for method, bandwidth, density, algorithm, p in itertools.product(
-            methods, bandwidths, densities, algorithms, sorted(set(workers))):
+            methods, bandwidths, densities, algorithms, sorted(set(workers) | {1})):
+        if p == 1 and 1 not in workers and method != "dense":
+            continue
         if method == "dense":
             density, algorithm = densities[0], algorithms[0]
         key = (method, bandwidth, density, algorithm, p)
@@ -97,15 +105,16 @@ def build_grid(args: argparse.Namespace) -> list[RunConfig]:
 
 
 def scaling_table(summaries: pd.DataFrame) -> pd.DataFrame:
-    """One row per completed run: throughput and scaling efficiency against P=1.
+    """One row per completed run: throughput and scaling efficiency.
 
-    Groups are (method, density, bandwidth, algorithm); ``efficiency_virtual`` uses
-    ``samples_per_s_virtual`` (modelled network), ``efficiency_wall`` the wall clock.
-    Without a P=1 run in its group, efficiency is NaN.
+    Efficiency follows the project's rule (``add_scaling_efficiency``): against dense S-SGD
+    at P=1 of the same model, batch and network, else the method's own P=1 run, as the
+    ``baseline`` column says ("dense P=1" / "own P=1" / "none": NaN). ``efficiency_virtual``
+    uses ``samples_per_s_virtual`` (modelled network), ``efficiency_wall`` the wall clock.
     """
     columns = ["method", "algorithm", "density", "bandwidth", "workers", "iterations",
                "iter_time_virtual_s", "samples_per_s_virtual", "efficiency_virtual",
-               "samples_per_s_wall", "efficiency_wall", "final_test_accuracy", "status"]
+               "samples_per_s_wall", "efficiency_wall", "baseline", "final_test_accuracy", "status"]
     if summaries.empty:
         return pd.DataFrame(columns=columns)
     frame = summaries.copy()
@@ -117,14 +126,10 @@ def scaling_table(summaries: pd.DataFrame) -> pd.DataFrame:
     for col in ("samples_per_s_virtual", "samples_per_s_wall", "virtual_time_s", "iterations"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
     frame["iter_time_virtual_s"] = frame["virtual_time_s"] / frame["iterations"]
-    group = ["method", "density", "bandwidth", "algorithm"]
-    frame[group] = frame[group].astype(str)
+    frame = add_scaling_efficiency(frame, times=("virtual", "wall"))
+    shown = ["method", "density", "bandwidth", "algorithm"]
+    frame[shown] = frame[shown].astype(str)
     frame["bandwidth"] = frame["bandwidth"].map(bandwidth_label)  # calibrated: its name
-    for clock in ("virtual", "wall"):
-        col = f"samples_per_s_{clock}"
-        base = frame[frame["workers"] == 1].groupby(group)[col].first().rename("_base")
-        merged = frame.join(base, on=group)
-        frame[f"efficiency_{clock}"] = merged[col] / (merged["workers"] * merged["_base"])
     order = {m: i for i, m in enumerate(("dense", "topk", "gtopk", "gaussiank", "oktopk"))}
     frame["_m"] = frame["method"].map(order).fillna(99)
     frame = frame.sort_values(["bandwidth", "density", "_m", "algorithm", "workers"])
@@ -148,7 +153,8 @@ def format_table(table: pd.DataFrame) -> str:
     # The gTop-k pattern means nothing for the other methods.
     shown["algorithm"] = shown["algorithm"].where(shown["method"] == "gtopk", "-")
     text = shown.drop(columns=["status"]).to_string(index=False)
-    return text + "\n" + clock_note(int(pd.to_numeric(table["workers"]).max()))
+    return "\n".join((text, baseline_note(table["baseline"]),
+                      clock_note(int(pd.to_numeric(table["workers"]).max()))))
 
 
 def clock_note(max_workers: int, cores: int | None = None) -> str:
