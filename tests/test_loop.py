@@ -51,6 +51,29 @@ def test_rows_summary_and_sink_without_process_group() -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["train_rank", "simulator"])
+def test_wall_time_counts_training_not_dataset_setup(monkeypatch, where) -> None:
+    """A fresh worker builds the dataset first: that is setup_wall_s, not training time."""
+    import time
+
+    from gtopk_lab.training import loop, simulator
+
+    real = loop.run_dataset
+
+    def slow_dataset(config):
+        time.sleep(1.0)
+        return real(config)
+
+    monkeypatch.setattr(loop, "run_dataset", slow_dataset)
+    monkeypatch.setattr(simulator, "run_dataset", slow_dataset)
+    cfg = _config(epochs=1, max_iterations=4)
+    result = train_rank(cfg) if where == "train_rank" else simulator.simulate(cfg)
+    first = next(r for r in result.rows if r["kind"] == "iter")
+    assert result.summary["setup_wall_s"] >= 1.0
+    assert first["wall_time_s"] < 1.0 and result.summary["wall_time_s"] < result.summary["setup_wall_s"] + 30
+
+
+@pytest.mark.timeout(60)
 def test_same_config_same_metrics_and_training_learns() -> None:
     cfg = _config(method="topk", density=0.05, epochs=3, residual_rule="paper", momentum_correction=True)
     a, b = train_rank(cfg), train_rank(cfg)

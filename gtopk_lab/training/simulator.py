@@ -140,7 +140,7 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
         raise ValueError(f"rows={rows!r} is invalid: expected 'all', 'rank0' or None")
     world = config.workers
     dev = resolve_device(config, device)
-    wall_start = time.perf_counter()
+    setup_start = time.perf_counter()
     dataset = run_dataset(config)
     replica = Replica(config, world, dev)
     states = [RankState(config, r, world, replica, dataset) for r in range(world)]
@@ -153,6 +153,8 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     emit = range(world) if rows == "all" else range(1)
     eval_wall_s = 0.0
     density, k = config.density, k_for(replica.numel, config.density)
+    wall_start = time.perf_counter()  # training only: setup is setup_wall_s (as train_rank)
+    setup_wall_s = wall_start - setup_start
     try:
         for it in range(total):
             epoch_index, pos = divmod(it, ipe)
@@ -233,6 +235,7 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                 iterations_per_epoch=ipe, train_wall_s=wall_time_s - eval_wall_s,
                                 wall_time_s=wall_time_s, virtual_time_s=clock.synced_time_s,
                                 extra={"rank": 0, "device": str(dev), "simulated": True,
+                                       "setup_wall_s": setup_wall_s,
                                        "merge_cpu_s": clock.total_merge_cpu_s,
                                        "compute_s_virtual": clock.total_compute_s / max(total, 1),
                                        "compute_time_source": ("measured" if fixed_compute_s is None
