@@ -10,6 +10,8 @@
 #            machine lacks) into /tmp/site; PYTHONPATH=/tmp/site:<repo> (gtopk_lab is not
 #            pip-installed there)
 #   info     nvidia-smi, python / torch / package versions, cores
+#   net-1g   `benchmarks/collectives.py collectives --workers 2,4,8 --numel 25M --density 0.001
+#            --bandwidth 1Gbps`: issue 3's model fidelity with ranks <= cores (gloo on CPU)
 #   pytest   tests/test_merge.py tests/test_selection.py (they hold the CUDA-only tests;
 #            fails when CUDA is present but the CUDA tests were skipped)
 #   select   benchmarks/gpu_selection.py: torch.topk vs every selector, merge_sparse (gamma),
@@ -18,16 +20,17 @@
 #            on one GPU (reported only) -> $OUT/gpu_nccl_smoke.json
 #   dask-gpu `gtopk-lab run --device cuda --workers 1` on an embedded LocalCluster (NCCL, P=1)
 #            -> $OUT/gpu_run/<run_id>/ (--device cuda gives the embedded workers a GPU resource)
+#   net-cal  `gtopk-lab calibrate` (gloo, 2 ranks), then the same benchmark on the fitted link
 #   dask-cpu the same with --device cpu --workers 4 (gloo) -> $OUT/cpu_run_summary.json
 #
 # Without CUDA the GPU stages say so and run as CPU dry runs of the scripts, or are skipped.
-# The whole script keeps to BUDGET_S seconds (default 300): each stage's timeout is cut to
+# The whole script keeps to BUDGET_S seconds (default 420): each stage's timeout is cut to
 # what is left, and a stage is skipped when under 15 s are left. Exit code 1 when a stage
 # failed, else 0. At most 7 files are written under $OUT (the device tool returns 8).
 set -u -o pipefail
 
 OUT="${OUT:-/tmp/out}"
-BUDGET_S="${BUDGET_S:-300}"
+BUDGET_S="${BUDGET_S:-420}"
 PY="${PYTHON:-python3}"
 cd "$(dirname "$0")/.." || exit 1
 REPO="$PWD"
@@ -178,7 +181,19 @@ dask_cpu() {
   check_run "$summary" cpu gloo
 }
 
-export -f install_wheels info run_pytest check_run run_select dask_gpu dask_cpu
+# issue 3's model-fidelity benchmark where ranks <= cores (16 here vs 2 on the dev boxes)
+net_1g() {
+  "$PY" benchmarks/collectives.py collectives --workers 2,4,8 --numel 25M --density 0.001 \
+      --bandwidth 1Gbps --repeats 5
+}
+
+net_cal() {
+  "$PY" -m gtopk_lab.cli calibrate --workers 2 --repeats 20 --out /tmp/device_cal.json || return $?
+  "$PY" benchmarks/collectives.py collectives --workers 2,4,8 --numel 25M --density 0.001 \
+      --bandwidth /tmp/device_cal.json --repeats 5
+}
+
+export -f install_wheels info run_pytest check_run run_select dask_gpu dask_cpu net_1g net_cal
 export OUT PY REPO
 
 # ------------------------------------------------------------------------------------------
@@ -201,6 +216,7 @@ main() {
     echo
     echo "!!!!! no CUDA device visible to torch: the GPU stages run as CPU dry runs or are skipped"
   fi
+  stage net-1g 120 net_1g
   stage pytest 150 run_pytest
   if (( HAVE_CUDA )); then
     stage select 150 run_select
@@ -212,6 +228,7 @@ main() {
         --json "$OUT/gpu_nccl_smoke.json"
     skip dask-gpu "no CUDA device"
   fi
+  stage net-cal 120 net_cal
   stage dask-cpu 150 dask_cpu
   echo
   echo "===== summary (total $(elapsed)s; HAVE_CUDA=$HAVE_CUDA)"
