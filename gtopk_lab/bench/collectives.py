@@ -133,6 +133,12 @@ def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, r
         k = k_for(numel, density)
         x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
         values, indices = get_selector("topk")(x, k)
+        gamma_loaded = float("nan")
+        if clock is not None:
+            from gtopk_lab.network.calibrate import measure_gamma_s_per_element
+
+            dist.barrier()  # every rank merges at once: gamma under the collective's own load
+            gamma_loaded = measure_gamma_s_per_element(k=k, repeats=5, numel=numel, seed=rank)
         for collective, algorithm in COLLECTIVES:
             if collective == "dense_allreduce":
                 buf = x.clone()
@@ -159,7 +165,8 @@ def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, r
             rows.append({"numel": numel, "k": k, "workers": world_size, "collective": collective,
                          "algorithm": algorithm, "times_s": times, "model_s": models,
                          "bytes_sent": st.bytes_sent, "bytes_recv": st.bytes_recv,
-                         "rounds": st.rounds, "merge_cpu_s": st.merge_cpu_s})
+                         "rounds": st.rounds, "merge_cpu_s": st.merge_cpu_s,
+                         "gamma_loaded_s_per_element": gamma_loaded})
             del result
     return rows
 
@@ -184,8 +191,12 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
 
     With ``bandwidth`` each row also has ``model_s`` (alpha-beta time of the steps this
     rank really sent) and ``model_abg_s`` (the closed-form alpha-beta-gamma time of
-    :meth:`NetworkModel.collective_time_s`, merges on the critical path included), with
-    ``gamma_s_per_element`` measured here per numel when None.
+    :meth:`NetworkModel.collective_time_s`, merges on the critical path included). When
+    ``gamma_s_per_element`` is None, gamma is *calibrated under load*: all P ranks time
+    ``merge_sparse`` of k + k random pairs at the same moment (CPU time, median of 5) and
+    the slowest rank's value is used, since P concurrent merges share caches, memory
+    bandwidth and the chip's power budget exactly as the collective's merges do.
+    ``gamma_idle_s_per_element`` (one process on an idle machine) is reported beside it.
     """
     from gtopk_lab.config import k_for
     from gtopk_lab.distributed_utils import run_gloo
@@ -197,8 +208,7 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
 
         network = NetworkModel.from_strings(bandwidth, latency)
         for numel in numels:
-            gammas[numel] = (measure_gamma(numel, k_for(numel, density)) if gamma_s_per_element is None
-                             else float(gamma_s_per_element))
+            gammas[numel] = measure_gamma(numel, k_for(numel, density))  # idle, one process
     out: list[dict[str, Any]] = []
     for p in workers:
         per_rank = run_gloo(_bench_rank, p, list(numels), density, repeats, bandwidth, latency,
@@ -214,7 +224,10 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
                        merge_cpu_s=max(r["merge_cpu_s"] for r in rows),
                        model_s=statistics.median(model) if bandwidth is not None else None)
             if network is not None:
-                gamma = gammas[row["numel"]]
+                loaded = max(r["gamma_loaded_s_per_element"] for r in rows)
+                gamma = loaded if gamma_s_per_element is None else float(gamma_s_per_element)
+                row["gamma_idle_s_per_element"] = gammas[row["numel"]]
+                row["gamma_loaded_s_per_element"] = loaded
                 row["gamma_s_per_element"] = gamma
                 row["model_abg_s"] = network.collective_time_s(
                     row["collective"], row["numel"], row["k"], p,
@@ -274,7 +287,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency", default=None, help="per-message latency, e.g. 0.5ms (with --bandwidth)")
     parser.add_argument("--gamma", default="auto",
                         help="merge CPU seconds per element for the alpha-beta-gamma column: 'auto' "
-                             "(default: measured here, one thread) or a number, e.g. 4e-8")
+                             "(default: measured by all P ranks merging at once, slowest rank) "
+                             "or a number, e.g. 4e-8")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per process group (default 600)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
@@ -315,11 +329,16 @@ def run(args: argparse.Namespace) -> int:
                                                                + (f" @ {args.latency}" if args.latency else "")
                                                                + " (throttled)" if bandwidth else ""))
             if bandwidth:
-                gam = sorted({r["gamma_s_per_element"] for r in rows})
-                print("# ab = alpha-beta time of the bytes sent; abg = alpha-beta-gamma closed form, "
-                      "gamma = " + ", ".join(f"{g:.3g}" for g in gam) + " s/element "
-                      + ("(measured here, one thread)" if gamma is None else "(given)")
-                      + "; each round is paced to its ab time, merges run after it")
+                print("# ab = alpha-beta time of the bytes sent; abg = alpha-beta-gamma closed form; "
+                      "each round is paced to its ab time, merges run after it")
+                for p in workers:
+                    for n in numels:
+                        r = next(x for x in rows if x["workers"] == p and x["numel"] == n)
+                        print(f"# gamma P={p} numel={_fmt_count(n)}: "
+                              f"{r['gamma_s_per_element']:.3g} s/element "
+                              + ("(given)" if gamma is not None else "(all ranks merging at once, slowest)")
+                              + f"; idle one-process gamma {r['gamma_idle_s_per_element']:.3g}, "
+                              f"under load {r['gamma_loaded_s_per_element']:.3g}")
             if max(workers) > cores:
                 print(f"# note: up to {max(workers)} ranks share {cores} cores; wall times include "
                       "time-sharing and are not link-bound")
