@@ -98,3 +98,17 @@ def test_merges_run_after_the_paced_rounds(algorithm: str) -> None:
         # merge CPU time <= its wall time; 1 ms slack for timer granularity
         assert row["wall"] >= row["rank_model"] + row["merge_cpu"] - 1e-3
         assert row["wall"] < row["rank_model"] + 10.0  # generous: the box is shared
+
+
+@pytest.mark.timeout(30)
+def test_throttled_call_tops_up_to_the_steps_model() -> None:
+    from gtopk_lab.collectives import CollectiveResult, CommStats
+    from gtopk_lab.network.pacing import throttled_call
+
+    stats = CommStats("x", "ring", steps=[(10_000, 0), (0, 10_000)])  # 2 x (2 ms + 8 ms)
+    t0 = time.perf_counter()
+    result, model_s, slept_s = throttled_call(NET, lambda: CollectiveResult(torch.zeros(1), None, stats))
+    assert time.perf_counter() - t0 >= 0.020 and model_s == pytest.approx(0.020)
+    assert slept_s > 0.015 and result.stats is stats
+    with pytest.raises(TypeError, match="expected a CollectiveResult"):
+        throttled_call(NET, lambda: 42)

@@ -6,9 +6,12 @@ top-k selection of density ``--density``: dense_allreduce, topk_allgather,
 gtopk_allreduce (butterfly, tree). A call's time is the slowest rank's wall time
 (``time.perf_counter`` around the call, after a barrier); the table shows the median over
 repeats, bytes sent per rank (max over ranks) and both as a ratio to dense. With
-``--bandwidth`` (and optionally ``--latency``) every call is wrapped in
-``gtopk_lab.network.clock.VirtualClock(network, throttle=True)``: the rank sleeps up to the
-modelled time, and the table adds the modelled time and measured/modelled.
+``--bandwidth`` (and optionally ``--latency``) every call runs under
+``gtopk_lab.network.pacing.throttled_call``, the throttling of
+``VirtualClock(network, throttle=True)`` without the clock's one MAX all_reduce per call
+(bookkeeping, not network): every round is paced to its alpha-beta time before the merge
+that needs it. The table adds the alpha-beta time of the slowest rank's rounds and the
+closed-form alpha-beta-gamma time, each with measured/modelled.
 
 ``selection``: on one thread, the median time of torch.topk versus each registered
 selector on a N(0,1) vector of the largest ``--numel``, the count selected and the speed-up.
@@ -122,19 +125,19 @@ def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, r
     from gtopk_lab.compression.selection import get_selector
     from gtopk_lab.config import k_for
 
-    clock = None
+    network = None
     if bandwidth is not None:
-        from gtopk_lab.network.clock import VirtualClock
         from gtopk_lab.network.model import NetworkModel
+        from gtopk_lab.network.pacing import throttled_call
 
-        clock = VirtualClock(NetworkModel.from_strings(bandwidth, latency), throttle=True)
+        network = NetworkModel.from_strings(bandwidth, latency)
     rows = []
     for numel in numels:
         k = k_for(numel, density)
         x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
         values, indices = get_selector("topk")(x, k)
         gamma_loaded = float("nan")
-        if clock is not None:
+        if network is not None:
             from gtopk_lab.network.calibrate import measure_gamma_s_per_element
 
             dist.barrier()  # every rank merges at once: gamma under the collective's own load
@@ -152,14 +155,15 @@ def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, r
             for rep in range(repeats + 1):
                 dist.barrier()
                 t0 = time.perf_counter()
-                if clock is not None:
-                    result = clock.collective(call, *args, **kwargs)
+                model_s = float("nan")
+                if network is not None:
+                    result, model_s, _slept = throttled_call(network, call, *args, **kwargs)
                 else:
                     result = call(*args, **kwargs)
                 elapsed = time.perf_counter() - t0
                 if rep > 0:  # the first call is a warm-up (connections, allocations)
                     times.append(elapsed)
-                    models.append(clock.last_comm_model_s if clock is not None else float("nan"))
+                    models.append(model_s)
             assert result is not None
             st = result.stats
             rows.append({"numel": numel, "k": k, "workers": world_size, "collective": collective,
@@ -216,7 +220,7 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
         for j, row0 in enumerate(per_rank[0]):
             rows = [r[j] for r in per_rank]
             slowest = [max(ts) for ts in zip(*(r["times_s"] for r in rows))]
-            model = [m for m in rows[0]["model_s"]]
+            model = [max(ms) for ms in zip(*(r["model_s"] for r in rows))]  # slowest rank's rounds
             row = {k: row0[k] for k in ("numel", "k", "workers", "collective", "algorithm")}
             row.update(median_s=statistics.median(slowest),
                        bytes_sent_per_rank=max(r["bytes_sent"] for r in rows),

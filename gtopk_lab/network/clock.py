@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from gtopk_lab.network.model import NetworkModel
-from gtopk_lab.network.pacing import pacing
+from gtopk_lab.network.pacing import throttled_call
 
 __all__ = ["VirtualClock"]
 
@@ -201,25 +201,18 @@ class VirtualClock:
         compute_s = self._pending_compute_s()
         arrival_s = self._time_s + compute_s
         wall_start = time.perf_counter()
-        if self.throttle:
-            with pacing(self.network) as pacer:
-                result = fn(*args, **kwargs)
-        else:
-            result = fn(*args, **kwargs)
-        wall_s = time.perf_counter() - wall_start
-        stats = getattr(result, "stats", None)
-        if stats is None or not hasattr(stats, "steps"):
-            raise TypeError(f"collective {getattr(fn, '__name__', fn)!r} returned {type(result).__name__}: "
-                            "expected a CollectiveResult with .stats.steps")
-        rank_model_s = self.network.steps_time_s(stats.steps)
-        merge_cpu_s = float(getattr(stats, "merge_cpu_s", 0.0) or 0.0)
-        duration_s = rank_model_s + (merge_cpu_s if self.include_merge_cpu else 0.0)
         sleep_s = 0.0
         if self.throttle:
-            top_up_s = max(0.0, rank_model_s - wall_s)
-            if top_up_s > 0:
-                time.sleep(top_up_s)
-            sleep_s = pacer.slept_s + top_up_s
+            result, rank_model_s, sleep_s = throttled_call(self.network, fn, *args, **kwargs)
+        else:
+            result = fn(*args, **kwargs)
+            stats = getattr(result, "stats", None)
+            if stats is None or not hasattr(stats, "steps"):
+                raise TypeError(f"collective {getattr(fn, '__name__', fn)!r} returned "
+                                f"{type(result).__name__}: expected a CollectiveResult with .stats.steps")
+            rank_model_s = self.network.steps_time_s(stats.steps)
+        merge_cpu_s = float(getattr(result.stats, "merge_cpu_s", 0.0) or 0.0)
+        duration_s = rank_model_s + (merge_cpu_s if self.include_merge_cpu else 0.0)
         max_arrival_s, max_duration_s = self._max_over_ranks(arrival_s, duration_s)
         comm_wall_s = time.perf_counter() - wall_start
         self._record(compute_s, max_arrival_s - arrival_s, max_duration_s, rank_model_s,

@@ -23,11 +23,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from gtopk_lab.network.model import NetworkModel
 
-__all__ = ["LinkPacer", "pacing", "active_pacer"]
+__all__ = ["LinkPacer", "pacing", "active_pacer", "throttled_call"]
 
 _ACTIVE: contextvars.ContextVar["LinkPacer | None"] = contextvars.ContextVar("gtopk_lab_pacer", default=None)
 
@@ -92,3 +93,27 @@ def pacing(network: NetworkModel) -> Iterator[LinkPacer]:
         yield pacer
     finally:
         _ACTIVE.reset(token)
+
+
+def throttled_call(network: NetworkModel, fn: Callable[..., Any], *args: Any,
+                   **kwargs: Any) -> tuple[Any, float, float]:
+    """Run collective ``fn`` on the emulated link: rounds paced, then a top-up sleep.
+
+    Returns ``(result, model_s, slept_s)``: ``model_s`` is
+    ``network.steps_time_s(result.stats.steps)`` (this rank's modelled rounds) and the call
+    lasts at least that long (a top-up covers collectives without pacing hooks).
+    :class:`~gtopk_lab.network.clock.VirtualClock` uses this with ``throttle=True``;
+    benchmarks use it alone to time a collective without the clock's synchronisation.
+    """
+    start = time.perf_counter()
+    with pacing(network) as pacer:
+        result = fn(*args, **kwargs)
+    stats = getattr(result, "stats", None)
+    if stats is None or not hasattr(stats, "steps"):
+        raise TypeError(f"collective {getattr(fn, '__name__', fn)!r} returned {type(result).__name__}: "
+                        "expected a CollectiveResult with .stats.steps")
+    model_s = network.steps_time_s(stats.steps)
+    top_up_s = model_s - (time.perf_counter() - start)
+    if top_up_s > 0:
+        time.sleep(top_up_s)
+    return result, model_s, pacer.slept_s + max(0.0, top_up_s)
