@@ -82,6 +82,12 @@ class RunConfig:
     latency: str | None = None
     #: Sleep so that every collective lasts at least its modelled time on `bandwidth`.
     throttle: bool = False
+    #: Virtual time charges the CPU time of the merges (gTop-k, Ok-Topk) and of the
+    #: allgather's assembly inside each sparse collective: alpha-beta-gamma, the rank's own
+    #: work on the critical path. False: modelled communication only. The per-iteration
+    #: ``comm_model_s`` column is alpha-beta either way. (The simulator's fixed-compute
+    #: mode never charges merges, so its virtual time stays exactly reproducible.)
+    virtual_merge_cpu: bool = True
 
     # --- execution -------------------------------------------------------------------
     device: str = "auto"
@@ -184,6 +190,7 @@ _TYPES: dict[str, type] = {
     "max_iterations": int, "batch_size": int, "lr": float, "momentum": float,
     "weight_decay": float, "lr_warmup_epochs": float, "lr_decay": float, "grad_clip": float,
     "momentum_correction": bool, "seed": int, "bandwidth": str, "latency": str, "throttle": bool,
+    "virtual_merge_cpu": bool,
     "device": str, "eval_every_epochs": int, "sink_every": int, "checkpoint": bool,
     "run_id": str, "selector": str, "data_dir": str, "extra": dict,
 }

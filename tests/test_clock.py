@@ -74,6 +74,44 @@ def test_simulator_hook_takes_max_compute_plus_max_model() -> None:
         clock.simulate_collective([0.1], [42])
 
 
+def test_merge_cpu_advances_virtual_time_but_not_the_comm_model() -> None:
+    net = NetworkModel(latency_s=1e-3, bandwidth_bps=8e6)
+    stats = [CommStats("gtopk_allreduce", "butterfly", steps=[(1000, 1000)], merge_cpu_s=0.004),
+             CommStats("gtopk_allreduce", "butterfly", steps=[(1000, 1000)], merge_cpu_s=0.009)]
+    with_merge = VirtualClock(net, include_merge_cpu=True)
+    t = with_merge.simulate_collective([0.010, 0.030], stats)
+    assert t == pytest.approx(0.030 + 2e-3 + 0.009)  # alpha-beta-gamma of the slowest rank
+    assert with_merge.last_comm_model_s == pytest.approx(2e-3)  # the comm column stays alpha-beta
+    without = VirtualClock(net)
+    assert without.simulate_collective([0.010, 0.030], stats) == pytest.approx(0.030 + 2e-3)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("charge", [True, False])
+def test_training_charges_merges_in_virtual_time_unless_told_not_to(monkeypatch, charge) -> None:
+    from gtopk_lab.config import RunConfig
+    from gtopk_lab.training import loop, simulator
+
+    seen: list[bool] = []
+
+    class Recording(VirtualClock):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            seen.append(self.include_merge_cpu)
+
+    monkeypatch.setattr(loop, "VirtualClock", Recording)
+    monkeypatch.setattr(simulator, "VirtualClock", Recording)
+    cfg = RunConfig(method="gtopk", workers=1, model="digits_cnn", dataset="digits", train_samples=64,
+                    test_samples=32, batch_size=16, epochs=1, max_iterations=2, density=0.05,
+                    bandwidth="1GbE", virtual_merge_cpu=charge)
+    assert loop.train_rank(cfg).summary["virtual_merge_cpu"] is charge
+    assert simulator.simulate(cfg.replace(workers=2)).summary["virtual_merge_cpu"] is charge
+    # fixed compute keeps virtual time exactly reproducible: merges are never charged there
+    fixed = simulator.simulate(cfg.replace(workers=2), compute_time_s=0.01)
+    assert fixed.summary["virtual_merge_cpu"] is False
+    assert seen == [charge, charge, False]
+
+
 def test_rejects_bad_arguments_and_results() -> None:
     with pytest.raises(TypeError, match="network"):
         VirtualClock("1Gbps")  # type: ignore[arg-type]

@@ -19,8 +19,10 @@ Two clocks describe a distributed run:
   Virtual time is deterministic in its communication part (bytes and rounds only) and is
   the right figure for scaling-efficiency studies and for comparing methods across
   machines; it ignores contention that the model does not describe (shared cores, memory
-  bandwidth, OS jitter) and, by default, the CPU time of merges inside the collective
-  (reported separately as ``merge_cpu_s``; pass ``include_merge_cpu=True`` to add it).
+  bandwidth, OS jitter). The CPU time of merges inside the collective (``merge_cpu_s``)
+  is added to the rank's duration with ``include_merge_cpu=True`` (alpha-beta-gamma), which
+  training runs do unless ``RunConfig.virtual_merge_cpu=False``; ``last_comm_model_s``
+  stays the alpha-beta part either way. The class default is off, communication only.
 
 With ``throttle=True`` every *round* of the real collective is paced
 (:mod:`gtopk_lab.network.pacing`): the rank sleeps until the round has lasted
@@ -116,7 +118,8 @@ class VirtualClock:
         self.collectives = 0
         self.last_compute_s = 0.0     # this rank's CPU time before the last collective
         self.last_wait_s = 0.0        # virtual time this rank waited for the last arrival
-        self.last_comm_model_s = 0.0  # modelled duration of the last collective (max over ranks)
+        self.last_comm_model_s = 0.0  # alpha-beta time of the last collective (max over ranks;
+        #                               merge CPU not included even with include_merge_cpu)
         self.last_rank_model_s = 0.0  # modelled duration of this rank's own rounds
         self.last_comm_wall_s = 0.0   # wall time of the real collective (+ throttle sleep)
         self.last_sleep_s = 0.0
@@ -172,19 +175,20 @@ class VirtualClock:
         group = self.group
         return group, dist.get_world_size(group)
 
-    def _max_over_ranks(self, arrival_s: float, duration_s: float) -> tuple[float, float]:
+    def _max_over_ranks(self, arrival_s: float, duration_s: float,
+                        model_s: float) -> tuple[float, float, float]:
         group, world = self._world()
         if world == 1:
-            return arrival_s, duration_s
+            return arrival_s, duration_s, model_s
         import torch
         import torch.distributed as dist
 
         device = torch.device("cpu")
         if dist.get_backend(group) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
-        both = torch.tensor([arrival_s, duration_s], dtype=torch.float64, device=device)
+        both = torch.tensor([arrival_s, duration_s, model_s], dtype=torch.float64, device=device)
         dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
-        return float(both[0]), float(both[1])
+        return float(both[0]), float(both[1]), float(both[2])
 
     # --- the hook around every collective ---------------------------------------------------
     def collective(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -213,9 +217,10 @@ class VirtualClock:
             rank_model_s = self.network.steps_time_s(stats.steps)
         merge_cpu_s = float(getattr(result.stats, "merge_cpu_s", 0.0) or 0.0)
         duration_s = rank_model_s + (merge_cpu_s if self.include_merge_cpu else 0.0)
-        max_arrival_s, max_duration_s = self._max_over_ranks(arrival_s, duration_s)
+        max_arrival_s, max_duration_s, max_model_s = self._max_over_ranks(arrival_s, duration_s,
+                                                                         rank_model_s)
         comm_wall_s = time.perf_counter() - wall_start
-        self._record(compute_s, max_arrival_s - arrival_s, max_duration_s, rank_model_s,
+        self._record(compute_s, max_arrival_s - arrival_s, max_model_s, rank_model_s,
                      comm_wall_s, sleep_s, merge_cpu_s)
         self._time_s = max_arrival_s + max_duration_s
         self.mark()
@@ -258,7 +263,7 @@ class VirtualClock:
         durations = [m + (c if self.include_merge_cpu else 0.0) for m, c in zip(models, merges)]
         max_compute = max(compute_s)
         max_duration = max(durations)
-        self._record(max_compute, 0.0, max_duration, max(models), 0.0, 0.0, max(merges))
+        self._record(max_compute, 0.0, max(models), max(models), 0.0, 0.0, max(merges))
         self._time_s += max_compute + max_duration
         self.mark()
         return self._time_s

@@ -577,7 +577,8 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
     ipe = state.shard.iterations_per_epoch
     total = config.epochs * ipe if config.max_iterations is None else min(config.max_iterations,
                                                                           config.epochs * ipe)
-    clock = VirtualClock(network_of(config), throttle=config.throttle)
+    clock = VirtualClock(network_of(config), throttle=config.throttle,
+                         include_merge_cpu=config.virtual_merge_cpu)
     buffer = RowBuffer(sink, config.sink_every)
     eval_wall_s = 0.0
     k = k_for(replica.numel, config.density)
@@ -673,6 +674,7 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
                                 wall_time_s=wall_time_s, virtual_time_s=clock.virtual_time_s,
                                 extra={"rank": rank, "device": str(dev),
                                        "merge_cpu_s": clock.total_merge_cpu_s,
+                                       "virtual_merge_cpu": clock.include_merge_cpu,
                                        "setup_wall_s": setup_wall_s})
         weights = replica.flat_weights().cpu() if config.extra.get("return_weights") else None
         return RankResult(rows=buffer.rows, summary=summary, final_weights=weights)

@@ -148,7 +148,10 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     ipe = states[0].shard.iterations_per_epoch
     total = config.epochs * ipe if config.max_iterations is None else min(config.max_iterations,
                                                                           config.epochs * ipe)
-    clock = VirtualClock(network_of(config), throttle=False)
+    # Fixed compute removes CPU noise from virtual time; charging measured merges would
+    # bring it back, so merges count only when compute is measured too.
+    clock = VirtualClock(network_of(config), throttle=False,
+                         include_merge_cpu=config.virtual_merge_cpu and fixed_compute_s is None)
     buffer = RowBuffer(sink, config.sink_every)
     emit = range(world) if rows == "all" else range(1)
     eval_wall_s = 0.0
@@ -237,6 +240,7 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                 extra={"rank": 0, "device": str(dev), "simulated": True,
                                        "setup_wall_s": setup_wall_s,
                                        "merge_cpu_s": clock.total_merge_cpu_s,
+                                       "virtual_merge_cpu": clock.include_merge_cpu,
                                        "compute_s_virtual": clock.total_compute_s / max(total, 1),
                                        "compute_time_source": ("measured" if fixed_compute_s is None
                                                                else "fixed"),
