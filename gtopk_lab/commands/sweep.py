@@ -163,8 +163,8 @@ def clock_note(max_workers: int, cores: int | None = None) -> str:
     if max_workers > cores:
         return (f"note: up to {max_workers} ranks ran on {cores} CPU cores, so wall-clock figures "
                 "(samples/s_wall, eff_wall) measure CPU contention; read the virtual ones "
-                "(measured compute CPU time + modelled network, docs/network.md).")
-    return ("note: virtual = measured compute CPU time + modelled network; wall = real clock "
+                "(measured compute and merge CPU time + modelled network, docs/network.md).")
+    return ("note: virtual = measured compute and merge CPU time + modelled network; wall = real clock "
             "(one rank per core here, so both are meaningful).")
 
 
