@@ -144,7 +144,7 @@ Request = tuple[str, int, "Payload | None"]
 
 
 def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: torch.Tensor,
-                  numel: int, k: int, algorithm: str
+                  numel: int, k: int, algorithm: str, header: bool = True
                   ) -> Generator[Request, Payload | None, CollectiveResult]:
     """gTop-k on one rank as a generator of communication requests.
 
@@ -152,6 +152,8 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
     ``("exchange", peer, (v, i))`` (both resumed with the peer's ``(v, i)``), following
     :func:`gtopk_lab.schedules.sparse_schedule`; returns the rank's CollectiveResult.
     Merges put the lower rank's operand first so all ranks add in the same order.
+    ``header=False`` accounts messages without the 8-byte count header (every message
+    holds exactly k pairs: ``gtopk_allreduce(..., exact_k=True)``).
     """
     values, indices = _wire(values, indices, numel)
     steps: list[tuple[int, int]] = []
@@ -161,10 +163,11 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
     merged_any = False
 
     def msg_bytes(p: Payload) -> int:
-        return sparse_message_bytes(p[0].numel(), p[0].dtype, p[1].dtype)
+        n_bytes = sparse_message_bytes(p[0].numel(), p[0].dtype, p[1].dtype)
+        return n_bytes if header else n_bytes - HEADER_BYTES
 
     def n_msgs(p: Payload) -> int:
-        return 2 if p[0].numel() > 0 else 1
+        return 2 if header and p[0].numel() > 0 else 1
 
     for step in sparse_schedule(algorithm, rank, world_size):
         mine = (values, indices)
@@ -230,9 +233,11 @@ class _P2P:
     """Runs gtopk_program requests with torch.distributed isend/irecv on ``group``."""
 
     def __init__(self, group: dist.ProcessGroup | None, device: torch.device,
-                 value_dtype: torch.dtype, idx_dtype: torch.dtype) -> None:
+                 value_dtype: torch.dtype, idx_dtype: torch.dtype, fixed_count: int | None = None) -> None:
         self.group, self.device = group, device
         self.value_dtype, self.idx_dtype = value_dtype, idx_dtype
+        #: every message holds exactly this many pairs: no count header (one message a way)
+        self.fixed_count = fixed_count
         self.pair_bytes = (torch.empty(0, dtype=value_dtype).element_size()
                            + torch.empty(0, dtype=idx_dtype).element_size())
 
@@ -242,8 +247,38 @@ class _P2P:
     def _irecv(self, t: torch.Tensor, peer: int) -> dist.Work:
         return dist.irecv(t, src=_global_rank(self.group, peer), group=self.group)
 
+    def _run_fixed(self, op: str, peer: int, payload: Payload | None) -> Payload | None:
+        """One round of fixed-size messages: payload only, posted both ways at once."""
+        n = self.fixed_count
+        assert n is not None
+        pacer = active_pacer()
+        if pacer is not None:
+            pacer.begin_round()
+        works = []
+        sent_bytes = 0
+        if payload is not None:
+            if payload[0].numel() != n:  # a broken promise would hang the peer: fail here
+                raise ValueError(f"exact_k: this rank would send {payload[0].numel()} pairs, "
+                                 f"expected exactly {n}")
+            send_buf = _pack((payload[0].to(self.device), payload[1].to(self.device)))
+            sent_bytes = send_buf.numel()
+            works.append(self._isend(send_buf, peer))
+        recv_buf = None
+        if op in ("recv", "exchange"):
+            recv_buf = torch.empty(n * self.pair_bytes, dtype=torch.uint8, device=self.device)
+            works.append(self._irecv(recv_buf, peer))
+        for w in works:
+            w.wait()
+        if pacer is not None:
+            pacer.end_round(sent_bytes, recv_buf.numel() if recv_buf is not None else 0)
+        if recv_buf is None:
+            return None
+        return _unpack(recv_buf, n, self.value_dtype, self.idx_dtype)
+
     def run(self, op: str, peer: int, payload: Payload | None) -> Payload | None:
         """One round: post the header(s), then the payload(s); paced when a pacer is active."""
+        if self.fixed_count is not None:
+            return self._run_fixed(op, peer, payload)
         pacer = active_pacer()
         if pacer is not None:
             pacer.begin_round()
@@ -396,7 +431,7 @@ def topk_allgather(values: torch.Tensor, indices: torch.Tensor, numel: int,
 
 def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: int,
                     group: dist.ProcessGroup | None = None,
-                    algorithm: str = "butterfly") -> CollectiveResult:
+                    algorithm: str = "butterfly", exact_k: bool = False) -> CollectiveResult:
     """Global top-k of the sum of all ranks' sparse vectors (gTop-k S-SGD).
 
     ``algorithm="butterfly"``: recursive doubling, every rank merges in each of log2(P)
@@ -406,6 +441,13 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     Every rank returns the identical canonical (values, indices) with at most k entries.
     Entries dropped by merges are returned in ``stats.dropped_values/indices`` of the one
     rank they are charged to (empty tensors elsewhere), for the mass-conserving residual rule.
+
+    ``exact_k=True`` (every rank's selection has exactly k distinct indices, e.g. the
+    ``topk`` selector; see ``compression.selection.selects_exactly_k``): every message then
+    holds exactly k pairs (a merge of two k-sets keeps k), so a round sends one message
+    each way without the count header: one latency per round instead of two on a real
+    link. All ranks must pass the same value; a rank whose selection is not k entries
+    raises ``ValueError`` before sending anything.
     """
     _check_numel(numel)
     _check_k(k, numel)
@@ -415,8 +457,13 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     out_device = values.device
     device = _comm_device(values, group) if world > 1 else values.device
     values, indices = _wire(values.to(device), indices.to(device), numel)
-    transport = _P2P(group, device, values.dtype, indices.dtype)
-    gen = gtopk_program(rank, world, values, indices, numel, k, algorithm)
+    if not isinstance(exact_k, bool):
+        raise TypeError(f"exact_k={exact_k!r} has type {type(exact_k).__name__}: expected bool")
+    if exact_k and values.numel() != k:
+        raise ValueError(f"exact_k=True is invalid here: this rank selected {values.numel()} "
+                         f"entries, expected exactly k={k}")
+    transport = _P2P(group, device, values.dtype, indices.dtype, fixed_count=k if exact_k else None)
+    gen = gtopk_program(rank, world, values, indices, numel, k, algorithm, header=not exact_k)
     try:
         request = next(gen)
         while True:

@@ -134,14 +134,25 @@ def sim_topk_allgather(values_list: list[torch.Tensor], indices_list: list[torch
 
 
 def sim_gtopk_allreduce(values_list: list[torch.Tensor], indices_list: list[torch.Tensor], numel: int,
-                        k: int, algorithm: str = "butterfly") -> list[CollectiveResult]:
-    """gTop-k between virtual ranks with the real per-rank programs (see module docstring)."""
+                        k: int, algorithm: str = "butterfly", exact_k: bool = False) -> list[CollectiveResult]:
+    """gTop-k between virtual ranks with the real per-rank programs (see module docstring).
+
+    ``exact_k`` as in :func:`gtopk_lab.collectives.gtopk_allreduce`: header-free messages
+    of exactly k pairs (the same bytes and message counts as the real call).
+    """
     _check_numel(numel)
     _check_k(k, numel)
     _check_algorithm(algorithm)
     _check_lists(values_list, indices_list, numel)
+    if not isinstance(exact_k, bool):
+        raise TypeError(f"exact_k={exact_k!r} has type {type(exact_k).__name__}: expected bool")
+    if exact_k:
+        for r, v in enumerate(values_list):
+            if v.numel() != k:
+                raise ValueError(f"exact_k=True is invalid here: virtual rank {r} selected "
+                                 f"{v.numel()} entries, expected exactly k={k}")
     world = len(values_list)
-    programs = [gtopk_program(r, world, v, i, numel, k, algorithm)
+    programs = [gtopk_program(r, world, v, i, numel, k, algorithm, header=not exact_k)
                 for r, (v, i) in enumerate(zip(values_list, indices_list))]
     return run_programs(programs)
 

@@ -28,6 +28,8 @@ MAX_P = 8
 #: input families: "randn" (distinct magnitudes), "ties" (integer values, many |v| ties),
 #: "same" (identical on every rank), "gauss" (GaussianK: different counts per rank)
 FAMILIES = ("randn", "ties", "same", "gauss")
+#: families whose selections hold exactly K entries on every rank (exact_k=True allowed)
+EXACT_K_FAMILIES = ("randn", "ties", "same")
 
 
 def make_input(family: str, world_size: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,6 +57,7 @@ def _rank_job(rank: int, world_size: int) -> dict:
         "range": lambda: gtopk_allreduce(v, i + NUMEL, NUMEL, K),
         "algo": lambda: gtopk_allreduce(v, i, NUMEL, K, algorithm="ring"),
         "ag_range": lambda: topk_allgather(v, i - NUMEL, NUMEL),
+        "exact_k_count": lambda: gtopk_allreduce(v[:-1], i[:-1], NUMEL, K, exact_k=True),
     }
     for name, call in bad_calls.items():
         try:
@@ -74,6 +77,10 @@ def _rank_job(rank: int, world_size: int) -> dict:
             res[f"{fam}/butterfly"] = gtopk_allreduce(v, i, NUMEL, K, group=use, algorithm="butterfly")
             res[f"{fam}/tree"] = gtopk_allreduce(v, i, NUMEL, K, group=use, algorithm="tree")
             res[f"{fam}/allgather"] = topk_allgather(v, i, NUMEL, group=use)
+            if fam in EXACT_K_FAMILIES:  # header-free fixed-size messages
+                for algo in ("butterfly", "tree"):
+                    res[f"{fam}/{algo}/exact"] = gtopk_allreduce(v, i, NUMEL, K, group=use,
+                                                                 algorithm=algo, exact_k=True)
         dense = torch.arange(NUMEL, dtype=torch.float32) * (rank + 1)
         res["dense"] = dense_allreduce(dense, group=use)
         out[p] = res
@@ -232,3 +239,26 @@ def test_no_process_group_is_a_value_error() -> None:
         gtopk_allreduce(v, i, NUMEL, K)
     with pytest.raises(ValueError, match="process group"):
         dense_allreduce(torch.ones(3))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_exact_k_drops_the_header_and_nothing_else() -> None:
+    """exact_k=True: same results and drops as the header protocol, one message per send and
+    8 bytes less per message, for every P = 1..8, both patterns; miscounts fail early."""
+    real = real_results()
+    for r in range(MAX_P):
+        assert "exact_k" in real[r]["errors"]["exact_k_count"]
+    for p in range(1, MAX_P + 1):
+        for fam in EXACT_K_FAMILIES:
+            for algo in ("butterfly", "tree"):
+                for r in range(p):
+                    hdr, exact = real[r][p][f"{fam}/{algo}"], real[r][p][f"{fam}/{algo}/exact"]
+                    assert torch.equal(hdr.values, exact.values) and torch.equal(hdr.indices, exact.indices)
+                    assert torch.equal(hdr.stats.dropped_values, exact.stats.dropped_values)
+                    assert torch.equal(hdr.stats.dropped_indices, exact.stats.dropped_indices)
+                    assert exact.stats.steps == [(s - HEADER_BYTES if s else 0, q - HEADER_BYTES if q else 0)
+                                                 for s, q in hdr.stats.steps], (p, fam, algo, r)
+                    assert all(s in (0, 8 * K) and q in (0, 8 * K) for s, q in exact.stats.steps)
+                    sends = sum(1 for s, _ in exact.stats.steps if s)
+                    assert exact.stats.messages == sends and hdr.stats.messages == 2 * sends

@@ -17,7 +17,7 @@ from gtopk_lab.collectives_sim import (
 )
 from gtopk_lab.schedules import butterfly_schedule, sparse_schedule, tree_schedule
 
-from test_collectives import FAMILIES, K, MAX_P, NUMEL, make_input, real_results
+from test_collectives import EXACT_K_FAMILIES, FAMILIES, K, MAX_P, NUMEL, make_input, real_results
 
 
 def _same_stats(a, b) -> None:
@@ -41,6 +41,9 @@ def test_sim_equals_real_gloo_bitwise() -> None:
             sims = {f"{fam}/{algo}": sim_gtopk_allreduce(vals, idxs, NUMEL, K, algo)
                     for algo in ("butterfly", "tree")}
             sims[f"{fam}/allgather"] = sim_topk_allgather(vals, idxs, NUMEL)
+            if fam in EXACT_K_FAMILIES:
+                for algo in ("butterfly", "tree"):
+                    sims[f"{fam}/{algo}/exact"] = sim_gtopk_allreduce(vals, idxs, NUMEL, K, algo, exact_k=True)
             for key, sim in sims.items():
                 for r in range(p):
                     got = real[r][p][key]
@@ -113,6 +116,10 @@ def test_sim_errors() -> None:
         sim_topk_allgather([v, v], [i, i + 10], 10)
     with pytest.raises(ValueError, match="empty"):
         sim_dense_allreduce([])
+    with pytest.raises(ValueError, match="exact_k=True is invalid here: virtual rank 1 selected 2"):
+        sim_gtopk_allreduce([v, v[:2]], [i, i[:2]], 10, 3, exact_k=True)
+    with pytest.raises(TypeError, match="exact_k="):
+        sim_gtopk_allreduce([v], [i], 10, 3, exact_k=1)  # type: ignore[arg-type]
 
     def stuck() -> object:  # a program waiting for a message nobody sends
         yield ("recv", 1, None)

@@ -128,3 +128,15 @@ def test_selectors_on_cuda(name: str) -> None:
     assert torch.equal(v.cpu(), x[i.long().cpu()])
     if name in ("topk", "exactk-threshold"):
         assert torch.equal(torch.sort(i.long().cpu()).values, torch.sort(torch.topk(x.abs(), 200).indices).values)
+
+
+def test_exact_k_selectors_are_declared_and_keep_their_promise() -> None:
+    from gtopk_lab.compression.selection import EXACT_K_SELECTORS, selects_exactly_k
+
+    assert {"topk", "randomk", "exactk-threshold"} <= EXACT_K_SELECTORS
+    assert not selects_exactly_k("gaussiank") and not selects_exactly_k(None)
+    x = torch.randn(50_000, generator=torch.Generator().manual_seed(3))
+    for name in EXACT_K_SELECTORS:
+        for k in (1, 37, 5_000):
+            _, idx = get_selector(name)(x, k)
+            assert idx.numel() == k and torch.unique(idx).numel() == k, (name, k)

@@ -48,20 +48,37 @@ import torch
 from gtopk_lab.compression.merge import index_dtype
 
 __all__ = [
-    "Selector", "SELECTORS", "register_selector", "get_selector", "available_selectors",
+    "Selector", "SELECTORS", "EXACT_K_SELECTORS", "register_selector", "get_selector",
+    "available_selectors", "selects_exactly_k",
     "topk_select", "gaussiank_select", "randomk_select", "exactk_threshold_select",
 ]
 
 Selector = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 SELECTORS: dict[str, Selector] = {}
+#: Selectors that always return exactly k entries (k distinct indices). Collectives can
+#: then skip the per-message count header (``gtopk_allreduce(..., exact_k=True)``).
+EXACT_K_SELECTORS: set[str] = set()
 
 
-def register_selector(name: str) -> Callable[[Selector], Selector]:
-    """Decorator adding a selector to the registry under ``name``."""
+def register_selector(name: str, exact_k: bool = False) -> Callable[[Selector], Selector]:
+    """Decorator adding a selector to the registry under ``name``.
+
+    ``exact_k=True`` promises that the selector returns exactly k distinct indices for
+    every input, which lets gTop-k send header-free fixed-size messages.
+    """
     def deco(fn: Selector) -> Selector:
         SELECTORS[name] = fn
+        if exact_k:
+            EXACT_K_SELECTORS.add(name)
+        else:
+            EXACT_K_SELECTORS.discard(name)
         return fn
     return deco
+
+
+def selects_exactly_k(name: str | None) -> bool:
+    """True when selector ``name`` always returns exactly k entries."""
+    return name in EXACT_K_SELECTORS
 
 
 def available_selectors() -> tuple[str, ...]:
@@ -98,7 +115,7 @@ def _result(x: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return x[idx], idx
 
 
-@register_selector("topk")
+@register_selector("topk", exact_k=True)
 def topk_select(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k of |x| with ``torch.topk`` (unsorted output). Cost O(d log k) on CPU."""
     _check(x, k)
@@ -187,7 +204,7 @@ def gaussiank_paper_select(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
     return _gaussiank(x, k, refit=False)
 
 
-@register_selector("randomk")
+@register_selector("randomk", exact_k=True)
 def randomk_select(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """k distinct uniformly random indices (default torch generator; seed it for reproducibility).
 
@@ -217,7 +234,7 @@ _EXACTK_OVERSAMPLE = 2.0
 _EXACTK_SAMPLE_STRIDE = 64
 
 
-@register_selector("exactk-threshold")
+@register_selector("exactk-threshold", exact_k=True)
 def exactk_threshold_select(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k (same index set as ``torch.topk`` up to ties) via a threshold pre-filter.
 

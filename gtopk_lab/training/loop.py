@@ -316,6 +316,13 @@ def _oktopk_state() -> Any:
     return OkTopkState()
 
 
+def _exact_k(config: RunConfig) -> bool:
+    """gTop-k may send header-free k-pair messages: the selector always returns exactly k."""
+    from gtopk_lab.compression.selection import selects_exactly_k
+
+    return selects_exactly_k(config.default_selector)
+
+
 def collective_call(config: RunConfig, local: LocalSelection, numel: int, k: int,
                     oktopk_state: Any = None
                     ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
@@ -327,7 +334,8 @@ def collective_call(config: RunConfig, local: LocalSelection, numel: int, k: int
     if config.method in ("topk", "gaussiank"):
         return C.topk_allgather, (local.values, local.indices, numel), {}
     if config.method == "gtopk":
-        return C.gtopk_allreduce, (local.values, local.indices, numel, k), {"algorithm": config.algorithm}
+        return C.gtopk_allreduce, (local.values, local.indices, numel, k), {
+            "algorithm": config.algorithm, "exact_k": _exact_k(config)}
     fn = getattr(C, "oktopk_allreduce", None)
     if fn is None:
         raise ValueError(f"method={config.method!r} is not available: gtopk_lab.collectives has no "
@@ -350,7 +358,8 @@ def simulated_collective(config: RunConfig, locals_: list[LocalSelection], numel
     if config.method in ("topk", "gaussiank"):
         return S.sim_topk_allgather(values, indices, numel)
     if config.method == "gtopk":
-        return S.sim_gtopk_allreduce(values, indices, numel, k, algorithm=config.algorithm)
+        return S.sim_gtopk_allreduce(values, indices, numel, k, algorithm=config.algorithm,
+                                     exact_k=_exact_k(config))
     fn = getattr(S, "sim_oktopk_allreduce", None)
     if fn is None:
         raise ValueError(f"method={config.method!r} is not available in the simulator: expected "
