@@ -33,7 +33,7 @@ as a whole before their local assembly. A final ``max(0, modelled_s - wall_s)`` 
 covers collectives without pacing hooks. Wall time of a throttled sparse collective is
 therefore about the alpha-beta-gamma time (wire + merge CPU), not ``max`` of the two.
 
-Cost per collective: one extra ``all_reduce(MAX)`` of two float64 values over ``group``.
+Cost per collective: one extra ``all_reduce(MAX)`` of three float64 values over ``group``.
 
 Worker-side module: torch only, no plotting or notebook code.
 """
@@ -198,8 +198,10 @@ class VirtualClock:
         included); (2) run ``fn`` and time it on the wall clock, with ``throttle`` under a
         :func:`~gtopk_lab.network.pacing.pacing` block that paces each round; (3)
         modelled_s = ``network.steps_time_s(result.stats.steps)``; (4) with ``throttle``
-        top up with a sleep of ``max(0, modelled_s - wall_s)``; (5) one ``all_reduce(MAX)`` of (arrival,
-        modelled_s) -> virtual time = max arrival + max modelled duration.
+        top up with a sleep of ``max(0, modelled_s - wall_s)``; (5) one ``all_reduce(MAX)`` of
+        (arrival, duration, modelled_s), duration = modelled_s + merge CPU with
+        ``include_merge_cpu`` -> virtual time = max arrival + max duration, and
+        ``last_comm_model_s`` = max modelled_s.
         ``fn`` must return an object with ``.stats.steps`` (a ``CollectiveResult``).
         """
         compute_s = self._pending_compute_s()
