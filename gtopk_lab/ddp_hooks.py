@@ -52,7 +52,7 @@ import torch.distributed as dist
 
 from gtopk_lab.collectives import CollectiveResult, dense_allreduce, gtopk_allreduce, topk_allgather
 from gtopk_lab.compression.residual import RESIDUAL_RULES, ErrorFeedback
-from gtopk_lab.compression.selection import available_selectors, get_selector
+from gtopk_lab.compression.selection import available_selectors, get_selector, selects_exactly_k
 from gtopk_lab.config import k_for
 from gtopk_lab.schedules import SPARSE_ALGORITHMS
 
@@ -139,7 +139,8 @@ def _collective(state: SparseHookState, values: torch.Tensor, indices: torch.Ten
                 k: int) -> CollectiveResult:
     group = state.process_group
     if state.method == "gtopk":
-        return gtopk_allreduce(values, indices, numel, k, group=group, algorithm=state.algorithm)
+        return gtopk_allreduce(values, indices, numel, k, group=group, algorithm=state.algorithm,
+                               exact_k=selects_exactly_k(state.selector))
     if state.method == "topk":
         return topk_allgather(values, indices, numel, group=group)
     from gtopk_lab.oktopk import oktopk_allreduce

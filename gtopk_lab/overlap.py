@@ -271,7 +271,8 @@ class WaitFreeBackprop:
             k = k_for(numel, self.density)
             values, indices = get_selector("topk")(acc, k)
             if self.method == "gtopk":
-                result = gtopk_allreduce(values, indices, numel, k, group=self.group, algorithm=self.algorithm)
+                result = gtopk_allreduce(values, indices, numel, k, group=self.group, algorithm=self.algorithm,
+                                         exact_k=True)  # topk selections hold exactly k
             elif self.method == "topk":
                 result = topk_allgather(values, indices, numel, group=self.group)
             else:
