@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from gtopk_lab.network.model import NetworkModel
-from gtopk_lab.network.pacing import throttled_call
+from gtopk_lab.network.pacing import steps_model_s, throttled_call
 
 __all__ = ["VirtualClock"]
 
@@ -212,11 +212,7 @@ class VirtualClock:
             result, rank_model_s, sleep_s = throttled_call(self.network, fn, *args, **kwargs)
         else:
             result = fn(*args, **kwargs)
-            stats = getattr(result, "stats", None)
-            if stats is None or not hasattr(stats, "steps"):
-                raise TypeError(f"collective {getattr(fn, '__name__', fn)!r} returned "
-                                f"{type(result).__name__}: expected a CollectiveResult with .stats.steps")
-            rank_model_s = self.network.steps_time_s(stats.steps)
+            rank_model_s = steps_model_s(self.network, fn, result)
         merge_cpu_s = float(getattr(result.stats, "merge_cpu_s", 0.0) or 0.0)
         duration_s = rank_model_s + (merge_cpu_s if self.include_merge_cpu else 0.0)
         max_arrival_s, max_duration_s, max_model_s = self._max_over_ranks(arrival_s, duration_s,

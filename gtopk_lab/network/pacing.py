@@ -28,7 +28,7 @@ from typing import Any
 
 from gtopk_lab.network.model import NetworkModel
 
-__all__ = ["LinkPacer", "pacing", "active_pacer", "throttled_call"]
+__all__ = ["LinkPacer", "pacing", "active_pacer", "throttled_call", "steps_model_s"]
 
 _ACTIVE: contextvars.ContextVar["LinkPacer | None"] = contextvars.ContextVar("gtopk_lab_pacer", default=None)
 
@@ -95,6 +95,15 @@ def pacing(network: NetworkModel) -> Iterator[LinkPacer]:
         _ACTIVE.reset(token)
 
 
+def steps_model_s(network: NetworkModel, fn: Callable[..., Any], result: Any) -> float:
+    """``network.steps_time_s(result.stats.steps)``; TypeError naming ``fn`` if no stats."""
+    stats = getattr(result, "stats", None)
+    if stats is None or not hasattr(stats, "steps"):
+        raise TypeError(f"collective {getattr(fn, '__name__', fn)!r} returned {type(result).__name__}: "
+                        "expected a CollectiveResult with .stats.steps")
+    return network.steps_time_s(stats.steps)
+
+
 def throttled_call(network: NetworkModel, fn: Callable[..., Any], *args: Any,
                    **kwargs: Any) -> tuple[Any, float, float]:
     """Run collective ``fn`` on the emulated link: rounds paced, then a top-up sleep.
@@ -108,11 +117,7 @@ def throttled_call(network: NetworkModel, fn: Callable[..., Any], *args: Any,
     start = time.perf_counter()
     with pacing(network) as pacer:
         result = fn(*args, **kwargs)
-    stats = getattr(result, "stats", None)
-    if stats is None or not hasattr(stats, "steps"):
-        raise TypeError(f"collective {getattr(fn, '__name__', fn)!r} returned {type(result).__name__}: "
-                        "expected a CollectiveResult with .stats.steps")
-    model_s = network.steps_time_s(stats.steps)
+    model_s = steps_model_s(network, fn, result)
     top_up_s = model_s - (time.perf_counter() - start)
     if top_up_s > 0:
         time.sleep(top_up_s)
