@@ -210,12 +210,8 @@ class NetworkModel:
         if preset is not None:
             latency_s, bandwidth_bps, _ = PRESETS[preset]
             name = preset
-        elif text.startswith("{"):
-            model = cls.from_inline(text)
-            latency_s, bandwidth_bps, name = model.latency_s, model.bandwidth_bps, model.name
-            gamma = model.gamma_s_per_element
-        elif text.lower().endswith(".json") or (text and os.path.isfile(text)):
-            model = cls.from_json(text)
+        elif text.startswith("{") or _is_calibration_path(text):
+            model = cls.from_inline(text) if text.startswith("{") else cls.from_json(text)
             latency_s, bandwidth_bps, name = model.latency_s, model.bandwidth_bps, model.name
             gamma = model.gamma_s_per_element
         else:
@@ -395,9 +391,14 @@ def portable_bandwidth(bandwidth: str) -> str:
     """
     text = bandwidth.strip() if isinstance(bandwidth, str) else bandwidth
     if (isinstance(text, str) and not text.startswith("{") and text.lower() not in _PRESET_ALIASES
-            and (text.lower().endswith(".json") or (text and os.path.isfile(text)))):
+            and _is_calibration_path(text)):
         return NetworkModel.from_json(text).to_inline()
     return bandwidth
+
+
+def _is_calibration_path(text: str) -> bool:
+    """A ``bandwidth`` string naming a calibration JSON (checked after presets and inline)."""
+    return text.lower().endswith(".json") or (bool(text) and os.path.isfile(text))
 
 
 def bandwidth_label(bandwidth: str) -> str:
