@@ -102,6 +102,17 @@ def _check_algorithm(algorithm: str) -> None:
         raise ValueError(f"algorithm={algorithm!r} is invalid: expected one of {', '.join(SPARSE_ALGORITHMS)}")
 
 
+def check_exact_k(exact_k: bool, counts: dict[str, int], k: int) -> None:
+    """``exact_k`` is a bool and, when True, every rank's count (by rank name) is k."""
+    if not isinstance(exact_k, bool):
+        raise TypeError(f"exact_k={exact_k!r} has type {type(exact_k).__name__}: expected bool")
+    if exact_k:
+        for name, n in counts.items():
+            if n != k:
+                raise ValueError(f"exact_k=True is invalid here: {name} selected {n} entries, "
+                                 f"expected exactly k={k}")
+
+
 def _rank_world(group: dist.ProcessGroup | None) -> tuple[int, int]:
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("no initialised torch.distributed process group: call "
@@ -457,11 +468,7 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     out_device = values.device
     device = _comm_device(values, group) if world > 1 else values.device
     values, indices = _wire(values.to(device), indices.to(device), numel)
-    if not isinstance(exact_k, bool):
-        raise TypeError(f"exact_k={exact_k!r} has type {type(exact_k).__name__}: expected bool")
-    if exact_k and values.numel() != k:
-        raise ValueError(f"exact_k=True is invalid here: this rank selected {values.numel()} "
-                         f"entries, expected exactly k={k}")
+    check_exact_k(exact_k, {"this rank": values.numel()}, k)
     transport = _P2P(group, device, values.dtype, indices.dtype, fixed_count=k if exact_k else None)
     gen = gtopk_program(rank, world, values, indices, numel, k, algorithm, header=not exact_k)
     try:

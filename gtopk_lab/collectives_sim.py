@@ -24,7 +24,7 @@ import torch
 
 from gtopk_lab.collectives import (
     CollectiveResult, Payload, _check_algorithm, _check_k, _check_numel, _wire,
-    allgather_assemble, dense_stats, gtopk_program,
+    allgather_assemble, check_exact_k, dense_stats, gtopk_program,
 )
 from gtopk_lab.compression.merge import check_sparse
 
@@ -144,13 +144,7 @@ def sim_gtopk_allreduce(values_list: list[torch.Tensor], indices_list: list[torc
     _check_k(k, numel)
     _check_algorithm(algorithm)
     _check_lists(values_list, indices_list, numel)
-    if not isinstance(exact_k, bool):
-        raise TypeError(f"exact_k={exact_k!r} has type {type(exact_k).__name__}: expected bool")
-    if exact_k:
-        for r, v in enumerate(values_list):
-            if v.numel() != k:
-                raise ValueError(f"exact_k=True is invalid here: virtual rank {r} selected "
-                                 f"{v.numel()} entries, expected exactly k={k}")
+    check_exact_k(exact_k, {f"virtual rank {r}": v.numel() for r, v in enumerate(values_list)}, k)
     world = len(values_list)
     programs = [gtopk_program(r, world, v, i, numel, k, algorithm, header=not exact_k)
                 for r, (v, i) in enumerate(zip(values_list, indices_list))]
