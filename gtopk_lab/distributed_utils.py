@@ -90,6 +90,9 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
 
 
 def _stop(procs: list[Any]) -> None:
+    # a process whose start() failed (e.g. spawn refused outside a __main__ guard) was
+    # never started and cannot be joined: leave it out, so the original error surfaces
+    procs = [p for p in procs if p.pid is not None]
     for p in procs:
         if p.is_alive():
             p.terminate()
