@@ -65,12 +65,54 @@ class CommStats:
     steps: list[tuple[int, int]] = field(default_factory=list)
     #: CPU seconds this rank spent merging inside the collective
     merge_cpu_s: float = 0.0
-    #: entries dropped by merges and charged to THIS rank (mass-conserving rule);
+    #: input entries of those merges (both operands; the gathered P*k of an allgather):
+    #: ``merge_cpu_s / merged_elements`` is gamma as the collective itself ran it
+    merged_elements: int = 0
+    #: entries dropped by merges and charged to THIS rank (mass-conserving rule), canonical;
     #: None for exact collectives, empty tensors on gTop-k ranks that own no drops
     dropped_values: torch.Tensor | None = None
     dropped_indices: torch.Tensor | None = None
     #: True when the bytes come from the ring formula of a library collective
     library_estimate: bool = False
+    #: drops of several merges charged to this rank, each canonical, not yet summed: the
+    #: first read of ``dropped_values`` or ``dropped_indices`` coalesces them (so the
+    #: collective does not pay for bookkeeping only the "mass" residual rule reads)
+    dropped_parts: list[tuple[torch.Tensor, torch.Tensor]] | None = field(default=None, repr=False,
+                                                                         compare=False)
+
+    def _coalesce_drop_parts(self) -> None:
+        parts = self.__dict__.get("dropped_parts")
+        if parts:
+            self.__dict__["dropped_parts"] = None
+            v, i = coalesce_sparse(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+            self.__dict__["_dropped_values"], self.__dict__["_dropped_indices"] = v, i
+
+    def drops_to(self, device: torch.device) -> None:
+        """Move the drops (pending parts or coalesced tensors) to ``device`` without summing."""
+        parts = self.__dict__.get("dropped_parts")
+        if parts:
+            self.dropped_parts = [(v.to(device), i.to(device)) for v, i in parts]
+        elif self.dropped_values is not None and self.dropped_indices is not None:
+            self.dropped_values = self.dropped_values.to(device)
+            self.dropped_indices = self.dropped_indices.to(device)
+
+
+def _lazy_drop_field(name: str) -> property:
+    key = "_" + name
+
+    def get(self: CommStats) -> torch.Tensor | None:
+        self._coalesce_drop_parts()
+        return self.__dict__.get(key)
+
+    def put(self: CommStats, value: torch.Tensor | None) -> None:
+        self.__dict__[key] = value
+
+    return property(get, put, doc=f"{name}: the drops charged to this rank (pending parts summed on read)")
+
+
+# installed after @dataclass so that the generated __init__/repr/eq go through them
+CommStats.dropped_values = _lazy_drop_field("dropped_values")  # type: ignore[assignment]
+CommStats.dropped_indices = _lazy_drop_field("dropped_indices")  # type: ignore[assignment]
 
 
 class CollectiveResult(NamedTuple):
@@ -102,14 +144,17 @@ def _check_algorithm(algorithm: str) -> None:
         raise ValueError(f"algorithm={algorithm!r} is invalid: expected one of {', '.join(SPARSE_ALGORITHMS)}")
 
 
-def check_exact_k(exact_k: bool, counts: dict[str, int], k: int) -> None:
-    """``exact_k`` is a bool and, when True, every rank's count (by rank name) is k."""
+def check_exact_k(exact_k: bool, counts: dict[str, int], k: int, field: str = "exact_k=True") -> None:
+    """``exact_k`` is a bool and, when True, every rank's count (by rank name) is k.
+
+    ``field`` names the caller's argument in the message (``exact_count=K`` for the allgather).
+    """
     if not isinstance(exact_k, bool):
         raise TypeError(f"exact_k={exact_k!r} has type {type(exact_k).__name__}: expected bool")
     if exact_k:
         for name, n in counts.items():
             if n != k:
-                raise ValueError(f"exact_k=True is invalid here: {name} selected {n} entries, "
+                raise ValueError(f"{field} is invalid here: {name} selected {n} entries, "
                                  f"expected exactly k={k}")
 
 
@@ -143,9 +188,7 @@ def _wire(values: torch.Tensor, indices: torch.Tensor, numel: int) -> tuple[torc
 
 def sparse_message_bytes(n: int, value_dtype: torch.dtype, idx_dtype: torch.dtype) -> int:
     """Bytes of one sparse message of n entries: header + n * (value + index size)."""
-    vsize = torch.empty(0, dtype=value_dtype).element_size()
-    isize = torch.empty(0, dtype=idx_dtype).element_size()
-    return HEADER_BYTES + n * (vsize + isize)
+    return HEADER_BYTES + n * (value_dtype.itemsize + idx_dtype.itemsize)
 
 
 # ---------------------------------------------------------------------------------------
@@ -170,6 +213,7 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
     steps: list[tuple[int, int]] = []
     messages = 0
     merge_cpu_s = 0.0
+    merged_elements = 0
     dropped: list[Payload] = []
     merged_any = False
 
@@ -201,6 +245,7 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
         t0 = time.process_time()
         values, indices, d_v, d_i = merge_sparse(first[0], first[1], second[0], second[1], k)
         merge_cpu_s += time.process_time() - t0
+        merged_elements += first[0].numel() + second[0].numel()
         merged_any = True
         if step.charge_drops:
             dropped.append((d_v, d_i))
@@ -208,23 +253,19 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
         # No merge happened: canonicalise (sort) and keep k, the single rank owns the drops.
         t0 = time.process_time()
         empty_v, empty_i = values.new_empty(0), indices.new_empty(0)
+        merged_elements += values.numel()
         values, indices, d_v, d_i = merge_sparse(values, indices, empty_v, empty_i, k)
         merge_cpu_s += time.process_time() - t0
         dropped.append((d_v, d_i))
-    if len(dropped) == 1:
-        # merge_sparse returns its drops canonical (ascending, unique indices), so coalescing
-        # a single drop would only copy it: return it as is (bitwise the same tensors).
-        drop_v, drop_i = dropped[0]
-    elif dropped:
-        drop_v, drop_i = coalesce_sparse(torch.cat([d[0] for d in dropped]),
-                                         torch.cat([d[1] for d in dropped]))
-    else:
-        drop_v, drop_i = values.new_empty(0), indices.new_empty(0)
+    # merge_sparse returns its drops canonical (ascending, unique indices): a single drop is
+    # returned as is; several are left as parts, summed only if a reader asks (CommStats).
+    drop_v, drop_i = dropped[0] if len(dropped) == 1 else (values.new_empty(0), indices.new_empty(0))
     stats = CommStats(
         collective="gtopk_allreduce", algorithm=algorithm,
         bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),
         messages=messages, rounds=len(steps), steps=steps, merge_cpu_s=merge_cpu_s,
-        dropped_values=drop_v, dropped_indices=drop_i, library_estimate=False,
+        merged_elements=merged_elements, dropped_values=drop_v, dropped_indices=drop_i,
+        library_estimate=False, dropped_parts=dropped if len(dropped) > 1 else None,
     )
     return CollectiveResult(values, indices, stats)
 
@@ -236,8 +277,15 @@ def _pack(p: Payload) -> torch.Tensor:
 
 
 def _unpack(buf: torch.Tensor, n: int, value_dtype: torch.dtype, idx_dtype: torch.dtype) -> Payload:
-    vbytes = n * torch.empty(0, dtype=value_dtype).element_size()
-    return buf[:vbytes].view(value_dtype).clone(), buf[vbytes:].view(idx_dtype).clone()
+    """Split a received buffer into (values, indices) views: no copy, the buffer is this
+    round's own. Indices that would start misaligned (int64 after an odd count of fp32
+    values) are copied out instead."""
+    vbytes = n * value_dtype.itemsize
+    values = buf[:vbytes].view(value_dtype)
+    idx_bytes = buf[vbytes:]
+    if vbytes % idx_dtype.itemsize:
+        idx_bytes = idx_bytes.clone()
+    return values, idx_bytes.view(idx_dtype)
 
 
 class _P2P:
@@ -249,8 +297,7 @@ class _P2P:
         self.value_dtype, self.idx_dtype = value_dtype, idx_dtype
         #: every message holds exactly this many pairs: no count header (one message a way)
         self.fixed_count = fixed_count
-        self.pair_bytes = (torch.empty(0, dtype=value_dtype).element_size()
-                           + torch.empty(0, dtype=idx_dtype).element_size())
+        self.pair_bytes = value_dtype.itemsize + idx_dtype.itemsize
 
     def _isend(self, t: torch.Tensor, peer: int) -> dist.Work:
         return dist.isend(t, dst=_global_rank(self.group, peer), group=self.group)
@@ -366,22 +413,24 @@ def dense_stats(nbytes: int, world_size: int) -> CommStats:
 
 
 def allgather_steps(counts: list[int], value_dtype: torch.dtype, idx_dtype: torch.dtype,
-                    world_size: int) -> list[tuple[int, int]]:
-    """Rounds of topk_allgather: a ring allgather of the 8-byte counts, then one of
-    max(counts) padded (value, index) pairs per rank (none when every count is 0)."""
+                    world_size: int, counted: bool = True) -> list[tuple[int, int]]:
+    """Rounds of topk_allgather: a ring allgather of the 8-byte counts (unless
+    ``counted=False``: every count known in advance), then one of max(counts) padded
+    (value, index) pairs per rank (none when every count is 0)."""
     pair = sparse_message_bytes(1, value_dtype, idx_dtype) - HEADER_BYTES
-    steps = ring_allgather_steps(HEADER_BYTES, world_size)
+    steps = ring_allgather_steps(HEADER_BYTES, world_size) if counted else []
     if max(counts) > 0:
         steps += ring_allgather_steps(max(counts) * pair, world_size)
     return steps
 
 
 def allgather_assemble(counts: list[int], gathered: list[Payload], value_dtype: torch.dtype,
-                       idx_dtype: torch.dtype, world_size: int) -> CollectiveResult:
+                       idx_dtype: torch.dtype, world_size: int, counted: bool = True) -> CollectiveResult:
     """Sum the gathered per-rank sparse vectors (rank order) and build the allgather stats.
 
     ``gathered[r]`` holds rank r's first ``counts[r]`` entries. Stats: a ring allgather of
-    the 8-byte counts, then a ring allgather of max(counts) padded pairs per rank.
+    the 8-byte counts (if ``counted``), then a ring allgather of max(counts) padded pairs
+    per rank.
     """
     t0 = time.process_time()
     if gathered:
@@ -391,38 +440,51 @@ def allgather_assemble(counts: list[int], gathered: list[Payload], value_dtype: 
         values = torch.empty(0, dtype=value_dtype)
         indices = torch.empty(0, dtype=idx_dtype)
     merge_cpu_s = time.process_time() - t0
-    steps = allgather_steps(counts, value_dtype, idx_dtype, world_size)
+    steps = allgather_steps(counts, value_dtype, idx_dtype, world_size, counted)
     stats = CommStats(collective="topk_allgather", algorithm="ring",
                       bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),
                       messages=len(steps), rounds=len(steps), steps=steps, merge_cpu_s=merge_cpu_s,
-                      library_estimate=True)
+                      merged_elements=sum(g[0].numel() for g in gathered), library_estimate=True)
     return CollectiveResult(values, indices, stats)
 
 
 def topk_allgather(values: torch.Tensor, indices: torch.Tensor, numel: int,
-                   group: dist.ProcessGroup | None = None) -> CollectiveResult:
+                   group: dist.ProcessGroup | None = None,
+                   exact_count: int | None = None) -> CollectiveResult:
     """Top-k S-SGD aggregation: every rank gathers every rank's sparse vector and sums them.
 
     Pattern: allgather of the entry counts (ranks may select different numbers, e.g.
     GaussianK), then allgather of the (value, index) pairs padded to the largest count.
     Exact (nothing dropped): the result is the sparse sum of all selections, canonical.
     Cost (ring): 2(P-1) alpha + (P-1) * n_max * 8 beta per rank, growing linearly with P.
+
+    ``exact_count=k`` (every rank selected exactly k entries, e.g. the ``topk`` selector;
+    all ranks pass the same value): the count allgather is skipped, one allgather of the
+    pairs remains: (P-1) alpha + (P-1) k 8 beta. A rank whose selection is not k entries
+    raises ``ValueError`` before sending anything.
     """
     _check_numel(numel)
     check_sparse(values, indices, numel, name="topk_allgather(values, indices)")
+    if exact_count is not None:
+        _check_k(exact_count, numel)
+        check_exact_k(True, {"this rank": values.numel()}, exact_count, f"exact_count={exact_count}")
     rank, world = _rank_world(group)
     out_device = values.device
     values, indices = _wire(values, indices, numel)
     vdt, idt = values.dtype, indices.dtype
+    counted = exact_count is None
     if world == 1:
-        result = allgather_assemble([values.numel()], [(values, indices)], vdt, idt, 1)
+        result = allgather_assemble([values.numel()], [(values, indices)], vdt, idt, 1, counted)
         return result
     device = _comm_device(values, group)
     t0 = time.perf_counter()
-    count = torch.tensor([values.numel()], dtype=torch.int64, device=device)
-    counts_t = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(world)]
-    dist.all_gather(counts_t, count, group=group)
-    counts = [int(c.item()) for c in counts_t]
+    if counted:
+        count = torch.tensor([values.numel()], dtype=torch.int64, device=device)
+        counts_t = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(world)]
+        dist.all_gather(counts_t, count, group=group)
+        counts = [int(c.item()) for c in counts_t]
+    else:
+        counts = [values.numel()] * world
     n_max = max(counts)
     gathered: list[Payload] = []
     if n_max > 0:
@@ -435,8 +497,8 @@ def topk_allgather(values: torch.Tensor, indices: torch.Tensor, numel: int,
         gathered = [_unpack(b[: c * pair], c, vdt, idt) for b, c in zip(bufs, counts)]
     pacer = active_pacer()
     if pacer is not None:  # the wire time comes before the local assembly that needs it
-        pacer.pace_steps(t0, allgather_steps(counts, vdt, idt, world))
-    result = allgather_assemble(counts, gathered, vdt, idt, world)
+        pacer.pace_steps(t0, allgather_steps(counts, vdt, idt, world, counted))
+    result = allgather_assemble(counts, gathered, vdt, idt, world, counted)
     return CollectiveResult(result.values.to(out_device), result.indices.to(out_device), result.stats)
 
 
@@ -478,9 +540,7 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     except StopIteration as stop:
         result: CollectiveResult = stop.value
     st = result.stats
-    if st.dropped_values is not None:
-        st.dropped_values = st.dropped_values.to(out_device)
-        st.dropped_indices = st.dropped_indices.to(out_device)
+    st.drops_to(out_device)
     return CollectiveResult(result.values.to(out_device), result.indices.to(out_device), st)
 
 

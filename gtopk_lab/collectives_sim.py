@@ -118,15 +118,22 @@ def sim_dense_allreduce(tensors: list[torch.Tensor]) -> list[CollectiveResult]:
 
 
 def sim_topk_allgather(values_list: list[torch.Tensor], indices_list: list[torch.Tensor],
-                       numel: int) -> list[CollectiveResult]:
-    """Top-k AllGather between virtual ranks: every rank gets the sparse sum of all selections."""
+                       numel: int, exact_count: int | None = None) -> list[CollectiveResult]:
+    """Top-k AllGather between virtual ranks: every rank gets the sparse sum of all selections.
+
+    ``exact_count`` as in :func:`gtopk_lab.collectives.topk_allgather`: no count allgather.
+    """
     _check_numel(numel)
     _check_lists(values_list, indices_list, numel)
+    if exact_count is not None:
+        _check_k(exact_count, numel)
+        check_exact_k(True, {f"virtual rank {r}": v.numel() for r, v in enumerate(values_list)}, exact_count,
+                      f"exact_count={exact_count}")
     world = len(values_list)
     wired = [_wire(v, i, numel) for v, i in zip(values_list, indices_list)]
     counts = [w[0].numel() for w in wired]
     vdt, idt = wired[0][0].dtype, wired[0][1].dtype
-    res = allgather_assemble(counts, wired, vdt, idt, world)
+    res = allgather_assemble(counts, wired, vdt, idt, world, counted=exact_count is None)
     # one sum, one private copy per virtual rank (callers may modify their result in place)
     return [CollectiveResult(res.values.clone(), res.indices.clone(),
                              dataclasses.replace(res.stats, steps=list(res.stats.steps)))

@@ -142,7 +142,8 @@ def _collective(state: SparseHookState, values: torch.Tensor, indices: torch.Ten
         return gtopk_allreduce(values, indices, numel, k, group=group, algorithm=state.algorithm,
                                exact_k=selects_exactly_k(state.selector))
     if state.method == "topk":
-        return topk_allgather(values, indices, numel, group=group)
+        return topk_allgather(values, indices, numel, group=group,
+                              exact_count=k if selects_exactly_k(state.selector) else None)
     from gtopk_lab.oktopk import oktopk_allreduce
 
     return oktopk_allreduce(values, indices, numel, k, group=group, state=state._oktopk_state)

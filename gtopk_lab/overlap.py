@@ -274,7 +274,7 @@ class WaitFreeBackprop:
                 result = gtopk_allreduce(values, indices, numel, k, group=self.group, algorithm=self.algorithm,
                                          exact_k=True)  # topk selections hold exactly k
             elif self.method == "topk":
-                result = topk_allgather(values, indices, numel, group=self.group)
+                result = topk_allgather(values, indices, numel, group=self.group, exact_count=k)
             else:
                 from gtopk_lab.oktopk import oktopk_allreduce
 

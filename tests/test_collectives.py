@@ -58,6 +58,7 @@ def _rank_job(rank: int, world_size: int) -> dict:
         "algo": lambda: gtopk_allreduce(v, i, NUMEL, K, algorithm="ring"),
         "ag_range": lambda: topk_allgather(v, i - NUMEL, NUMEL),
         "exact_k_count": lambda: gtopk_allreduce(v[:-1], i[:-1], NUMEL, K, exact_k=True),
+        "ag_exact_count": lambda: topk_allgather(v[:-1], i[:-1], NUMEL, exact_count=K),
     }
     for name, call in bad_calls.items():
         try:
@@ -81,6 +82,7 @@ def _rank_job(rank: int, world_size: int) -> dict:
                 for algo in ("butterfly", "tree"):
                     res[f"{fam}/{algo}/exact"] = gtopk_allreduce(v, i, NUMEL, K, group=use,
                                                                  algorithm=algo, exact_k=True)
+                res[f"{fam}/allgather/exact"] = topk_allgather(v, i, NUMEL, group=use, exact_count=K)
         dense = torch.arange(NUMEL, dtype=torch.float32) * (rank + 1)
         res["dense"] = dense_allreduce(dense, group=use)
         out[p] = res
@@ -262,3 +264,19 @@ def test_exact_k_drops_the_header_and_nothing_else() -> None:
                     assert all(s in (0, 8 * K) and q in (0, 8 * K) for s, q in exact.stats.steps)
                     sends = sum(1 for s, _ in exact.stats.steps if s)
                     assert exact.stats.messages == sends and hdr.stats.messages == 2 * sends
+            for r in range(p):  # the allgather: same sum, no count allgather
+                counted, exact = real[r][p][f"{fam}/allgather"], real[r][p][f"{fam}/allgather/exact"]
+                assert torch.equal(counted.values, exact.values) and torch.equal(counted.indices, exact.indices)
+                assert exact.stats.steps == counted.stats.steps[p - 1:], (p, fam, r)
+                assert exact.stats.rounds == counted.stats.rounds - (p - 1)
+    for r in range(MAX_P):
+        assert f"exact_count={K}" in real[r]["errors"]["ag_exact_count"]
+
+
+@pytest.mark.timeout(60)
+def test_run_gloo_reports_a_failed_start_not_a_join_error() -> None:
+    """An unpicklable fn fails in Process.start(); that error surfaces, nothing hangs."""
+    import pickle
+
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+        run_gloo(lambda rank, world: None, 2, timeout_s=10.0)

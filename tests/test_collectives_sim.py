@@ -44,6 +44,7 @@ def test_sim_equals_real_gloo_bitwise() -> None:
             if fam in EXACT_K_FAMILIES:
                 for algo in ("butterfly", "tree"):
                     sims[f"{fam}/{algo}/exact"] = sim_gtopk_allreduce(vals, idxs, NUMEL, K, algo, exact_k=True)
+                sims[f"{fam}/allgather/exact"] = sim_topk_allgather(vals, idxs, NUMEL, exact_count=K)
             for key, sim in sims.items():
                 for r in range(p):
                     got = real[r][p][key]
@@ -131,3 +132,23 @@ def test_sim_errors() -> None:
     with pytest.raises(RuntimeError, match="deadlocked"):
         run_programs([stuck(), idle()])
     assert gtopk_program  # re-exported for the simulator
+
+
+@pytest.mark.timeout(30)
+def test_drops_of_several_merges_are_summed_on_first_read_only() -> None:
+    """Rank 0 owns the drops of every butterfly round: they stay parts until read, then
+    read as the canonical sum of the parts (what the mass residual rule adds)."""
+    from gtopk_lab.compression.merge import coalesce_sparse
+
+    p = 4
+    inputs = [make_input("randn", p, r) for r in range(p)]
+    res = sim_gtopk_allreduce([v for v, _ in inputs], [i for _, i in inputs], NUMEL, K, "butterfly")
+    st = res[0].stats
+    parts = st.dropped_parts
+    assert parts is not None and len(parts) == 2  # log2(4) merges charged to rank 0
+    expected = coalesce_sparse(torch.cat([v for v, _ in parts]), torch.cat([i for _, i in parts]))
+    st.drops_to(torch.device("cpu"))  # moving keeps them parts
+    assert st.dropped_parts is not None
+    assert torch.equal(st.dropped_values, expected[0]) and torch.equal(st.dropped_indices, expected[1])
+    assert st.dropped_parts is None
+    assert res[1].stats.dropped_parts is None and res[1].stats.dropped_values.numel() == 0

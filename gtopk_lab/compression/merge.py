@@ -36,7 +36,7 @@ def check_sparse(values: torch.Tensor, indices: torch.Tensor, numel: int | None 
                  name: str = "values/indices") -> None:
     """Validate a sparse pair: 1-D tensors of equal length, integer indices in [0, numel).
 
-    Cost: one min/max pass over the indices when ``numel`` is given. Uniqueness is not
+    Cost: one min/max pass (``torch.aminmax``) over the indices when ``numel`` is given. Uniqueness is not
     checked (it would cost a sort); callers guarantee it.
     """
     if not isinstance(values, torch.Tensor) or not isinstance(indices, torch.Tensor):
@@ -53,7 +53,8 @@ def check_sparse(values: torch.Tensor, indices: torch.Tensor, numel: int | None 
     if not values.dtype.is_floating_point:
         raise TypeError(f"{name}: values dtype {values.dtype} is invalid: expected a floating dtype")
     if numel is not None and indices.numel() > 0:
-        lo, hi = int(indices.min()), int(indices.max())
+        lo_t, hi_t = torch.aminmax(indices)
+        lo, hi = int(lo_t), int(hi_t)
         if lo < 0 or hi >= numel:
             raise ValueError(f"{name}: indices range [{lo}, {hi}] is invalid: expected indices in "
                              f"[0, {numel}) (numel={numel})")

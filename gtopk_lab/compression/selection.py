@@ -56,7 +56,8 @@ __all__ = [
 Selector = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 SELECTORS: dict[str, Selector] = {}
 #: Selectors that always return exactly k entries (k distinct indices). Collectives can
-#: then skip the per-message count header (``gtopk_allreduce(..., exact_k=True)``).
+#: then skip the per-message count header (``gtopk_allreduce(..., exact_k=True)``) and the
+#: count allgather (``topk_allgather(..., exact_count=k)``).
 EXACT_K_SELECTORS: set[str] = set()
 
 

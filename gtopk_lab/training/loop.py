@@ -317,7 +317,8 @@ def _oktopk_state() -> Any:
 
 
 def _exact_k(config: RunConfig) -> bool:
-    """gTop-k may send header-free k-pair messages: the selector always returns exactly k."""
+    """The selector always returns exactly k: gTop-k sends header-free k-pair messages and
+    the Top-k AllGather skips its count allgather."""
     from gtopk_lab.compression.selection import selects_exactly_k
 
     return selects_exactly_k(config.default_selector)
@@ -332,7 +333,8 @@ def collective_call(config: RunConfig, local: LocalSelection, numel: int, k: int
     if config.method == "dense":
         return C.dense_allreduce, (local.gradient,), {}
     if config.method in ("topk", "gaussiank"):
-        return C.topk_allgather, (local.values, local.indices, numel), {}
+        return C.topk_allgather, (local.values, local.indices, numel), {
+            "exact_count": k if _exact_k(config) else None}
     if config.method == "gtopk":
         return C.gtopk_allreduce, (local.values, local.indices, numel, k), {
             "algorithm": config.algorithm, "exact_k": _exact_k(config)}
@@ -356,7 +358,7 @@ def simulated_collective(config: RunConfig, locals_: list[LocalSelection], numel
     values = [loc.values for loc in locals_]
     indices = [loc.indices for loc in locals_]
     if config.method in ("topk", "gaussiank"):
-        return S.sim_topk_allgather(values, indices, numel)
+        return S.sim_topk_allgather(values, indices, numel, exact_count=k if _exact_k(config) else None)
     if config.method == "gtopk":
         return S.sim_gtopk_allreduce(values, indices, numel, k, algorithm=config.algorithm,
                                      exact_k=_exact_k(config))
