@@ -288,3 +288,46 @@ def test_portable_bandwidth_reads_a_calibration_file(tmp_path) -> None:
     assert inline.startswith("{") and NetworkModel.from_strings(inline) == NetworkModel.from_json(cal)
     with pytest.raises(ValueError, match="no such calibration file"):
         portable_bandwidth(str(tmp_path / "missing.json"))
+
+
+@pytest.mark.timeout(10)
+def test_host_cores_time_share_concurrent_merges_only() -> None:
+    from gtopk_lab.network.model import _tree_mergers, merge_contention
+
+    assert merge_contention(8, None) == 1.0 and merge_contention(2, 2) == 1.0
+    assert merge_contention(8, 2) == 4.0
+    assert [_tree_mergers(8, j) for j in (1, 2, 3)] == [4, 2, 1]
+    assert [_tree_mergers(6, j) for j in (1, 2, 3)] == [3, 1, 1]
+    net = NetworkModel.from_strings("1Gbps")
+    d, k, g = 25_000_000, 25_000, 5e-8
+    merge = g * 2 * k
+
+    def t(coll: str, p: int, algo: str | None = None, cores: int | None = None) -> float:
+        return net.collective_time_s(coll, d, k, p, algo, g, host_cores=cores)
+
+    # butterfly: every rank merges in each of log2 P rounds
+    assert t("gtopk", 4, "butterfly", 2) == pytest.approx(t("gtopk", 4, "butterfly") + 2 * merge * (2 - 1))
+    assert t("gtopk", 4, "butterfly", 4) == t("gtopk", 4, "butterfly")
+    # tree: P/2, P/4, .. ranks merge per level
+    assert t("gtopk", 4, "tree", 2) == t("gtopk", 4, "tree")
+    assert t("gtopk", 8, "tree", 2) == pytest.approx(t("gtopk", 8, "tree") + merge * (2 - 1))
+    # allgather: all P ranks sum P k entries at once
+    assert t("topk", 4, None, 2) == pytest.approx(t("topk", 4) + g * 4 * k * (2 - 1))
+    assert t("dense", 8, None, 1) == t("dense", 8)
+    with pytest.raises(ValueError, match="host_cores=0"):
+        t("gtopk", 4, "butterfly", 0)
+
+
+@pytest.mark.timeout(10)
+def test_exact_k_drops_headers_and_the_count_allgather() -> None:
+    net = NetworkModel(latency_s=1e-4, bandwidth_bps=1e9)
+    d, k, p = 1_000_000, 1000, 8
+    a, b = net.latency_s, net.beta_s_per_byte
+    assert (net.collective_time_s("topk", d, k, p) - net.collective_time_s("topk", d, k, p, exact_k=True)
+            == pytest.approx((p - 1) * (a + 8 * b)))
+    for algo, msgs in (("butterfly", 3), ("tree", 6)):
+        assert (net.collective_time_s("gtopk", d, k, p, algo) - net.collective_time_s("gtopk", d, k, p, algo,
+                                                                                        exact_k=True)
+                == pytest.approx(msgs * 8 * b))
+    with pytest.raises(TypeError, match="exact_k"):
+        net.collective_time_s("gtopk", d, k, p, exact_k=1)

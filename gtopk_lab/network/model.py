@@ -354,7 +354,8 @@ class NetworkModel:
     # --- closed-form collective times ----------------------------------------------------
     def collective_time_s(self, collective: str, numel: int, k: int, workers: int,
                           algorithm: str | None = None,
-                          gamma_s_per_element: float | None = None) -> float:
+                          gamma_s_per_element: float | None = None,
+                          host_cores: int | None = None, exact_k: bool = False) -> float:
         """Predicted duration of one collective on this link (max over ranks).
 
         ``collective``: ``"dense"`` (``dense_allreduce``), ``"topk"`` (``topk_allgather``,
@@ -364,8 +365,22 @@ class NetworkModel:
         the critical path. Formulas (``a`` = alpha, ``b`` = beta, ``m`` = bytes per
         sparse pair, 8 with int32 indices, 12 with int64) are those of the functions
         :func:`dense_ring_allreduce_time_s` .. :func:`sparse_allreduce_lower_bound_time_s`.
+
+        ``host_cores``: the P ranks share this many cores of one host (an emulated cluster);
+        a merge phase that m ranks run at once then lasts ``max(1, m / host_cores)`` times
+        its one-core time (:func:`merge_contention`). None (default): a core per rank, as
+        on a real cluster. It changes only the gamma terms.
+
+        ``exact_k=True``: every selection holds exactly k entries, so gTop-k messages carry
+        no 8-byte count header (``gtopk_allreduce(..., exact_k=True)``) and the Top-k
+        AllGather has no count allgather (``topk_allgather(..., exact_count=k)``).
         """
+        if not isinstance(exact_k, bool):
+            raise TypeError(f"exact_k={exact_k!r} has type {type(exact_k).__name__}: expected bool")
         gamma = self.gamma_s_per_element if gamma_s_per_element is None else float(gamma_s_per_element)
+        if host_cores is not None and (isinstance(host_cores, bool) or not isinstance(host_cores, int)
+                                       or host_cores < 1):
+            raise ValueError(f"host_cores={host_cores!r} is invalid: expected an integer >= 1 or None")
         name = _COLLECTIVE_ALIASES.get(collective)
         if name is None:
             raise ValueError(f"collective={collective!r} is invalid: expected one of "
@@ -376,9 +391,12 @@ class NetworkModel:
             if algorithm not in ("butterfly", "tree"):
                 raise ValueError(f"algorithm={algorithm!r} is invalid: expected butterfly or tree")
             fn = gtopk_butterfly_time_s if algorithm == "butterfly" else gtopk_tree_time_s
-            return fn(self, numel, k, workers, gamma)
+            return fn(self, numel, k, workers, gamma, host_cores=host_cores, header=not exact_k)
         if algorithm not in (None, "ring") and name in ("dense", "topk"):
             raise ValueError(f"algorithm={algorithm!r} is invalid for {collective}: expected ring or None")
+        if name == "topk":
+            return topk_allgather_time_s(self, numel, k, workers, gamma, host_cores=host_cores,
+                                         counted=not exact_k)
         return _FORMULAS[name](self, numel, k, workers, gamma)
 
 
@@ -443,6 +461,26 @@ def _log2_ceil(workers: int) -> int:
     return (workers - 1).bit_length()
 
 
+def merge_contention(concurrent_mergers: int, host_cores: int | None) -> float:
+    """Slow-down of a merge phase that ``concurrent_mergers`` ranks run at once on ``host_cores``.
+
+    ``max(1, m / cores)``: m CPU-bound merges time-share the cores of one host, each
+    getting ``cores / m`` of a core. 1.0 when ``host_cores`` is None (a core per rank).
+    Only the emulation of a P-rank cluster on fewer cores needs it; the gamma terms of
+    the formulas below are multiplied by it, the alpha-beta terms are not (pacing
+    sleeps, it does not compute).
+    """
+    if host_cores is None or concurrent_mergers <= host_cores:
+        return 1.0
+    return concurrent_mergers / host_cores
+
+
+def _tree_mergers(workers: int, level: int) -> int:
+    """Ranks that receive and merge at ``level`` (1-based) of the binomial reduce to rank 0."""
+    span, half = 1 << level, 1 << (level - 1)
+    return sum(1 for r in range(0, workers, span) if r + half < workers)
+
+
 def dense_ring_allreduce_time_s(net: NetworkModel, numel: int, k: int, workers: int,
                                 gamma_s_per_element: float = 0.0) -> float:
     """Dense S-SGD, ring allreduce of ``d = numel`` fp32 values.
@@ -460,23 +498,29 @@ def dense_ring_allreduce_time_s(net: NetworkModel, numel: int, k: int, workers: 
 
 
 def topk_allgather_time_s(net: NetworkModel, numel: int, k: int, workers: int,
-                          gamma_s_per_element: float = 0.0) -> float:
+                          gamma_s_per_element: float = 0.0, host_cores: int | None = None,
+                          counted: bool = True) -> float:
     """Top-k S-SGD as ``collectives.topk_allgather`` does it: two ring allgathers.
 
     First the 8-byte entry counts (P-1 rounds of ``h = 8`` bytes), then every rank's k
     pairs (P-1 rounds of ``m k`` bytes); then the P*k gathered pairs are summed:
-    ``T = 2(P-1) a + (P-1)(h + m k) b + gamma * P * k``.
+    ``T = 2(P-1) a + (P-1)(h + m k) b + gamma * P * k * c(P)``, all P ranks summing at
+    once (``c`` = :func:`merge_contention`, 1 with a core per rank). ``counted=False``
+    (every count known: ``exact_count=k``) drops the count allgather:
+    ``T = (P-1) (a + m k b) + gamma * P * k * c(P)``.
     """
     p = workers
     if p == 1:
         return 0.0
     m = pair_bytes(numel)
-    return (2 * (p - 1) * net.latency_s + (p - 1) * (SPARSE_HEADER_BYTES + m * k) * net.beta_s_per_byte
-            + gamma_s_per_element * p * k)
+    count_round = (p - 1) * (net.latency_s + SPARSE_HEADER_BYTES * net.beta_s_per_byte) if counted else 0.0
+    return (count_round + (p - 1) * (net.latency_s + m * k * net.beta_s_per_byte)
+            + gamma_s_per_element * p * k * merge_contention(p, host_cores))
 
 
 def gtopk_butterfly_time_s(net: NetworkModel, numel: int, k: int, workers: int,
-                           gamma_s_per_element: float = 0.0) -> float:
+                           gamma_s_per_element: float = 0.0, host_cores: int | None = None,
+                           header: bool = True) -> float:
     """gTop-k by recursive doubling (butterfly), every rank merges.
 
     Power-of-two P: ``T = log2(P) * (a + b * (h + m k) + gamma * 2k)`` (each round every
@@ -487,21 +531,26 @@ def gtopk_butterfly_time_s(net: NetworkModel, numel: int, k: int, workers: int,
     group runs the butterfly, then partners send the k-pair result back (one round):
     ``T = (log2(p') + 2) * (a + b * (h + m k)) + (log2(p') + 1) * gamma * 2k``.
     Message sizes are upper bounds: a merge of two vectors with fewer than k distinct
-    indices sends fewer pairs.
+    indices sends fewer pairs. With ``host_cores`` each butterfly merge is multiplied by
+    ``c(p')`` and the fold merge by ``c(P - p')`` (:func:`merge_contention`: that many
+    ranks merge at once). ``header=False`` (exact-k rounds): ``h = 0``.
     """
     p = workers
     if p == 1:
         return 0.0
     m = pair_bytes(numel)
     rounds = _log2_floor(p)
-    folded = p != 1 << rounds
-    msg = net.latency_s + net.beta_s_per_byte * (SPARSE_HEADER_BYTES + m * k)
+    inner = 1 << rounds
+    folded = p != inner
+    msg = net.latency_s + net.beta_s_per_byte * (SPARSE_HEADER_BYTES * header + m * k)
     merge = gamma_s_per_element * 2 * k
-    return (rounds + 2 * folded) * msg + (rounds + folded) * merge
+    return ((rounds + 2 * folded) * msg + rounds * merge * merge_contention(inner, host_cores)
+            + folded * merge * merge_contention(p - inner, host_cores))
 
 
 def gtopk_tree_time_s(net: NetworkModel, numel: int, k: int, workers: int,
-                      gamma_s_per_element: float = 0.0) -> float:
+                      gamma_s_per_element: float = 0.0, host_cores: int | None = None,
+                      header: bool = True) -> float:
     """gTop-k as in the paper: binomial-tree reduce (merge) to rank 0, then broadcast.
 
     Rank 0 is on the critical path: ``ceil(log2 P)`` receive+merge rounds, then
@@ -509,15 +558,19 @@ def gtopk_tree_time_s(net: NetworkModel, numel: int, k: int, workers: int,
     ``T = 2 * ceil(log2 P) * (a + b * (h + m k)) + ceil(log2 P) * gamma * 2k``
     (``gtopk_lab.schedules.tree_schedule``; ``h = 8`` header bytes).
     (The paper writes ``2 log2(P) a + 4 k log2(P) * 8 b``: it counts values and indices
-    of a merge as two 2k-element messages.)
+    of a merge as two 2k-element messages.) With ``host_cores`` the merge of level j is
+    multiplied by ``c(m_j)``, m_j the ranks that merge at that level (P/2, P/4, .., 1 for
+    a power of two; :func:`merge_contention`). ``header=False`` (exact-k rounds): ``h = 0``.
     """
     p = workers
     if p == 1:
         return 0.0
     m = pair_bytes(numel)
     levels = _log2_ceil(p)
-    msg = net.latency_s + net.beta_s_per_byte * (SPARSE_HEADER_BYTES + m * k)
-    return 2 * levels * msg + levels * gamma_s_per_element * 2 * k
+    msg = net.latency_s + net.beta_s_per_byte * (SPARSE_HEADER_BYTES * header + m * k)
+    merge = gamma_s_per_element * 2 * k
+    return 2 * levels * msg + merge * sum(merge_contention(_tree_mergers(p, j), host_cores)
+                                          for j in range(1, levels + 1))
 
 
 def oktopk_time_s(net: NetworkModel, numel: int, k: int, workers: int,
