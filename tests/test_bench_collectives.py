@@ -21,9 +21,14 @@ def test_throttled_bench_reports_both_models(capsys) -> None:
                      ("gtopk_allreduce", "butterfly"), ("gtopk_allreduce", "tree")]
     for r in rows:
         assert r["median_s"] >= r["model_s"] > 0  # paced: never faster than the link
-        assert r["model_abg_s"] >= r["model_s"]
-        assert r["gamma_s_per_element"] == r["gamma_loaded_s_per_element"] > 0
-        assert r["gamma_idle_s_per_element"] > 0
+        assert r["model_abg_s"] >= r["model_abg_core_per_rank_s"] >= r["model_s"]
+        assert r["gamma_loaded_s_per_element"] > 0 and r["gamma_idle_s_per_element"] > 0
+        assert r["late_starts"] >= 0 and r["host_cores"] >= 1
+        if r["collective"] == "dense_allreduce":  # no merges: no gamma
+            assert r["gamma_s_per_element"] is None and r["model_abg_s"] == r["model_s"]
+        else:  # gamma from the collective's own untimed calls
+            assert r["gamma_s_per_element"] == r["gamma_in_collective_s_per_element"] > 0
+    assert rows[1]["bytes_sent_per_rank"] == 2000 * 8  # exact count: no count allgather
     dense = rows[0]
     assert dense["model_s"] == pytest.approx(2 * 800_000 / 2 * 8 / 10e6)  # ring: 2 (P-1)/P * bytes
 

@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["main", "add_arguments", "run", "parse_count_list", "bench_selection", "bench_collectives"]
+__all__ = ["main", "add_arguments", "run", "parse_count_list", "bench_selection", "bench_collectives",
+           "common_start_s"]
 
 COLLECTIVES: tuple[tuple[str, str], ...] = (
     ("dense_allreduce", "ring"), ("topk_allgather", "ring"),
@@ -117,6 +118,36 @@ def bench_selection(numel: int, density: float, repeats: int) -> list[dict[str, 
 
 # ---------------------------------------------------------------------------------------
 # collectives
+#: how far ahead of the agreeing all_reduce the common start lies: long enough for every
+#: rank to learn it in time (a gloo collective on a busy 2-core box can stall ~5 ms)
+START_MARGIN_S = 0.03
+#: the last stretch before the start is spun, not slept, so every rank starts within ~0.1 ms
+_SPIN_S = 0.0005
+
+
+def common_start_s(margin_s: float = START_MARGIN_S) -> tuple[float, bool]:
+    """Agree on a start instant with every rank of the default group, then wait for it.
+
+    Returns ``(start, late)``: ``start`` is ``max over ranks (time.monotonic() + margin_s)``
+    (one MAX all_reduce), ``late`` is True when this rank learned it after it had passed.
+    ``time.monotonic`` is CLOCK_MONOTONIC, one clock for all processes of a machine, so this
+    holds for ranks on one host only (as ``run_gloo`` spawns them). Timing a collective from
+    a common start, rather than from each rank's exit of a barrier, keeps the barrier's exit
+    skew (up to several ms with gloo on few cores) out of the slowest rank's time.
+    """
+    import torch.distributed as dist
+
+    t = torch.tensor([time.monotonic() + margin_s], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    start = float(t.item())
+    now = time.monotonic()
+    if start - now > _SPIN_S:
+        time.sleep(start - now - _SPIN_S)
+    while time.monotonic() < start:
+        pass
+    return start, now > start
+
+
 def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, repeats: int,
                 bandwidth: str | None, latency: str | None) -> list[dict[str, Any]]:
     import torch.distributed as dist
@@ -140,39 +171,82 @@ def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, r
         if network is not None:
             from gtopk_lab.network.calibrate import measure_gamma_s_per_element
 
-            dist.barrier()  # every rank merges at once: gamma under the collective's own load
-            gamma_loaded = measure_gamma_s_per_element(k=k, repeats=5, numel=numel, seed=rank)
+            # every rank merges at once, each merge after one round's idle wait on a fresh
+            # operand: gamma under the collective's own load and cache state
+            dist.barrier()
+            round_s = network.message_time_s(k * (values.element_size() + indices.element_size()))
+            gamma_loaded = measure_gamma_s_per_element(k=k, repeats=7, numel=numel, seed=rank,
+                                                       idle_before_s=round_s)
         for collective, algorithm in COLLECTIVES:
             if collective == "dense_allreduce":
                 buf = x.clone()
                 call, args, kwargs = dense_allreduce, (buf,), {}
             elif collective == "topk_allgather":
-                call, args, kwargs = topk_allgather, (values, indices, numel), {}
+                # the topk selection has exactly k entries: no count allgather, as in training
+                call, args, kwargs = topk_allgather, (values, indices, numel), {"exact_count": k}
             else:
-                call, args, kwargs = gtopk_allreduce, (values, indices, numel, k), {"algorithm": algorithm}
+                # exactly k entries: header-free rounds, as in training
+                call, args, kwargs = (gtopk_allreduce, (values, indices, numel, k),
+                                      {"algorithm": algorithm, "exact_k": True})
+            gamma_in_collective = float("nan")
+            if network is not None and collective != "dense_allreduce":
+                gamma_in_collective = _gamma_in_collective(network, call, args, kwargs)
             times, models = [], []
+            late_starts = 0
             result = None
             for rep in range(repeats + 1):
-                dist.barrier()
-                t0 = time.perf_counter()
+                start_s, late = common_start_s()
                 model_s = float("nan")
                 if network is not None:
                     result, model_s, _slept = throttled_call(network, call, *args, **kwargs)
                 else:
                     result = call(*args, **kwargs)
-                elapsed = time.perf_counter() - t0
+                elapsed = time.monotonic() - start_s
                 if rep > 0:  # the first call is a warm-up (connections, allocations)
                     times.append(elapsed)
                     models.append(model_s)
+                    late_starts += late
             assert result is not None
             st = result.stats
             rows.append({"numel": numel, "k": k, "workers": world_size, "collective": collective,
                          "algorithm": algorithm, "times_s": times, "model_s": models,
                          "bytes_sent": st.bytes_sent, "bytes_recv": st.bytes_recv,
-                         "rounds": st.rounds, "merge_cpu_s": st.merge_cpu_s,
-                         "gamma_loaded_s_per_element": gamma_loaded})
+                         "rounds": st.rounds, "merge_cpu_s": st.merge_cpu_s, "late_starts": late_starts,
+                         "gamma_loaded_s_per_element": gamma_loaded,
+                         "gamma_in_collective_s_per_element": gamma_in_collective})
             del result
     return rows
+
+
+#: untimed throttled calls of a collective whose merges calibrate its gamma
+GAMMA_CALLS = 7
+
+
+def _gamma_in_collective(network: Any, call: Any, args: tuple, kwargs: dict) -> float:
+    """gamma as this collective runs its merges: median over :data:`GAMMA_CALLS` untimed
+    throttled calls, made just before the timed ones, of ``merge_cpu_s / merged_elements``
+    on this rank (0 merged elements: nan).
+
+    These merges run where the timed ones will: right after a paced round, on an operand
+    the transport just received, beside the other ranks' merges, so they see the caches
+    and contention a standalone merge loop does not reproduce. Each collective gets its
+    own: the allgather's coalesce of P k entries costs about half a gTop-k merge per
+    element (no top-k selection).
+    """
+    from gtopk_lab.network.pacing import throttled_call
+
+    per_call = []
+    for _ in range(GAMMA_CALLS):
+        common_start_s()
+        result, _model, _slept = throttled_call(network, call, *args, **kwargs)
+        if result.stats.merged_elements:
+            per_call.append(result.stats.merge_cpu_s / result.stats.merged_elements)
+    return statistics.median(per_call) if per_call else float("nan")
+
+
+def _nanmax(values: Any) -> float:
+    """Largest value that is not NaN (NaN if there is none)."""
+    return max((v for v in values if v == v), default=float("nan"))
 
 
 def measure_gamma(numel: int, k: int, repeats: int = 5) -> float:
@@ -193,20 +267,30 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
                       ) -> list[dict[str, Any]]:
     """One gloo group per P; returns one row per (P, numel, collective) aggregated over ranks.
 
+    Each call is timed from an instant all ranks agreed on (:func:`common_start_s`) to
+    the rank's return; the row's time is the slowest rank's. The top-k selection has
+    exactly k entries, so, as in training, gTop-k runs with ``exact_k=True`` (no count
+    header) and the allgather with ``exact_count=k`` (no count allgather).
     With ``bandwidth`` each row also has ``model_s`` (alpha-beta time of the steps this
     rank really sent) and ``model_abg_s`` (the closed-form alpha-beta-gamma time of
-    :meth:`NetworkModel.collective_time_s`, merges on the critical path included). When
-    ``gamma_s_per_element`` is None, gamma is *calibrated under load*: all P ranks time
-    ``merge_sparse`` of k + k random pairs at the same moment (CPU time, median of 5) and
-    the slowest rank's value is used, since P concurrent merges share caches, memory
-    bandwidth and the chip's power budget exactly as the collective's merges do.
-    ``gamma_idle_s_per_element`` (one process on an idle machine) is reported beside it.
+    :meth:`NetworkModel.collective_time_s`, merges on the critical path included, with
+    ``host_cores`` = this machine's cores: when more ranks merge at once than there are
+    cores, the merges time-share; ``model_abg_core_per_rank_s`` is the same without). When
+    ``gamma_s_per_element`` is None, gamma is *calibrated in the collective*: before the
+    timed calls every rank makes :data:`GAMMA_CALLS` throttled butterfly calls and takes
+    the median of ``merge_cpu_s / merged_elements``; the slowest rank's value is used.
+    Merges inside a paced collective run on cooled caches and a just-received operand,
+    beside the other ranks' merges, and on a shared 2-core VM cost 1.2-1.6x a standalone
+    merge loop. Two standalone figures are reported beside it: ``gamma_loaded`` (all P
+    ranks time ``merge_sparse`` of k + k random pairs at once, each after one round's
+    idle wait, median of 7) and ``gamma_idle`` (one process, back to back).
     """
     from gtopk_lab.config import k_for
     from gtopk_lab.distributed_utils import run_gloo
 
     network = None
     gammas: dict[int, float] = {}
+    cores = _cores()
     if bandwidth is not None:
         from gtopk_lab.network.model import NetworkModel
 
@@ -226,17 +310,27 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
                        bytes_sent_per_rank=max(r["bytes_sent"] for r in rows),
                        rounds=max(r["rounds"] for r in rows),
                        merge_cpu_s=max(r["merge_cpu_s"] for r in rows),
+                       late_starts=max(r["late_starts"] for r in rows),
                        model_s=statistics.median(model) if bandwidth is not None else None)
             if network is not None:
-                loaded = max(r["gamma_loaded_s_per_element"] for r in rows)
-                gamma = loaded if gamma_s_per_element is None else float(gamma_s_per_element)
+                loaded = _nanmax(r["gamma_loaded_s_per_element"] for r in rows)
+                in_collective = _nanmax(r["gamma_in_collective_s_per_element"] for r in rows)
+                if in_collective != in_collective:  # dense: no merges, no gamma (JSON null)
+                    in_collective = None
+                gamma = in_collective if gamma_s_per_element is None else float(gamma_s_per_element)
                 row["gamma_idle_s_per_element"] = gammas[row["numel"]]
                 row["gamma_loaded_s_per_element"] = loaded
+                row["gamma_in_collective_s_per_element"] = in_collective
                 row["gamma_s_per_element"] = gamma
+                shape = (row["collective"], row["numel"], row["k"], p)
+                algorithm = None if row["algorithm"] == "ring" else row["algorithm"]
+                # the P ranks share this host's cores: merges that outnumber them time-share
+                abg_gamma = 0.0 if gamma is None else gamma
                 row["model_abg_s"] = network.collective_time_s(
-                    row["collective"], row["numel"], row["k"], p,
-                    algorithm=None if row["algorithm"] == "ring" else row["algorithm"],
-                    gamma_s_per_element=gamma)
+                    *shape, algorithm=algorithm, gamma_s_per_element=abg_gamma, host_cores=cores, exact_k=True)
+                row["model_abg_core_per_rank_s"] = network.collective_time_s(
+                    *shape, algorithm=algorithm, gamma_s_per_element=abg_gamma, exact_k=True)
+                row["host_cores"] = cores
             out.append(row)
     for row in out:
         dense = next(r for r in out if r["numel"] == row["numel"] and r["workers"] == row["workers"]
@@ -257,7 +351,7 @@ def _print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
     head = f"{'P':>3} {'numel':>6} {'k':>6} {'collective':<26} {'median ms':>10} {'bytes/rank':>12} " \
            f"{'bytes/dense':>11} {'time/dense':>10} {'merge ms':>9}"
     if modelled:
-        head += f" {'ab ms':>9} {'meas/ab':>8} {'abg ms':>9} {'meas/abg':>8}"
+        head += f" {'ab ms':>9} {'meas/ab':>8} {'gamma ns':>8} {'abg ms':>9} {'meas/abg':>8}"
     print(head)
     for r in rows:
         name = r["collective"] + ("" if r["algorithm"] == "ring" else f"/{r['algorithm']}")
@@ -265,7 +359,9 @@ def _print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
                 f"{r['median_s'] * 1e3:>10.2f} {r['bytes_sent_per_rank']:>12,d} "
                 f"{r['bytes_vs_dense']:>11.4f} {r['time_vs_dense']:>10.3f} {r['merge_cpu_s'] * 1e3:>9.2f}")
         if modelled:
+            gamma = r["gamma_s_per_element"]
             line += (f" {r['model_s'] * 1e3:>9.2f} {r['measured_vs_model']:>8.2f}"
+                     f" {'-' if gamma is None else f'{gamma * 1e9:.1f}':>8}"
                      f" {r['model_abg_s'] * 1e3:>9.2f} {r['measured_vs_abg']:>8.2f}")
         print(line)
 
@@ -291,7 +387,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency", default=None, help="per-message latency, e.g. 0.5ms (with --bandwidth)")
     parser.add_argument("--gamma", default="auto",
                         help="merge CPU seconds per element for the alpha-beta-gamma column: 'auto' "
-                             "(default: measured by all P ranks merging at once, slowest rank) "
+                             "(default: from the merges of untimed throttled butterfly calls, "
+                             "slowest rank) "
                              "or a number, e.g. 4e-8")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per process group (default 600)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -335,17 +432,22 @@ def run(args: argparse.Namespace) -> int:
             if bandwidth:
                 print("# ab = alpha-beta time of the bytes sent; abg = alpha-beta-gamma closed form; "
                       "each round is paced to its ab time, merges run after it")
+                print(f"# abg charges merges that more ranks run at once than the {cores} cores "
+                      "time-shared (x ranks/cores); calls timed from a start all ranks agreed on; "
+                      "exact-k messages (no counts)")
+                print("# gamma ns = merge CPU per element used by abg: "
+                      + ("given" if gamma is not None else
+                         f"from {GAMMA_CALLS} untimed calls of the same collective, slowest rank"))
                 for p in workers:
                     for n in numels:
                         r = next(x for x in rows if x["workers"] == p and x["numel"] == n)
-                        print(f"# gamma P={p} numel={_fmt_count(n)}: "
-                              f"{r['gamma_s_per_element']:.3g} s/element "
-                              + ("(given)" if gamma is not None else "(all ranks merging at once, slowest)")
-                              + f"; idle one-process gamma {r['gamma_idle_s_per_element']:.3g}, "
-                              f"under load {r['gamma_loaded_s_per_element']:.3g}")
+                        print(f"# standalone merge_sparse k+k, P={p} numel={_fmt_count(n)}: "
+                              f"{r['gamma_idle_s_per_element'] * 1e9:.1f} ns/element idle, "
+                              f"{r['gamma_loaded_s_per_element'] * 1e9:.1f} with all ranks merging at once")
             if max(workers) > cores:
                 print(f"# note: up to {max(workers)} ranks share {cores} cores; wall times include "
-                      "time-sharing and are not link-bound")
+                      "time-sharing and are not link-bound"
+                      + ("; abg models the time-shared merges" if bandwidth else ""))
             _print_collectives(rows, bandwidth is not None)
     if args.what in ("selection", "all"):
         rows = bench_selection(max(numels), args.density, args.repeats)
