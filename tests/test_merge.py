@@ -147,3 +147,63 @@ def test_coalesce_accepts_other_integer_index_dtypes(dtype: torch.dtype) -> None
     assert out_i.dtype == dtype
     assert out_i.to(torch.int64).tolist() == [2, 5, 7]
     assert out_v.tolist() == [2.0, 4.0, 4.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_stable_argsort_cpu_equals_torch_stable_sort(dtype: torch.dtype) -> None:
+    """numpy's timsort/radix (the CPU path) gives the one permutation torch.sort(stable) gives."""
+    from gtopk_lab.compression.merge import stable_argsort
+
+    gen = torch.Generator().manual_seed(3)
+    high = 3 if dtype == torch.uint8 else 50
+    runs = [torch.randint(0, high, (n,), generator=gen).sort().values for n in (0, 1, 37, 500, 2000)]
+    for key in (torch.cat(runs).to(dtype), torch.randint(0, high, (3000,), generator=gen).to(dtype)):
+        got = stable_argsort(key)
+        assert got.dtype == torch.int64
+        assert torch.equal(got, torch.sort(key.to(torch.int64), stable=True).indices)
+
+
+def test_kth_largest_equals_kthvalue_with_ties_nan_and_half() -> None:
+    from gtopk_lab.compression.merge import kth_largest
+
+    gen = torch.Generator().manual_seed(4)
+    for x in (torch.randn(1001, generator=gen).abs(), torch.randint(0, 5, (400,), generator=gen).float(),
+              torch.randn(300, generator=gen, dtype=torch.float64).abs(),
+              torch.randn(64, generator=gen).abs().half()):
+        for k in (1, 2, x.numel() // 2, x.numel()):
+            got = kth_largest(x, k)
+            assert got.dtype == x.dtype and got.item() == torch.kthvalue(x, x.numel() - k + 1).values.item()
+    with_nan = torch.tensor([1.0, float("nan"), 3.0, 2.0])  # falls back to torch.kthvalue
+    assert torch.equal(kth_largest(with_nan, 2), torch.kthvalue(with_nan, 3).values)
+
+
+def _coalesce_then_select(v_a, i_a, v_b, i_b, k):
+    """The former merge: coalesce the union, then a top-magnitude mask (independent path)."""
+    from gtopk_lab.compression.merge import top_magnitude_mask
+
+    dtype = i_a.dtype if i_a.dtype == i_b.dtype else torch.int64
+    values, indices = coalesce_sparse(torch.cat([v_a, v_b]), torch.cat([i_a.to(dtype), i_b.to(dtype)]))
+    keep = top_magnitude_mask(values, k)
+    return values[keep], indices[keep], values[~keep], indices[~keep]
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_merge_bitwise_equals_coalesce_then_select_and_torch_only_path(monkeypatch: pytest.MonkeyPatch,
+                                                                      ties: bool) -> None:
+    """The pair-add merge equals the coalesce + mask algorithm, with the numpy order
+    statistics (CPU) and with torch's (what CUDA runs), bitwise, operands sorted or not."""
+    import gtopk_lab.compression.merge as merge_mod
+
+    gen = torch.Generator().manual_seed(5 + ties)
+    cases = []
+    for n_a, n_b, k in ((300, 300, 300), (500, 200, 100), (64, 64, 200), (1000, 1000, 1), (0, 50, 10)):
+        (v_a, i_a), (v_b, i_b) = _sparse(gen, 2000, n_a, ties), _sparse(gen, 2000, n_b, ties)
+        cases.append((v_a, i_a.sort().values, v_b, i_b, k))
+    expected = [_coalesce_then_select(*c) for c in cases]
+    fast = [merge_sparse(*c) for c in cases]
+    monkeypatch.setattr(merge_mod, "stable_argsort", lambda key: torch.sort(key, stable=True).indices)
+    monkeypatch.setattr(merge_mod, "kth_largest", lambda m, k: torch.kthvalue(m, m.numel() - k + 1).values)
+    torch_only = [merge_sparse(*c) for c in cases]
+    for exp, got_fast, got_torch in zip(expected, fast, torch_only):
+        for e, f, t in zip(exp, got_fast, got_torch):
+            assert e.dtype == f.dtype == t.dtype and torch.equal(e, f) and torch.equal(e, t)
