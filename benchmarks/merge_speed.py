@@ -12,7 +12,10 @@ turn (so machine noise hits all alike), on canonical operands of k pairs each:
 - ``coalesce then select``: the former merge, ``coalesce_sparse`` of the union then
   ``top_magnitude_mask`` and a split.
 
-All three return identical tensors (checked). Example::
+All three return identical tensors (checked). A last row times ``sort_by_index`` of one
+``torch.topk`` selection (magnitude order), which gTop-k does once per call so that its
+merges see ascending runs: numpy radix passes against ``torch.sort``, which is a
+comparison sort below 32768 keys. Example::
 
     .venv/bin/python benchmarks/merge_speed.py --numel 1M,25M --density 0.001 --repeats 50
 """
@@ -112,6 +115,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 same = all(torch.equal(a, b) for a, b in zip(outputs[name], outputs["merge_sparse"]))
                 med = statistics.median(times[name])
                 print(f"{label:<22} {k:>7} {name:<30} {med * 1e3:>8.3f} {med / base:>8.2f}x {str(same):>5}")
+        _, order = torch.topk(torch.randn(numel, generator=gen).abs(), k)  # magnitude order
+        sel_i = order.to(merge_mod.index_dtype(numel))
+        sel_v = torch.randn(k, generator=gen)
+        sort_times: dict[str, list[float]] = {"sort_by_index": [], "torch.sort": []}
+        for rep in range(args.repeats + 1):
+            t0 = time.perf_counter()
+            fast = merge_mod.sort_by_index(sel_v, sel_i)
+            t1 = time.perf_counter()
+            perm = torch.sort(sel_i, stable=True).indices
+            slow = (sel_v.index_select(0, perm), sel_i.index_select(0, perm))
+            t2 = time.perf_counter()
+            if rep:
+                sort_times["sort_by_index"].append(t1 - t0)
+                sort_times["torch.sort"].append(t2 - t1)
+        same = all(torch.equal(a, b) for a, b in zip(fast, slow))
+        base = statistics.median(sort_times["sort_by_index"])
+        for name, ts in sort_times.items():
+            med = statistics.median(ts)
+            print(f"{'topk selection':<22} {k:>7} {name:<30} {med * 1e3:>8.3f} {med / base:>8.2f}x {str(same):>5}")
     return 0
 
 

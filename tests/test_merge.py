@@ -157,7 +157,13 @@ def test_stable_argsort_cpu_equals_torch_stable_sort(dtype: torch.dtype) -> None
     gen = torch.Generator().manual_seed(3)
     high = 3 if dtype == torch.uint8 else 50
     runs = [torch.randint(0, high, (n,), generator=gen).sort().values for n in (0, 1, 37, 500, 2000)]
-    for key in (torch.cat(runs).to(dtype), torch.randint(0, high, (3000,), generator=gen).to(dtype)):
+    keys = [torch.cat(runs).to(dtype), torch.randint(0, high, (3000,), generator=gen).to(dtype)]
+    if dtype != torch.uint8:  # full-range keys on both sides of torch's radix threshold (32768)
+        info = torch.iinfo(dtype)
+        for n in (20_000, 40_000):
+            keys.append(torch.randint(info.min, info.max, (n,), generator=gen, dtype=dtype))
+            keys.append(torch.randint(0, 2**31 - 1, (n,), generator=gen).to(dtype))
+    for key in keys:
         got = stable_argsort(key)
         assert got.dtype == torch.int64
         assert torch.equal(got, torch.sort(key.to(torch.int64), stable=True).indices)
@@ -207,3 +213,13 @@ def test_merge_bitwise_equals_coalesce_then_select_and_torch_only_path(monkeypat
     for exp, got_fast, got_torch in zip(expected, fast, torch_only):
         for e, f, t in zip(exp, got_fast, got_torch):
             assert e.dtype == f.dtype == t.dtype and torch.equal(e, f) and torch.equal(e, t)
+
+
+def test_sort_by_index_reorders_only_unsorted_selections() -> None:
+    from gtopk_lab.compression.merge import sort_by_index
+
+    v, i = torch.tensor([3.0, -1.0, 2.0]), torch.tensor([7, 2, 5], dtype=torch.int32)
+    sv, si = sort_by_index(v, i)
+    assert si.tolist() == [2, 5, 7] and sv.tolist() == [-1.0, 2.0, 3.0]
+    same_v, same_i = sort_by_index(sv, si)
+    assert same_v is sv and same_i is si  # already canonical: no copy
