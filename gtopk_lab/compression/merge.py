@@ -64,6 +64,19 @@ def check_sparse(values: torch.Tensor, indices: torch.Tensor, numel: int | None 
                              f"[0, {numel}) (numel={numel})")
 
 
+def _stable_sort_by_index(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) stably sorted by index; indices come back int32/int64.
+
+    A stable sort permutes equal keys the same way in any integer dtype, so int32/int64
+    indices are sorted as they come (int32 sorts ~2x faster than a widened int64 copy);
+    other integer dtypes (uint16/32/64 lack index_select) are widened to int64, and the
+    callers narrow the result back.
+    """
+    key = indices if indices.dtype in (torch.int32, torch.int64) else indices.to(torch.int64)
+    perm = stable_argsort(key)
+    return values.index_select(0, perm), key.index_select(0, perm)
+
+
 def coalesce_sparse(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum duplicate indices of a concatenation of sparse vectors.
 
@@ -80,13 +93,7 @@ def coalesce_sparse(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.
     n = indices.numel()
     if n == 0:
         return values.clone(), indices.clone()
-    # A stable sort permutes equal keys the same way in any integer dtype, so int32/int64
-    # indices are sorted as they come (int32 sorts ~2x faster than a widened int64 copy);
-    # other integer dtypes (uint16/32/64 lack index_select) are widened to int64.
-    key = indices if indices.dtype in (torch.int32, torch.int64) else indices.to(torch.int64)
-    perm = stable_argsort(key)
-    sorted_idx = key.index_select(0, perm)
-    sorted_vals = values.index_select(0, perm)
+    sorted_vals, sorted_idx = _stable_sort_by_index(values, indices)
     new_group = torch.ones(n, dtype=torch.bool, device=indices.device)
     if n > 1:
         torch.ne(sorted_idx[1:], sorted_idx[:-1], out=new_group[1:])
@@ -185,8 +192,8 @@ def sort_by_index(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Te
     """
     if indices.numel() < 2 or not bool((indices[1:] < indices[:-1]).any()):
         return values, indices
-    perm = stable_argsort(indices)
-    return values.index_select(0, perm), indices.index_select(0, perm)
+    sorted_vals, sorted_idx = _stable_sort_by_index(values, indices)
+    return sorted_vals, sorted_idx.to(indices.dtype)
 
 
 def kth_largest(magnitude: torch.Tensor, k: int) -> torch.Tensor:
@@ -237,16 +244,10 @@ def merge_sparse(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, i_b: t
     if v_a.dtype != v_b.dtype:
         raise TypeError(f"merge_sparse: values dtypes differ ({v_a.dtype} vs {v_b.dtype}): expected equal")
     idx_dtype = i_a.dtype if i_a.dtype == i_b.dtype else torch.int64
-    values = torch.cat([v_a, v_b])
-    indices = torch.cat([i_a.to(idx_dtype), i_b.to(idx_dtype)])
-    # int32/int64 sort as they are; other integer dtypes (uint16/32/64 lack index_select)
-    # are widened to int64 and narrowed back at the end
-    key = indices if indices.dtype in (torch.int32, torch.int64) else indices.to(torch.int64)
-    n = key.numel()
-    perm = stable_argsort(key)
-    sorted_idx = key.index_select(0, perm)
-    sorted_vals = values.index_select(0, perm)
-    second = torch.zeros(n, dtype=torch.bool, device=key.device)
+    sorted_vals, sorted_idx = _stable_sort_by_index(torch.cat([v_a, v_b]),
+                                                    torch.cat([i_a.to(idx_dtype), i_b.to(idx_dtype)]))
+    n = sorted_idx.numel()
+    second = torch.zeros(n, dtype=torch.bool, device=sorted_idx.device)
     if n > 1:
         torch.eq(sorted_idx[1:], sorted_idx[:-1], out=second[1:])
     n_second = int(second.sum())
