@@ -5,6 +5,7 @@
   joined in a gloo group on 127.0.0.1; returns each rank's return value in rank order,
   raises ``RuntimeError`` with the failing rank's traceback, kills everything on timeout.
 - :func:`set_single_thread` — one intra-op thread per process (many ranks share few cores).
+- :func:`master_store` — a ``TCPStore`` master that listens on one address only.
 
 The rendezvous store is a ``TCPStore`` owned by the calling process on a port the OS picks
 (port 0), so concurrent ``run_gloo`` calls never collide and there is no port race.
@@ -35,7 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["free_port", "run_gloo", "set_single_thread", "LOCALHOST"]
+__all__ = ["free_port", "run_gloo", "set_single_thread", "master_store", "LOCALHOST"]
 
 LOCALHOST = "127.0.0.1"
 
@@ -61,6 +62,31 @@ def _loopback_ifname() -> str | None:
         if os.path.exists(f"/sys/class/net/{name}"):
             return name
     return None
+
+
+def master_store(host: str, world_size: int | None, timeout: timedelta) -> dist.TCPStore:
+    """A ``TCPStore`` master listening on ``host``'s address only, on a port the OS picks.
+
+    ``TCPStore(host, 0, is_master=True)`` listens on every interface whatever ``host``
+    says. Here the listening socket is bound first (``socket.create_server((host, 0))``)
+    and handed over with ``master_listen_fd``: a store for 127.0.0.1 is unreachable from
+    the network, and a Dask worker's store listens on the address its peers are told.
+    Read the port from ``store.port``. (A torch whose libuv backend refuses a listening
+    fd gets the legacy backend, which takes it.)
+    """
+    sock = socket.create_server((host, 0))
+    port = sock.getsockname()[1]
+    fd = sock.detach()  # the store owns the listening socket from here on
+    try:
+        try:
+            return dist.TCPStore(host, port, world_size, True, timeout=timeout,
+                                 wait_for_workers=False, master_listen_fd=fd)
+        except RuntimeError:
+            return dist.TCPStore(host, port, world_size, True, timeout=timeout,
+                                 wait_for_workers=False, master_listen_fd=fd, use_libuv=False)
+    except Exception:
+        os.close(fd)
+        raise
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
@@ -121,8 +147,7 @@ def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: flo
     if not timeout_s > 0:
         raise ValueError(f"timeout_s={timeout_s!r} is invalid: expected a number > 0")
     ctx = mp.get_context("spawn")
-    store = dist.TCPStore(LOCALHOST, 0, None, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout_s))
+    store = master_store(LOCALHOST, None, timedelta(seconds=timeout_s))
     results = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, name=f"gloo-rank-{r}",
                          args=(fn, r, world_size, store.port, results, args, timeout_s), daemon=True)

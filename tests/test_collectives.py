@@ -280,3 +280,21 @@ def test_run_gloo_reports_a_failed_start_not_a_join_error() -> None:
 
     with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
         run_gloo(lambda rank, world: None, 2, timeout_s=10.0)
+
+
+@pytest.mark.timeout(30)
+def test_master_store_listens_on_its_address_only() -> None:
+    """The rendezvous store binds 127.0.0.1, not every interface as TCPStore alone does."""
+    import socket
+    from datetime import timedelta
+
+    from gtopk_lab.distributed_utils import master_store
+
+    store = master_store("127.0.0.1", 1, timedelta(seconds=10))
+    probe = socket.socket()
+    try:  # the port is taken on 127.0.0.1 only: another loopback address can still bind it
+        probe.bind(("127.0.0.2", store.port))  # EADDRINUSE if the store listened on every interface
+    finally:
+        probe.close()
+    store.set("k", "v")
+    assert store.get("k") == b"v"

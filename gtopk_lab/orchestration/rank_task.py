@@ -6,8 +6,9 @@ never plotting or notebook code.
 One run of P ranks is P calls of :func:`run_rank`, one per Dask worker:
 
 1. **Rendezvous.** Rank 0 starts a ``torch.distributed.TCPStore`` on its own host,
-   bound to port 0 so the OS picks a free port (no race between "pick" and "bind"),
-   and publishes ``host:port`` in the Dask ``Variable`` ``gtopk-rdv-<run_id>``.
+   bound to port 0 so the OS picks a free port (no race between "pick" and "bind") and
+   listening on the worker's own address only (``distributed_utils.master_store``), and
+   publishes ``host:port`` in the Dask ``Variable`` ``gtopk-rdv-<run_id>``.
    Ranks 1..P-1 read that variable (waiting at most ``timeout_s``) and connect.
    One variable per run id, so two runs never share a rendezvous.
 2. **Process group.** ``init_process_group(backend, store=..., timeout=timeout_s)``:
@@ -188,6 +189,7 @@ def run_rank(
     from distributed import get_client, get_worker
 
     from gtopk_lab.config import RunConfig
+    from gtopk_lab.distributed_utils import master_store
 
     config = RunConfig.from_dict(config_dict)
     run_id = config.run_id
@@ -210,7 +212,7 @@ def run_rank(
     try:
         if rank == 0:
             host = _worker_host(worker)
-            store = dist.TCPStore(host, 0, config.workers, True, timeout=timeout, wait_for_workers=False)
+            store = master_store(host, config.workers, timeout)  # listens on this address only
             _publish_rendezvous(key, f"{host}:{store.port}", client)
         else:
             address = _read_rendezvous(key, client, float(timeout_s))
