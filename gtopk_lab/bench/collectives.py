@@ -276,9 +276,10 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
     :meth:`NetworkModel.collective_time_s`, merges on the critical path included, with
     ``host_cores`` = this machine's cores: when more ranks merge at once than there are
     cores, the merges time-share; ``model_abg_core_per_rank_s`` is the same without). When
-    ``gamma_s_per_element`` is None, gamma is *calibrated in the collective*: before the
-    timed calls every rank makes :data:`GAMMA_CALLS` throttled butterfly calls and takes
-    the median of ``merge_cpu_s / merged_elements``; the slowest rank's value is used.
+    ``gamma_s_per_element`` is None, gamma is *calibrated in the collective*: before its
+    timed calls every rank makes :data:`GAMMA_CALLS` untimed throttled calls of the same
+    collective and takes the median of ``merge_cpu_s / merged_elements``; the slowest
+    rank's value is used (dense rows have no merges and no gamma).
     Merges inside a paced collective run on cooled caches and a just-received operand,
     beside the other ranks' merges, and on a shared 2-core VM cost 1.2-1.6x a standalone
     merge loop. Two standalone figures are reported beside it: ``gamma_loaded`` (all P
@@ -387,8 +388,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency", default=None, help="per-message latency, e.g. 0.5ms (with --bandwidth)")
     parser.add_argument("--gamma", default="auto",
                         help="merge CPU seconds per element for the alpha-beta-gamma column: 'auto' "
-                             "(default: from the merges of untimed throttled butterfly calls, "
-                             "slowest rank) "
+                             "(default: from the merges of untimed throttled calls of the same "
+                             "collective, slowest rank) "
                              "or a number, e.g. 4e-8")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per process group (default 600)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
