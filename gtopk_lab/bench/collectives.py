@@ -137,15 +137,14 @@ def common_start_s(margin_s: float = START_MARGIN_S) -> tuple[float, bool]:
     """
     import torch.distributed as dist
 
+    from gtopk_lab.network.pacing import wait_until
+
     t = torch.tensor([time.monotonic() + margin_s], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     start = float(t.item())
-    now = time.monotonic()
-    if start - now > _SPIN_S:
-        time.sleep(start - now - _SPIN_S)
-    while time.monotonic() < start:
-        pass
-    return start, now > start
+    late = time.monotonic() > start
+    wait_until(start, clock=time.monotonic, spin_s=_SPIN_S)
+    return start, late
 
 
 def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, repeats: int,

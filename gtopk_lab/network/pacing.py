@@ -28,13 +28,27 @@ from typing import Any
 
 from gtopk_lab.network.model import NetworkModel
 
-__all__ = ["LinkPacer", "pacing", "active_pacer", "throttled_call", "steps_model_s"]
+__all__ = ["LinkPacer", "pacing", "active_pacer", "throttled_call", "steps_model_s", "wait_until"]
 
 #: the last stretch of a paced wait is spun, not slept: a sleep wakes ~0.1 ms late, which
 #: would add that much to every round (a busy-wait this short costs little CPU)
 SPIN_S = 0.0002
 
 _ACTIVE: contextvars.ContextVar["LinkPacer | None"] = contextvars.ContextVar("gtopk_lab_pacer", default=None)
+
+
+def wait_until(deadline: float, clock: Callable[[], float] = time.perf_counter,
+               spin_s: float = SPIN_S) -> float:
+    """Return at ``deadline`` on ``clock``: sleep, then spin the last ``spin_s``
+    (``time.sleep`` overshoots by ~0.1 ms). Returns the seconds waited (0 if past)."""
+    delay = deadline - clock()
+    if delay <= 0:
+        return 0.0
+    if delay > spin_s:
+        time.sleep(delay - spin_s)
+    while clock() < deadline:
+        pass
+    return delay
 
 
 class LinkPacer:
@@ -54,14 +68,7 @@ class LinkPacer:
         self._round_start: float | None = None
 
     def _sleep_until(self, deadline: float) -> None:
-        """Sleep, then spin the last :data:`SPIN_S`: ``time.sleep`` overshoots by ~0.1 ms."""
-        delay = deadline - time.perf_counter()
-        if delay > 0:
-            if delay > SPIN_S:
-                time.sleep(delay - SPIN_S)
-            while time.perf_counter() < deadline:
-                pass
-            self.slept_s += delay
+        self.slept_s += wait_until(deadline)
 
     def begin_round(self) -> None:
         """Mark the start of a round (a no-op if one is already open)."""
