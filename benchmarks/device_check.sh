@@ -11,7 +11,11 @@
 #            pip-installed there)
 #   info     nvidia-smi, python / torch / package versions, cores
 #   net-1g   `benchmarks/collectives.py collectives --workers 2,4,8 --numel 25M --density 0.001
-#            --bandwidth 1Gbps`: issue 3's model fidelity with ranks <= cores (gloo on CPU)
+#            --bandwidth 1Gbps --repeats 9`: issue 3's model fidelity with ranks <= cores (gloo
+#            on CPU); NET_RUNS (default 2) runs of it, to show the run-to-run spread
+#   net-1gbe the same on the paper's 1GbE constants (--bandwidth 1GbE)
+#   header   benchmarks/header_latency.py --delay 1ms --workers 2,4 --k 1000: count header vs
+#            exact-k rounds under tc netem in a network namespace (skipped without unshare/tc)
 #   pytest   tests/test_merge.py tests/test_selection.py (they hold the CUDA-only tests;
 #            fails when CUDA is present but the CUDA tests were skipped)
 #   select   benchmarks/gpu_selection.py: torch.topk vs every selector, merge_sparse (gamma),
@@ -23,14 +27,19 @@
 #   net-cal  `gtopk-lab calibrate` (gloo, 2 ranks), then the same benchmark on the fitted link
 #   dask-cpu the same with --device cpu --workers 4 (gloo) -> $OUT/cpu_run_summary.json
 #
+# STAGES (default: all, in the order below) picks stages by name, e.g. STAGES="info pytest
+# net-1g"; wheels always runs.
+#
 # Without CUDA the GPU stages say so and run as CPU dry runs of the scripts, or are skipped.
-# The whole script keeps to BUDGET_S seconds (default 420): each stage's timeout is cut to
+# The whole script keeps to BUDGET_S seconds (default 480): each stage's timeout is cut to
 # what is left, and a stage is skipped when under 15 s are left. Exit code 1 when a stage
 # failed, else 0. At most 7 files are written under $OUT (the device tool returns 8).
 set -u -o pipefail
 
 OUT="${OUT:-/tmp/out}"
-BUDGET_S="${BUDGET_S:-420}"
+BUDGET_S="${BUDGET_S:-480}"
+STAGES="${STAGES:-info pytest select smoke dask-gpu net-1g net-1gbe header net-cal dask-cpu}"
+NET_RUNS="${NET_RUNS:-2}"
 PY="${PYTHON:-python3}"
 cd "$(dirname "$0")/.." || exit 1
 REPO="$PWD"
@@ -47,6 +56,7 @@ elapsed() { echo $(( $(date +%s) - T0 )); }
 # stage NAME TIMEOUT_S CMD...: run CMD under timeout (cut to the budget left), record the outcome
 stage() {
   local name=$1 limit=$2; shift 2
+  wanted "$name" || return 0
   local left=$(( BUDGET_S - $(elapsed) ))
   echo
   echo "===== [$name] t=$(elapsed)s, limit ${limit}s, budget left ${left}s: $*"
@@ -69,7 +79,13 @@ stage() {
   SUMMARY+=("$(printf '%-9s %-7s %5ss  rc=%s' "$name" "$status" "$took" "$rc")")
 }
 
+# wanted NAME: NAME is in STAGES (wheels always is)
+wanted() {
+  [[ $1 == wheels || " $STAGES " == *" $1 "* ]]
+}
+
 skip() {
+  wanted "$1" || return 0
   echo
   echo "===== [$1] SKIP: $2"
   SUMMARY+=("$(printf '%-9s %-7s %5s  %s' "$1" SKIP - "$2")")
@@ -183,8 +199,23 @@ dask_cpu() {
 
 # issue 3's model-fidelity benchmark where ranks <= cores (16 here vs 2 on the dev boxes)
 net_1g() {
+  local run rc=0
+  for (( run = 1; run <= NET_RUNS; run++ )); do
+    echo "--- run $run of $NET_RUNS"
+    "$PY" benchmarks/collectives.py collectives --workers 2,4,8 --numel 25M --density 0.001 \
+        --bandwidth 1Gbps --repeats 9 || rc=$?
+  done
+  return $rc
+}
+
+net_1gbe() {
   "$PY" benchmarks/collectives.py collectives --workers 2,4,8 --numel 25M --density 0.001 \
-      --bandwidth 1Gbps --repeats 5
+      --bandwidth 1GbE --repeats 9
+}
+
+# count header vs exact-k rounds on a loopback with real latency (netem, own network namespace)
+header() {
+  "$PY" benchmarks/header_latency.py --delay 1ms --workers 2,4 --k 1000 --repeats 9
 }
 
 net_cal() {
@@ -193,14 +224,14 @@ net_cal() {
       --bandwidth /tmp/device_cal.json --repeats 5
 }
 
-export -f install_wheels info run_pytest check_run run_select dask_gpu dask_cpu net_1g net_cal
-export OUT PY REPO
+export -f install_wheels info run_pytest check_run run_select dask_gpu dask_cpu net_1g net_1gbe header net_cal
+export OUT PY REPO NET_RUNS
 
 # ------------------------------------------------------------------------------------------
 main() {
   local commit
   commit=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo "? (no .git)")
-  echo "gtopk-lab device check: repo $REPO, commit $commit, OUT=$OUT, budget ${BUDGET_S}s"
+  echo "gtopk-lab device check: repo $REPO, commit $commit, OUT=$OUT, budget ${BUDGET_S}s, stages: $STAGES"
   stage wheels 60 install_wheels
   if [[ -d /tmp/site ]] && compgen -G ".whl/*.whl" >/dev/null; then
     export PYTHONPATH="/tmp/site:$REPO${PYTHONPATH:+:$PYTHONPATH}"
@@ -216,7 +247,6 @@ main() {
     echo
     echo "!!!!! no CUDA device visible to torch: the GPU stages run as CPU dry runs or are skipped"
   fi
-  stage net-1g 120 net_1g
   stage pytest 150 run_pytest
   if (( HAVE_CUDA )); then
     stage select 150 run_select
@@ -227,6 +257,13 @@ main() {
     stage smoke 120 "$PY" benchmarks/gpu_nccl_smoke.py --device cpu --numel 20000 \
         --json "$OUT/gpu_nccl_smoke.json"
     skip dask-gpu "no CUDA device"
+  fi
+  stage net-1g $(( 120 * NET_RUNS )) net_1g
+  stage net-1gbe 120 net_1gbe
+  if [[ $(id -u) == 0 ]] && command -v unshare >/dev/null && command -v tc >/dev/null; then
+    stage header 90 header
+  else
+    skip header "needs root, unshare and tc (iproute2)"
   fi
   stage net-cal 120 net_cal
   stage dask-cpu 150 dask_cpu

@@ -95,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if max(workers) > cores:
         print(f"# note: up to {max(workers)} ranks share {cores} cores")
     print(f"{'P':>3} {'pattern':<10} {'header ms':>10} {'exact_k ms':>11} {'header/exact':>13}")
+    failed = 0
     for p in workers:
         script = (f"set -e; ip link set lo up; tc qdisc add dev lo root netem delay {args.delay}; "
                   f"{sys.executable} {Path(__file__).resolve()} --child {p} {args.numel} {args.k} {args.repeats}")
@@ -102,12 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                              timeout=900)
         if res.returncode != 0:
             print(f"{p:>3} failed: {res.stderr.strip()[-300:]}")
+            failed += 1
             continue
         out = json.loads(res.stdout.strip().splitlines()[-1])
         for algorithm in ("butterfly", "tree"):
             hdr, exact = out[f"{algorithm}/header"], out[f"{algorithm}/exact"]
             print(f"{p:>3} {algorithm:<10} {hdr * 1e3:>10.2f} {exact * 1e3:>11.2f} {hdr / exact:>13.2f}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
