@@ -129,3 +129,98 @@ def test_cli_resume_without_checkpoint_says_it_restarts(tmp_path: Path, capsys) 
     assert "no checkpoint" in captured.err and "re-running from iteration 0" in captured.err
     metrics = store.RunStore(out, "no-ckpt").read_metrics()
     assert metrics[metrics["kind"] == "iter"]["iteration"].min() == 0
+
+
+def _bn_config(**kw) -> RunConfig:
+    """A model with BatchNorm, so that every virtual rank's own BN buffers must be saved."""
+    return _config(model="resnet20", train_samples=64, test_samples=16, batch_size=16,
+                   extra={"return_weights": True, "model_kwargs": {"depth": 8}}, **kw)
+
+
+@pytest.mark.timeout(120)
+def test_simulator_resume_after_epoch_reaches_the_uninterrupted_weights(tmp_path: Path) -> None:
+    from gtopk_lab.training.simulator import simulate
+
+    full = _bn_config()
+    uninterrupted = simulate(full)
+    folder = str(tmp_path / "checkpoints")
+    simulate(full.replace(epochs=1), checkpoint_dir=folder)  # "interrupted" after epoch 1 of 3
+    assert ckpt.read_latest(folder) == {"epoch": 1, "iteration": 2, "workers": 2}
+    # each virtual rank's file holds its own BN statistics (they saw different shards)
+    bn = [ckpt.load_rank_state(folder, 1, r)["model"]["bn1.running_mean"] for r in (0, 1)]
+    assert not torch.equal(bn[0], bn[1])
+    resumed = simulate(full, checkpoint_dir=folder, resume_from=folder)
+    assert torch.equal(uninterrupted.final_weights, resumed.final_weights)
+    assert min(r["iteration"] for r in resumed.rows if r["kind"] == "iter") == 2
+    assert resumed.summary["virtual_time_s"] > 0
+    assert sorted(p.name for p in Path(folder).iterdir()) == [
+        "epoch00003-rank00000.pt", "epoch00003-rank00001.pt", "latest.json"]
+    with pytest.raises(ValueError, match="resume_from=.*workers=2"):
+        simulate(full.replace(workers=4), resume_from=folder)
+
+
+@pytest.mark.timeout(120)
+def test_simulator_checkpoint_resumes_as_a_real_gloo_run(tmp_path: Path) -> None:
+    from gtopk_lab.training.simulator import simulate
+
+    full = _config()
+    real = run_gloo(gloo_checkpoint_entry, 2, full.to_dict(), None, None, timeout_s=90)
+    folder = str(tmp_path / "checkpoints")
+    simulate(full.replace(epochs=1), checkpoint_dir=folder)
+    resumed = run_gloo(gloo_checkpoint_entry, 2, full.to_dict(), folder, folder, timeout_s=90)
+    for r in resumed:  # the simulator equals a real run to float tolerance
+        torch.testing.assert_close(r.final_weights, real[0].final_weights, rtol=1e-4, atol=1e-5)
+        assert min(row["iteration"] for row in r.rows if row["kind"] == "iter") == 4
+
+
+@pytest.mark.timeout(120)
+def test_cli_resume_continues_a_failed_simulated_run_from_its_checkpoint(tmp_path: Path, capsys) -> None:
+    from gtopk_lab.cli import main
+    from gtopk_lab.commands.run import simulate_run
+    from gtopk_lab.orchestration import results as store
+
+    out = tmp_path / "res"
+    config = _config(run_id="failed-sim", extra={})
+    simulate_run(config.replace(epochs=1), str(out))  # epoch 1 of 3 checkpointed
+    metrics = store.RunStore(out, "failed-sim").read_metrics()
+    first_iter = metrics[metrics["kind"] == "iter"].iloc[0].to_dict()
+    stray = {**first_iter, "iteration": 4, "train_loss": -1.0}  # past the checkpoint
+    store.write_run(out, config, store.rows_to_frame(metrics.to_dict("records") + [stray]),
+                    store.build_summary(config, None, status="failed", error="killed"))
+
+    rc = main(["run", "--resume", "failed-sim", "--out", str(out), "--simulate", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    assert "resuming failed-sim from epoch 1" in captured.err
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert summary["status"] == "completed" and summary["iterations"] == 12
+    metrics = store.RunStore(out, "failed-sim").read_metrics()
+    iters = metrics[metrics["kind"] == "iter"]
+    for rank in (0, 1):
+        assert sorted(iters[iters["rank"] == rank]["iteration"]) == list(range(12))
+    assert (iters["train_loss"] >= 0).all()
+    epochs = metrics[(metrics["kind"] == "epoch") & (metrics["rank"] == 0)]
+    assert sorted(epochs["iteration"]) == [4, 8, 12]
+    assert ckpt.read_latest(store.checkpoint_folder(out, "failed-sim"))["epoch"] == 3
+
+
+@pytest.mark.timeout(60)
+def test_failed_simulated_run_keeps_the_rows_it_produced(tmp_path: Path, monkeypatch) -> None:
+    from gtopk_lab.commands.run import simulate_run
+    from gtopk_lab.orchestration import results as store
+    from gtopk_lab.training import simulator
+
+    calls = {"n": 0}
+    real_finish = simulator.finish_local
+
+    def finish_then_fail(*args, **kwargs):  # the 7th rank-iteration (iteration 3, rank 0) fails
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise RuntimeError("simulated crash")
+        return real_finish(*args, **kwargs)
+
+    monkeypatch.setattr(simulator, "finish_local", finish_then_fail)
+    summary = simulate_run(_config(run_id="crash", sink_every=1, extra={}), str(tmp_path))
+    assert summary["status"] == "failed" and "simulated crash" in summary["error"]
+    iters = store.RunStore(tmp_path, "crash").read_metrics()
+    assert sorted(set(iters[iters["kind"] == "iter"]["iteration"])) == [0, 1, 2]

@@ -232,8 +232,14 @@ def open_lab(args: argparse.Namespace, n_workers_needed: int, progress: bool) ->
         raise UsageError(str(exc)) from None
 
 
-def simulate_run(config: RunConfig, out: str) -> dict[str, Any]:
-    """Run ``config`` with the single-process simulator and store it like a Dask run."""
+def simulate_run(config: RunConfig, out: str, resume_at: dict[str, int] | None = None) -> dict[str, Any]:
+    """Run ``config`` with the single-process simulator and store it like a Dask run.
+
+    With ``config.checkpoint`` the simulator writes epoch checkpoints to
+    ``<out>/<run_id>/checkpoints``. ``resume_at`` (the ``latest.json`` there, from
+    :func:`_resume_point`) continues from that checkpoint and keeps the stored rows before
+    it. Rows produced before a failure are stored with the failed run.
+    """
     import traceback
 
     from gtopk_lab.orchestration import results as store
@@ -241,13 +247,20 @@ def simulate_run(config: RunConfig, out: str) -> dict[str, Any]:
 
     if config.run_id is None:
         config = config.replace(run_id=store.new_run_id(config))
+    run_store = store.RunStore(out, config.run_id)
+    kept = (store.rows_before(run_store.read_metrics(), resume_at["iteration"]).to_dict("records")
+            if resume_at is not None else [])
+    folder = store.checkpoint_folder(out, config.run_id)
     started = store.utc_now()
-    store.RunStore(out, config.run_id).write_config(config)
+    run_store.write_config(config)
+    produced: list[dict] = []
     try:
-        result = simulate(config)
-        rows, rank0, status, error = list(result.rows), dict(result.summary), "completed", None
+        result = simulate(config, sink=produced.extend,
+                          checkpoint_dir=folder if config.checkpoint else None,
+                          resume_from=folder if resume_at is not None else None)
+        rows, rank0, status, error = kept + list(result.rows), dict(result.summary), "completed", None
     except Exception as exc:  # a failed simulation is a failed run, stored as such
-        rows, rank0, status = [], None, "failed"
+        rows, rank0, status = kept + produced, None, "failed"
         error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
     summary = store.build_summary(config, rank0, status=status, error=error,
                                   extra={"started_at": started, "finished_at": store.utc_now(),
@@ -283,7 +296,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", metavar="RUN_ID", default=None,
                         help="continue the failed run RUN_ID (in --out) with its stored config: "
                              "from its last epoch checkpoint when it ran with --checkpoint "
-                             "(Dask runs; kept metric rows are extended), else from iteration 0")
+                             "(Dask or --simulate; kept metric rows are extended), else from "
+                             "iteration 0")
 
 
 def _resume_config(args: argparse.Namespace) -> RunConfig:
@@ -309,10 +323,6 @@ def _resume_point(args: argparse.Namespace, config: RunConfig) -> dict[str, int]
     latest = read_latest(checkpoint_folder(args.out, args.resume))
     if latest is not None and latest["workers"] != config.workers:
         latest = None
-    if latest is not None and args.simulate:
-        print(f"--resume {args.resume}: the simulator cannot load checkpoints; re-running from "
-              "iteration 0", file=sys.stderr)
-        return None
     if latest is None:
         print(f"--resume {args.resume}: no checkpoint in {checkpoint_folder(args.out, args.resume)}; "
               "re-running from iteration 0", file=sys.stderr)
@@ -328,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
     if args.simulate:
         if args.scheduler or any((args.tls_ca_file, args.tls_cert, args.tls_key)):
             raise UsageError("--simulate runs in this process: drop --scheduler and the TLS flags")
-        summary = simulate_run(config, args.out)
+        summary = simulate_run(config, args.out, resume_at)
     else:
         validate_cluster_args(args)
         with open_lab(args, config.workers, progress=not args.no_progress) as lab:

@@ -38,7 +38,7 @@ import torch
 from gtopk_lab.atomic_io import atomic_write_bytes
 
 __all__ = ["LATEST_FILE", "rank_file", "save_rank_state", "load_rank_state", "write_latest",
-           "read_latest", "prune_older"]
+           "read_latest", "resume_point", "prune_older"]
 
 LATEST_FILE = "latest.json"
 _RANK_FILE = re.compile(r"^epoch(\d+)-rank(\d+)\.pt$")
@@ -89,6 +89,17 @@ def read_latest(checkpoint_dir: str | os.PathLike[str] | None) -> dict[str, int]
                                              for k in ("epoch", "iteration", "workers")):
         return None
     return data
+
+
+def resume_point(resume_from: str | os.PathLike[str] | None, workers: int) -> dict[str, int] | None:
+    """:func:`read_latest` of a run that resumes with ``workers`` ranks: None when there is
+    no complete checkpoint (start from iteration 0); ``ValueError`` naming ``resume_from``
+    when the checkpoint was written by another number of ranks."""
+    latest = read_latest(resume_from)
+    if latest is not None and latest["workers"] != workers:
+        raise ValueError(f"resume_from={str(resume_from)!r} is invalid: its checkpoint has "
+                         f"workers={latest['workers']}, this run has {workers}")
+    return latest
 
 
 def prune_older(checkpoint_dir: str | os.PathLike[str], keep_epoch: int) -> None:

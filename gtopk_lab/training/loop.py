@@ -499,10 +499,12 @@ def _all_mean(value: float, has_group: bool, world: int) -> float:
     return float(t) / world
 
 
-def _rank_checkpoint_state(replica: Replica, state: RankState, clock: VirtualClock, *,
-                           iteration: int, epoch: int, wall_time_s: float,
-                           eval_wall_s: float) -> dict[str, Any]:
-    """Everything this rank needs to continue after a completed epoch (see training.checkpoint)."""
+def rank_checkpoint_state(replica: Replica, state: RankState, *, virtual_time_s: float,
+                          iteration: int, epoch: int, wall_time_s: float,
+                          eval_wall_s: float) -> dict[str, Any]:
+    """Everything this rank needs to continue after a completed epoch (see training.checkpoint).
+
+    The replica must hold this rank's BN buffers (the simulator swaps them in first)."""
     import dataclasses
 
     return {
@@ -513,15 +515,16 @@ def _rank_checkpoint_state(replica: Replica, state: RankState, clock: VirtualClo
         "velocity": state.velocity.detach().cpu().clone() if state.velocity is not None else None,
         "oktopk": dataclasses.asdict(state.oktopk_state) if state.oktopk_state is not None else None,
         "rng_state": state.rng_state.clone(),
-        "virtual_time_s": float(clock.virtual_time_s),
+        "virtual_time_s": float(virtual_time_s),
         "wall_time_s": float(wall_time_s), "eval_wall_s": float(eval_wall_s),
     }
 
 
-def _restore_rank_state(saved: dict[str, Any], replica: Replica, state: RankState,
-                        clock: VirtualClock) -> None:
-    """Inverse of :func:`_rank_checkpoint_state` (weights are copied in place, so the
-    parameters keep their ``.grad`` views into the flat buffer)."""
+def restore_rank_state(saved: dict[str, Any], replica: Replica, state: RankState) -> None:
+    """Inverse of :func:`rank_checkpoint_state`, but for the clock: the caller advances its
+    clock by ``saved["virtual_time_s"]`` (once, also when it restores several virtual ranks).
+    Weights are copied in place, so the parameters keep their ``.grad`` views into the flat
+    buffer; ``state.buffers`` takes this rank's BN buffers."""
     replica.model.load_state_dict(saved["model"])
     replica.optimizer.load_state_dict(saved["optimizer"])
     if state.error_feedback is not None and saved.get("error_feedback") is not None:
@@ -534,7 +537,6 @@ def _restore_rank_state(saved: dict[str, Any], replica: Replica, state: RankStat
         state.oktopk_state = OkTopkState(**saved["oktopk"])
     state.rng_state = saved["rng_state"].clone()
     state.buffers = [b.detach().clone() for b in replica.model.buffers()]
-    clock.advance(float(saved["virtual_time_s"]))  # continue the virtual timeline
 
 
 def _barrier(has_group: bool) -> None:
@@ -603,13 +605,11 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
     if resume_from is not None:
         from gtopk_lab.training import checkpoint as ckpt
 
-        latest = ckpt.read_latest(resume_from)
+        latest = ckpt.resume_point(resume_from, world)
         if latest is not None:
-            if latest["workers"] != world:
-                raise ValueError(f"resume_from={resume_from!r} is invalid: its checkpoint has "
-                                 f"workers={latest['workers']}, this run has {world}")
             saved = ckpt.load_rank_state(resume_from, latest["epoch"], rank)
-            _restore_rank_state(saved, replica, state, clock)
+            restore_rank_state(saved, replica, state)
+            clock.advance(float(saved["virtual_time_s"]))  # continue the virtual timeline
             start_iteration = int(saved["iteration"])
             wall_start -= float(saved["wall_time_s"])
             eval_wall_s = float(saved["eval_wall_s"])
@@ -672,9 +672,10 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
 
                     with clock.paused():
                         done = (it + 1) // ipe
-                        ckpt.save_rank_state(checkpoint_dir, done, rank, _rank_checkpoint_state(
-                            replica, state, clock, iteration=it + 1, epoch=done,
-                            wall_time_s=time.perf_counter() - wall_start, eval_wall_s=eval_wall_s))
+                        ckpt.save_rank_state(checkpoint_dir, done, rank, rank_checkpoint_state(
+                            replica, state, virtual_time_s=clock.virtual_time_s, iteration=it + 1,
+                            epoch=done, wall_time_s=time.perf_counter() - wall_start,
+                            eval_wall_s=eval_wall_s))
                         _barrier(has_group)
                         if rank == 0:
                             ckpt.write_latest(checkpoint_dir, done, it + 1, world)

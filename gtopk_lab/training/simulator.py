@@ -44,6 +44,14 @@ elapsed time. The summary is rank 0's, as in a real run, and adds ``simulated: T
 Result: to float tolerance the same weights as a real P-rank gloo run of the same config
 (tests/test_simulator.py checks dense, topk and gtopk at P=4).
 
+**Checkpoints** (``checkpoint_dir`` with ``config.checkpoint``; ``resume_from``): at the end
+of every epoch the simulator writes the files a real run writes
+(:mod:`gtopk_lab.training.checkpoint`): one per virtual rank (the shared weights and
+optimiser state with that rank's BN buffers, residual, velocity, RNG state), then
+``latest.json``. So a simulated run resumes as a simulated or a real run of the same
+config and P, and the other way round. Cost: P ``torch.save`` calls per epoch, each about
+(2-4) x model size.
+
 Example::
 
     result = simulate(RunConfig(method="gtopk", workers=64, model="resnet20",
@@ -62,6 +70,7 @@ import torch
 
 from gtopk_lab.config import RunConfig, k_for
 from gtopk_lab.network.clock import VirtualClock
+from gtopk_lab.training import checkpoint as ckpt
 from gtopk_lab.training.loop import (
     RankResult,
     RankState,
@@ -75,7 +84,9 @@ from gtopk_lab.training.loop import (
     iter_row,
     network_of,
     prepare_local,
+    rank_checkpoint_state,
     resolve_device,
+    restore_rank_state,
     run_dataset,
     simulated_collective,
 )
@@ -111,7 +122,8 @@ def _fixed_time(name: str, value: Any, allow_zero: bool) -> float | None:
 
 def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device | str | None = None,
              rows: str | None = None, compute_time_s: float | None = None,
-             selection_time_s: float | None = None) -> RankResult:
+             selection_time_s: float | None = None, *, checkpoint_dir: str | None = None,
+             resume_from: str | None = None) -> RankResult:
     """Run ``config.workers`` virtual ranks in this process; see the module docstring.
 
     ``rows``: "all" (iter rows of every virtual rank), "rank0", or None (all when
@@ -122,6 +134,11 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     ``compute_time_s``. Cost per iteration: P forward/backward passes and selections, the
     in-process collective, one optimiser step (the same work whether or not times are fixed:
     the gradients and selections are real, only the clock's charge changes).
+
+    ``checkpoint_dir`` (used when ``config.checkpoint``) and ``resume_from`` work as in
+    :func:`~gtopk_lab.training.loop.train_rank`: epoch checkpoints of every virtual rank, and
+    a resume from the newest complete one (``ValueError`` if it has another P; none there:
+    from iteration 0). Rows of a resumed run start at the checkpoint's iteration.
     """
     if not isinstance(config, RunConfig):
         raise TypeError(f"config has type {type(config).__name__}: expected RunConfig")
@@ -158,8 +175,21 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     density, k = config.density, k_for(replica.numel, config.density)
     wall_start = time.perf_counter()  # training only: setup is setup_wall_s (as train_rank)
     setup_wall_s = wall_start - setup_start
+    start_iteration = 0
+    if resume_from is not None:
+        latest = ckpt.resume_point(resume_from, world)
+        if latest is not None:
+            for state in states:
+                saved = ckpt.load_rank_state(resume_from, latest["epoch"], state.rank)
+                restore_rank_state(saved, replica, state)
+                if state.rank == 0:
+                    clock.advance(float(saved["virtual_time_s"]))
+                    start_iteration = int(saved["iteration"])
+                    wall_start -= float(saved["wall_time_s"])
+                    eval_wall_s = float(saved["eval_wall_s"])
+    save_checkpoints = bool(config.checkpoint) and checkpoint_dir is not None
     try:
-        for it in range(total):
+        for it in range(start_iteration, total):
             epoch_index, pos = divmod(it, ipe)
             progress = it / ipe
             lr = lr_at(config, progress, world)
@@ -232,6 +262,16 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                          test if r == 0 else None, time.perf_counter() - wall_start,
                                          clock.synced_time_s), count_iteration=False)
                 eval_wall_s += time.perf_counter() - e0
+                if save_checkpoints and end_of_epoch:
+                    done = (it + 1) // ipe
+                    wall_s = time.perf_counter() - wall_start
+                    for state in states:
+                        with state.active(replica, swap_buffers):  # this rank's BN buffers
+                            ckpt.save_rank_state(checkpoint_dir, done, state.rank, rank_checkpoint_state(
+                                replica, state, virtual_time_s=clock.synced_time_s, iteration=it + 1,
+                                epoch=done, wall_time_s=wall_s, eval_wall_s=eval_wall_s))
+                    ckpt.write_latest(checkpoint_dir, done, it + 1, world)
+                    ckpt.prune_older(checkpoint_dir, done)
         wall_time_s = time.perf_counter() - wall_start
         rank0_rows = [r for r in buffer.rows if r["rank"] == 0]
         summary = build_summary(config, rank0_rows, numel=replica.numel, world=world, iterations=total,
@@ -241,7 +281,10 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                        "setup_wall_s": setup_wall_s,
                                        "merge_cpu_s": clock.total_merge_cpu_s,
                                        "virtual_merge_cpu": clock.include_merge_cpu,
-                                       "compute_s_virtual": clock.total_compute_s / max(total, 1),
+                                       # per iteration this call ran (a resumed run's clock
+                                       # totals start at its checkpoint)
+                                       "compute_s_virtual": (clock.total_compute_s
+                                                             / max(total - start_iteration, 1)),
                                        "compute_time_source": ("measured" if fixed_compute_s is None
                                                                else "fixed"),
                                        "fixed_compute_time_s": fixed_compute_s,
