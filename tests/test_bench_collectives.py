@@ -15,7 +15,11 @@ def test_throttled_bench_reports_both_models(capsys) -> None:
     rc = main(["bench", "collectives", "--workers", "2", "--numel", "200K", "--density", "0.01",
                "--repeats", "1", "--bandwidth", "10Mbps", "--json"])
     assert rc == 0
-    rows = json.loads(capsys.readouterr().out)["collectives"]
+    report = json.loads(capsys.readouterr().out)
+    probe = report["host_exchange_probe"]  # the host's stalls, measured before the table
+    assert probe["mode"] == "isend/irecv" and probe["bytes"] == 200_000 and probe["calls"] == 20
+    assert 0 <= probe["stall_share"] <= 1 and 0 < probe["p10_s"] <= probe["median_s"] <= probe["p90_s"]
+    rows = report["collectives"]
     names = [(r["collective"], r["algorithm"]) for r in rows]
     assert names == [("dense_allreduce", "ring"), ("topk_allgather", "ring"),
                      ("gtopk_allreduce", "butterfly"), ("gtopk_allreduce", "tree")]
@@ -39,3 +43,13 @@ def test_bench_rejects_bad_input(capsys) -> None:
     assert "--gamma='fast' is invalid" in capsys.readouterr().err
     assert main(["bench", "collectives", "--latency", "1ms"]) == 2
     assert main(["bench", "collectives", "--workers", "0"]) == 2
+
+
+@pytest.mark.timeout(60)
+def test_exchange_probe_refuses_bad_arguments() -> None:
+    from gtopk_lab.bench.stalls import exchange_times_rank, probe_exchange_stalls
+
+    with pytest.raises(ValueError, match="calls=1"):
+        probe_exchange_stalls(calls=1)
+    with pytest.raises(ValueError, match="world_size=3"):
+        exchange_times_rank(0, 3, [10], [0.0], 2)

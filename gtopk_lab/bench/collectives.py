@@ -17,7 +17,11 @@ closed-form alpha-beta-gamma time, each with measured/modelled.
 selector on a N(0,1) vector of the largest ``--numel``, the count selected and the speed-up.
 
 Speed numbers depend on the machine; when ranks outnumber cores a note says so, since
-ranks then time-share cores and wall times mostly measure the scheduler.
+ranks then time-share cores and wall times mostly measure the scheduler. With
+``--bandwidth`` and P = 2 in ``--workers``, a host check runs first
+(:func:`gtopk_lab.bench.stalls.probe_exchange_stalls`, a few seconds): the share of 2-rank
+exchanges that stall over 3 ms, which the model does not include (JSON:
+``host_exchange_probe``).
 
 Example::
 
@@ -421,6 +425,13 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {}
     cores = _cores()
     if args.what in ("collectives", "all"):
+        probe = None
+        if bandwidth is not None and min(workers) <= 2:
+            from gtopk_lab.bench.stalls import probe_exchange_stalls
+
+            # the model has no term for the host's scheduling stalls: measure them first
+            probe = probe_exchange_stalls(timeout_s=args.timeout)
+            report["host_exchange_probe"] = probe
         rows = bench_collectives(workers, numels, args.density, args.repeats, bandwidth, args.latency,
                                  timeout_s=args.timeout, gamma_s_per_element=gamma)
         report["collectives"] = rows
@@ -444,6 +455,13 @@ def run(args: argparse.Namespace) -> int:
                         print(f"# standalone merge_sparse k+k, P={p} numel={_fmt_count(n)}: "
                               f"{r['gamma_idle_s_per_element'] * 1e9:.1f} ns/element idle, "
                               f"{r['gamma_loaded_s_per_element'] * 1e9:.1f} with all ranks merging at once")
+            if probe is not None:
+                print(f"# host check: 2-rank isend/irecv of {probe['bytes'] // 1000} kB after "
+                      f"{probe['busy_ms']:g} ms of CPU, {probe['calls']} calls: median "
+                      f"{probe['median_s'] * 1e3:.2f} ms, {probe['stall_share']:.0%} over "
+                      f"{probe['stall_s'] * 1e3:g} ms (benchmarks/exchange_stalls.py)"
+                      + ("; such stalls are not modelled and weigh most in the short P=2 calls"
+                         if probe["stall_share"] >= 0.1 else ""))
             if max(workers) > cores:
                 print(f"# note: up to {max(workers)} ranks share {cores} cores; wall times include "
                       "time-sharing and are not link-bound"
