@@ -81,6 +81,23 @@ def test_resume_refuses_a_checkpoint_of_another_world_size(tmp_path: Path) -> No
         train_rank(_config(workers=1), resume_from=str(tmp_path))
 
 
+def _assert_resumed_to_the_end(out: Path, run_id: str, stdout: str) -> None:
+    """A 2-rank, 3-epoch (4 iterations each) run resumed after epoch 1 completed with one
+    continuous set of rows: the stray row past the checkpoint dropped, nothing twice."""
+    from gtopk_lab.orchestration import results as store
+
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["status"] == "completed" and summary["iterations"] == 12
+    metrics = store.RunStore(out, run_id).read_metrics()
+    iters = metrics[metrics["kind"] == "iter"]
+    for rank in (0, 1):
+        assert sorted(iters[iters["rank"] == rank]["iteration"]) == list(range(12))
+    assert (iters["train_loss"] >= 0).all()
+    epochs = metrics[(metrics["kind"] == "epoch") & (metrics["rank"] == 0)]
+    assert sorted(epochs["iteration"]) == [4, 8, 12]
+    assert ckpt.read_latest(store.checkpoint_folder(out, run_id))["epoch"] == 3
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.slow
 def test_cli_resume_continues_a_failed_dask_run_from_its_checkpoint(tmp_path: Path, capsys) -> None:
@@ -102,16 +119,7 @@ def test_cli_resume_continues_a_failed_dask_run_from_its_checkpoint(tmp_path: Pa
     captured = capsys.readouterr()
     assert rc == 0, captured.err[-2000:]
     assert "resuming failed-run from epoch 1" in captured.err
-    summary = json.loads(captured.out.strip().splitlines()[-1])
-    assert summary["status"] == "completed" and summary["iterations"] == 12
-    metrics = store.RunStore(out, "failed-run").read_metrics()
-    iters = metrics[metrics["kind"] == "iter"]
-    for rank in (0, 1):
-        assert sorted(iters[iters["rank"] == rank]["iteration"]) == list(range(12))
-    assert (iters["train_loss"] >= 0).all()  # the stray row past the checkpoint was dropped
-    epochs = metrics[(metrics["kind"] == "epoch") & (metrics["rank"] == 0)]
-    assert sorted(epochs["iteration"]) == [4, 8, 12]
-    assert ckpt.read_latest(folder)["epoch"] == 3
+    _assert_resumed_to_the_end(out, "failed-run", captured.out)
 
 
 @pytest.mark.timeout(60)
@@ -192,16 +200,7 @@ def test_cli_resume_continues_a_failed_simulated_run_from_its_checkpoint(tmp_pat
     captured = capsys.readouterr()
     assert rc == 0, captured.err[-2000:]
     assert "resuming failed-sim from epoch 1" in captured.err
-    summary = json.loads(captured.out.strip().splitlines()[-1])
-    assert summary["status"] == "completed" and summary["iterations"] == 12
-    metrics = store.RunStore(out, "failed-sim").read_metrics()
-    iters = metrics[metrics["kind"] == "iter"]
-    for rank in (0, 1):
-        assert sorted(iters[iters["rank"] == rank]["iteration"]) == list(range(12))
-    assert (iters["train_loss"] >= 0).all()
-    epochs = metrics[(metrics["kind"] == "epoch") & (metrics["rank"] == 0)]
-    assert sorted(epochs["iteration"]) == [4, 8, 12]
-    assert ckpt.read_latest(store.checkpoint_folder(out, "failed-sim"))["epoch"] == 3
+    _assert_resumed_to_the_end(out, "failed-sim", captured.out)
 
 
 @pytest.mark.timeout(60)
