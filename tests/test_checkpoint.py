@@ -81,12 +81,22 @@ def test_resume_refuses_a_checkpoint_of_another_world_size(tmp_path: Path) -> No
         train_rank(_config(workers=1), resume_from=str(tmp_path))
 
 
-def _assert_resumed_to_the_end(out: Path, run_id: str, stdout: str) -> None:
-    """A 2-rank, 3-epoch (4 iterations each) run resumed after epoch 1 completed with one
-    continuous set of rows: the stray row past the checkpoint dropped, nothing twice."""
+def _fail_then_resume_via_cli(out: Path, config: RunConfig, rows: list[dict], capsys, *flags: str) -> None:
+    """Store ``config`` (2 ranks, 3 epochs of 4 iterations) as failed after its epoch 1
+    checkpoint, with ``rows`` and a stray row past the checkpoint, then ``gtopk-lab run
+    --resume`` it: it must complete with one continuous set of rows, the stray one dropped."""
+    from gtopk_lab.cli import main
     from gtopk_lab.orchestration import results as store
 
-    summary = json.loads(stdout.strip().splitlines()[-1])
+    run_id = config.run_id
+    stray = {**next(r for r in rows if r["kind"] == "iter"), "iteration": 4, "train_loss": -1.0}
+    store.write_run(out, config, store.rows_to_frame(rows + [stray]),
+                    store.build_summary(config, None, status="failed", error="worker lost"))
+    rc = main(["run", "--resume", run_id, "--out", str(out), "--json", *flags])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    assert f"resuming {run_id} from epoch 1" in captured.err
+    summary = json.loads(captured.out.strip().splitlines()[-1])
     assert summary["status"] == "completed" and summary["iterations"] == 12
     metrics = store.RunStore(out, run_id).read_metrics()
     iters = metrics[metrics["kind"] == "iter"]
@@ -101,7 +111,6 @@ def _assert_resumed_to_the_end(out: Path, run_id: str, stdout: str) -> None:
 @pytest.mark.timeout(180)
 @pytest.mark.slow
 def test_cli_resume_continues_a_failed_dask_run_from_its_checkpoint(tmp_path: Path, capsys) -> None:
-    from gtopk_lab.cli import main
     from gtopk_lab.orchestration import results as store
 
     out = tmp_path / "res"
@@ -110,16 +119,8 @@ def test_cli_resume_continues_a_failed_dask_run_from_its_checkpoint(tmp_path: Pa
     # the "failed" run: epoch 1 of 3 checkpointed, a stray row of epoch 2 stored before the crash
     first = run_gloo(gloo_checkpoint_entry, 2, config.replace(epochs=1).to_dict(), folder, None,
                      timeout_s=90)
-    rows = [r for res in first for r in res.rows]
-    rows.append({**rows[0], "iteration": 4, "train_loss": -1.0})
-    store.write_run(out, config, store.rows_to_frame(rows),
-                    store.build_summary(config, None, status="failed", error="worker lost"))
-
-    rc = main(["run", "--resume", "failed-run", "--out", str(out), "--json", "--no-progress"])
-    captured = capsys.readouterr()
-    assert rc == 0, captured.err[-2000:]
-    assert "resuming failed-run from epoch 1" in captured.err
-    _assert_resumed_to_the_end(out, "failed-run", captured.out)
+    _fail_then_resume_via_cli(out, config, [r for res in first for r in res.rows], capsys,
+                              "--no-progress")
 
 
 @pytest.mark.timeout(60)
@@ -183,24 +184,14 @@ def test_simulator_checkpoint_resumes_as_a_real_gloo_run(tmp_path: Path) -> None
 
 @pytest.mark.timeout(120)
 def test_cli_resume_continues_a_failed_simulated_run_from_its_checkpoint(tmp_path: Path, capsys) -> None:
-    from gtopk_lab.cli import main
     from gtopk_lab.commands.run import simulate_run
     from gtopk_lab.orchestration import results as store
 
     out = tmp_path / "res"
     config = _config(run_id="failed-sim", extra={})
     simulate_run(config.replace(epochs=1), str(out))  # epoch 1 of 3 checkpointed
-    metrics = store.RunStore(out, "failed-sim").read_metrics()
-    first_iter = metrics[metrics["kind"] == "iter"].iloc[0].to_dict()
-    stray = {**first_iter, "iteration": 4, "train_loss": -1.0}  # past the checkpoint
-    store.write_run(out, config, store.rows_to_frame(metrics.to_dict("records") + [stray]),
-                    store.build_summary(config, None, status="failed", error="killed"))
-
-    rc = main(["run", "--resume", "failed-sim", "--out", str(out), "--simulate", "--json"])
-    captured = capsys.readouterr()
-    assert rc == 0, captured.err[-2000:]
-    assert "resuming failed-sim from epoch 1" in captured.err
-    _assert_resumed_to_the_end(out, "failed-sim", captured.out)
+    rows = store.RunStore(out, "failed-sim").read_metrics().to_dict("records")
+    _fail_then_resume_via_cli(out, config, rows, capsys, "--simulate")
 
 
 @pytest.mark.timeout(60)
