@@ -426,7 +426,7 @@ def run(args: argparse.Namespace) -> int:
     cores = _cores()
     if args.what in ("collectives", "all"):
         probe = None
-        if bandwidth is not None and min(workers) <= 2:
+        if bandwidth is not None and 2 in workers:
             from gtopk_lab.bench.stalls import probe_exchange_stalls
 
             # the model has no term for the host's scheduling stalls: measure them first
