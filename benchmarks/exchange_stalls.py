@@ -5,8 +5,8 @@ Why this exists: on the 2-vCPU development VMs the model-fidelity benchmark
 (``gtopk-lab bench collectives``) misses its 25% target at P = 2 in some runs, always in
 the same direction (measured slower than modelled). This script isolates the transport:
 two gloo ranks exchange one message each way from a common start, optionally after a CPU
-spin (``--busy-ms``, as a merge before the next round), as ``all_gather``, ``isend/irecv``
-and ``send then recv``, call by call in turn (``gtopk_lab.bench.stalls``).
+spin (``--busy-ms``, as a merge before the next round), as ``all_gather``, ``isend/irecv``,
+``irecv/isend`` and ``send then recv``, call by call in turn (``gtopk_lab.bench.stalls``).
 
 Printed per (size, busy, exchange): the median, 10th and 90th percentile of the slower
 rank's time and the share of calls above ``--stall-ms``. Where each rank has a core no

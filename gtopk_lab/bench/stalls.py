@@ -3,16 +3,19 @@
 Two gloo ranks start every call at an instant both agreed on
 (:func:`~gtopk_lab.bench.collectives.common_start_s`), optionally spin ``busy_ms`` of CPU
 first (as a rank does when it merges before its next round), then exchange one message
-each way, in up to three ways:
+each way, in up to four ways:
 
 - ``all_gather``: ``dist.all_gather`` into a list (what ``topk_allgather`` does);
-- ``isend/irecv``: both ranks post a send and a receive at once (a gTop-k round);
+- ``isend/irecv``: both ranks post a send, then a receive (a gTop-k round);
+- ``irecv/isend``: the receive first, so the buffer is posted before the peer's data;
 - ``send then recv``: rank 0 sends first, rank 1 receives first (half-duplex order).
 
 A call's time is the slower rank's. On a host where each rank has a core, a 200 kB
 exchange takes 0.4-1 ms and none takes over 3 ms. On the 2-vCPU development VMs,
 7-37% of calls take about 4 ms more whatever the size (2 kB as often as 200 kB):
-a scheduling delay, not bytes (``benchmarks/RESULTS.md``, "Network"). The network model
+a scheduling delay, not bytes (``benchmarks/RESULTS.md``, "Network";
+``benchmarks/exchange_threads.py`` shows gloo's I/O thread running through the stall while
+the main thread waits for a CPU). The network model
 does not include such stalls, so ``gtopk-lab bench collectives`` runs
 :func:`probe_exchange_stalls` first and prints its result beside the model-fidelity table.
 
@@ -33,7 +36,7 @@ from typing import Any
 
 __all__ = ["EXCHANGES", "exchange_times_rank", "summarise_exchanges", "probe_exchange_stalls"]
 
-EXCHANGES: tuple[str, ...] = ("all_gather", "isend/irecv", "send then recv")
+EXCHANGES: tuple[str, ...] = ("all_gather", "isend/irecv", "irecv/isend", "send then recv")
 _WARMUP_CALLS = 2  # connections and buffers warm up in the first calls
 
 
@@ -70,6 +73,9 @@ def exchange_times_rank(rank: int, world_size: int, sizes: Sequence[int], busy_m
                         got = torch.empty_like(buf)
                         if mode == "isend/irecv":
                             for req in (dist.isend(buf, peer), dist.irecv(got, peer)):
+                                req.wait()
+                        elif mode == "irecv/isend":
+                            for req in (dist.irecv(got, peer), dist.isend(buf, peer)):
                                 req.wait()
                         elif rank == 0:
                             dist.send(buf, peer)
