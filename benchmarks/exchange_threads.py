@@ -46,22 +46,15 @@ def _threads() -> dict[str, tuple[int, int]]:
 
 def _rank(rank: int, world_size: int, nbytes: int, calls: int, busy_ms: float) -> list[tuple[float, dict]]:
     import torch
-    import torch.distributed as dist
 
-    from gtopk_lab.bench.collectives import common_start_s
+    from gtopk_lab.bench.stalls import exchange, start_after_spin
 
-    peer = 1 - rank
     buf = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
     out = []
     for _ in range(calls):
-        common_start_s()
-        end = time.perf_counter() + busy_ms / 1e3
-        while time.perf_counter() < end:
-            pass
+        start_after_spin(busy_ms)
         before, t0 = _threads(), time.perf_counter()
-        got = torch.empty_like(buf)
-        for req in (dist.isend(buf, peer), dist.irecv(got, peer)):
-            req.wait()
+        exchange("isend/irecv", buf, rank, world_size)
         took, after = time.perf_counter() - t0, _threads()
         changed = {}
         for key, (run_ns, delay_ns) in after.items():

@@ -34,10 +34,46 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["EXCHANGES", "exchange_times_rank", "summarise_exchanges", "probe_exchange_stalls"]
+__all__ = ["EXCHANGES", "start_after_spin", "exchange", "exchange_times_rank", "summarise_exchanges",
+           "probe_exchange_stalls"]
 
 EXCHANGES: tuple[str, ...] = ("all_gather", "isend/irecv", "irecv/isend", "send then recv")
 _WARMUP_CALLS = 2  # connections and buffers warm up in the first calls
+
+
+def start_after_spin(busy_ms: float) -> None:
+    """Wait for the common start of the next call, then spin ``busy_ms`` of CPU (a merge's
+    worth of work before the round), as every rank of the probe does before an exchange."""
+    from gtopk_lab.bench.collectives import common_start_s
+
+    common_start_s()
+    end = time.perf_counter() + busy_ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+def exchange(mode: str, buf: Any, rank: int, world_size: int) -> None:
+    """One exchange of ``buf`` with the other rank of a 2-rank group, as ``mode`` says."""
+    import torch
+    import torch.distributed as dist
+
+    peer = 1 - rank
+    if mode == "all_gather":
+        dist.all_gather([torch.empty_like(buf) for _ in range(world_size)], buf)
+        return
+    got = torch.empty_like(buf)
+    if mode == "isend/irecv":
+        for req in (dist.isend(buf, peer), dist.irecv(got, peer)):
+            req.wait()
+    elif mode == "irecv/isend":
+        for req in (dist.irecv(got, peer), dist.isend(buf, peer)):
+            req.wait()
+    elif rank == 0:
+        dist.send(buf, peer)
+        dist.recv(got, peer)
+    else:
+        dist.recv(got, peer)
+        dist.send(buf, peer)
 
 
 def exchange_times_rank(rank: int, world_size: int, sizes: Sequence[int], busy_ms: Sequence[float],
@@ -46,43 +82,21 @@ def exchange_times_rank(rank: int, world_size: int, sizes: Sequence[int], busy_m
 
     Modes run call by call in turn, so machine noise hits all alike."""
     import torch
-    import torch.distributed as dist
-
-    from gtopk_lab.bench.collectives import common_start_s
 
     if world_size != 2:
         raise ValueError(f"world_size={world_size} is invalid: the exchange probe needs 2 ranks")
     unknown = [m for m in modes if m not in EXCHANGES]
     if unknown:
         raise ValueError(f"modes={list(modes)!r} is invalid: expected some of {', '.join(EXCHANGES)}")
-    peer = 1 - rank
     out: dict[str, list[float]] = {}
     for nbytes in sizes:
         buf = torch.randint(0, 255, (int(nbytes),), dtype=torch.uint8)
         for busy in busy_ms:
             for call in range(calls + _WARMUP_CALLS):
                 for mode in modes:
-                    common_start_s()
-                    end = time.perf_counter() + busy / 1e3
-                    while time.perf_counter() < end:  # a merge's worth of CPU before the round
-                        pass
+                    start_after_spin(busy)
                     t0 = time.perf_counter()
-                    if mode == "all_gather":
-                        dist.all_gather([torch.empty_like(buf) for _ in range(world_size)], buf)
-                    else:
-                        got = torch.empty_like(buf)
-                        if mode == "isend/irecv":
-                            for req in (dist.isend(buf, peer), dist.irecv(got, peer)):
-                                req.wait()
-                        elif mode == "irecv/isend":
-                            for req in (dist.irecv(got, peer), dist.isend(buf, peer)):
-                                req.wait()
-                        elif rank == 0:
-                            dist.send(buf, peer)
-                            dist.recv(got, peer)
-                        else:
-                            dist.recv(got, peer)
-                            dist.send(buf, peer)
+                    exchange(mode, buf, rank, world_size)
                     if call >= _WARMUP_CALLS:
                         out.setdefault(f"{int(nbytes)}|{busy:g}|{mode}", []).append(time.perf_counter() - t0)
     return out
