@@ -1,0 +1,76 @@
+"""Golden outputs of one short run per method, recorded before the method-registry refactor.
+
+``python tests/golden_runs.py`` (re)writes ``tests/golden/methods.json``; tests/test_golden.py
+checks that the code still reproduces it bitwise: final weights (SHA-256 of their bytes),
+bytes sent per rank and iteration, training losses and modelled communication times, for
+simulated P = 4 runs and real gloo P = 2 runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+GOLDEN = Path(__file__).with_name("golden") / "methods.json"
+
+#: (label, RunConfig changes): every built-in method and gTop-k pattern.
+CASES: list[tuple[str, dict[str, Any]]] = [
+    ("dense", {"method": "dense"}),
+    ("topk", {"method": "topk"}),
+    ("gtopk-butterfly", {"method": "gtopk", "algorithm": "butterfly"}),
+    ("gtopk-tree", {"method": "gtopk", "algorithm": "tree", "residual_rule": "paper"}),
+    ("gaussiank", {"method": "gaussiank"}),
+    ("oktopk", {"method": "oktopk"}),
+    ("gtopk-dgc", {"method": "gtopk", "momentum_correction": True, "grad_clip": 1.0}),
+]
+
+
+def config_for(changes: dict[str, Any], workers: int) -> Any:
+    from gtopk_lab.config import RunConfig
+
+    base = dict(workers=workers, model="mlp", dataset="mnist1d", train_samples=320, test_samples=64,
+                batch_size=8, epochs=2, max_iterations=14, density=0.05, lr=0.05, momentum=0.9,
+                bandwidth="1GbE", sink_every=5, extra={"return_weights": True})
+    base.update(changes)
+    return RunConfig(**base)
+
+
+def fingerprint(result: Any) -> dict[str, Any]:
+    """What must not change: weights (hash), bytes, losses and modelled times per row."""
+    iters = sorted((r["rank"], r["iteration"], r["bytes_sent"], r["bytes_recv"], repr(r["train_loss"]),
+                    repr(r["comm_model_s"])) for r in result.rows if r["kind"] == "iter")
+    weights = result.final_weights.contiguous().numpy().tobytes()
+    return {"weights_sha256": hashlib.sha256(weights).hexdigest(), "iters": [list(x) for x in iters],
+            "k": result.summary["k"], "numel": result.summary["numel"]}
+
+
+def simulated(changes: dict[str, Any]) -> dict[str, Any]:
+    from gtopk_lab.training.simulator import simulate
+
+    return fingerprint(simulate(config_for(changes, 4)))
+
+
+def real(changes: dict[str, Any]) -> dict[str, Any]:
+    from gtopk_lab.comm.launch import run_gloo
+    from gtopk_lab.training.loop import gloo_rank_entry
+
+    results = run_gloo(gloo_rank_entry, 2, config_for(changes, 2).to_dict(), timeout_s=120)
+    out = fingerprint(results[0])
+    out["iters"] = sorted(out["iters"] + fingerprint(results[1])["iters"])
+    return out
+
+
+def record() -> dict[str, Any]:
+    return {label: {"simulated": simulated(ch), "real": real(ch)} for label, ch in CASES}
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    GOLDEN.parent.mkdir(exist_ok=True)
+    GOLDEN.write_text(json.dumps(record(), indent=1) + "\n")
+    print(f"wrote {GOLDEN}", file=sys.stderr)
