@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     from gtopk_lab.bench.stalls import exchange_times_rank, summarise_exchanges
-    from gtopk_lab.distributed_utils import run_gloo
+    from gtopk_lab.comm.launch import run_gloo
 
     per_rank = run_gloo(exchange_times_rank, 2, sizes, busy, args.calls, timeout_s=600)
     cores = len(os.sched_getaffinity(0))

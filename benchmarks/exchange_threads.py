@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: needs Linux /proc/<pid>/task/<tid>/schedstat", file=sys.stderr)
         return 2
 
-    from gtopk_lab.distributed_utils import run_gloo
+    from gtopk_lab.comm.launch import run_gloo
 
     per_rank = run_gloo(_rank, 2, args.bytes, args.calls, args.busy_ms, timeout_s=300)
     print(f"# 2 gloo ranks, isend/irecv of {args.bytes} B after {args.busy_ms:g} ms of CPU, "

@@ -2,7 +2,7 @@
 """Smoke test of the collectives with CUDA tensors: NCCL P=1, gloo P=2/4 on cuda:0, NCCL P=2.
 
 Every case compares what the real collectives return with a CPU reference computed by the
-in-process simulator (:mod:`gtopk_lab.collectives_sim`: the same per-rank programs, bitwise
+in-process simulator (:mod:`gtopk_lab.comm.inprocess`: the same per-rank programs, bitwise
 equal to gloo on CPU). The collectives: ``dense_allreduce``, ``topk_allgather``,
 ``gtopk_allreduce`` (butterfly and tree) and ``oktopk_allreduce``. Inputs: rank r's vector
 of ``--numel`` distinct magnitudes (multiples of 1/8, random signs; sums exact in any order)
@@ -14,7 +14,7 @@ and its top-k by |x|, selected on the device and checked against the CPU's top-k
    process: a raw NCCL all_reduce, then every collective on cuda:0 tensors; results must
    stay on the GPU and equal the CPU reference.
 3. ``gloo-p2-cuda-inputs``, ``gloo-p4-cuda-inputs``: P = 2 and 4 gloo ranks
-   (``gtopk_lab.distributed_utils.run_gloo``) whose inputs live on cuda:0; gloo carries them
+   (``gtopk_lab.comm.launch.run_gloo``) whose inputs live on cuda:0; gloo carries them
    through host memory. Results must be on cuda, identical on every rank and equal to the
    CPU reference.
 4. ``nccl-p2-one-gpu``: two NCCL ranks sharing the one GPU. NCCL usually refuses this
@@ -77,7 +77,7 @@ def make_inputs(rank: int, numel: int, k: int) -> tuple[torch.Tensor, torch.Tens
 
 def reference(world: int, numel: int, k: int) -> Result:
     """CPU results of every case for ``world`` ranks, from the in-process simulator."""
-    from gtopk_lab.collectives_sim import (
+    from gtopk_lab.comm.inprocess import (
         sim_dense_allreduce, sim_gtopk_allreduce, sim_oktopk_allreduce, sim_topk_allgather,
     )
 
@@ -195,7 +195,7 @@ def shared_gpu_rank(rank: int, world: int, port: int, numel: int, k: int, result
 # ------------------------------------------------------------------------------------------
 # cases: each returns (ok, one-line detail)
 def case_sim(numel: int, k: int, device: torch.device) -> tuple[bool, str]:
-    from gtopk_lab.collectives_sim import sim_gtopk_allreduce, sim_topk_allgather
+    from gtopk_lab.comm.inprocess import sim_gtopk_allreduce, sim_topk_allgather
 
     for world in (2, 4, 8):
         inputs = [make_inputs(r, numel, k) for r in range(world)]
@@ -216,7 +216,7 @@ def case_sim(numel: int, k: int, device: torch.device) -> tuple[bool, str]:
 
 
 def case_p1(numel: int, k: int, device: torch.device, backend: str, timeout_s: float) -> tuple[bool, str]:
-    from gtopk_lab.distributed_utils import free_port
+    from gtopk_lab.comm.launch import free_port
 
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -237,7 +237,7 @@ def case_p1(numel: int, k: int, device: torch.device, backend: str, timeout_s: f
 
 
 def case_gloo(world: int, numel: int, k: int, device: torch.device, timeout_s: float) -> tuple[bool, str]:
-    from gtopk_lab.distributed_utils import run_gloo
+    from gtopk_lab.comm.launch import run_gloo
 
     per_rank = run_gloo(gloo_rank, world, numel, k, str(device), timeout_s=timeout_s)
     for r in range(1, world):
@@ -255,7 +255,7 @@ def case_shared_device(world: int, numel: int, k: int, device: torch.device, bac
     """``world`` ranks of ``backend`` on the one ``device``; ok=False when refused or broken."""
     import torch.multiprocessing as mp
 
-    from gtopk_lab.distributed_utils import free_port
+    from gtopk_lab.comm.launch import free_port
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

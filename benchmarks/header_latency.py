@@ -60,7 +60,7 @@ def _rank(rank: int, world_size: int, numel: int, k: int, repeats: int) -> dict[
 
 def _child(world_size: int, numel: int, k: int, repeats: int) -> None:
     sys.path.insert(0, str(REPO))
-    from gtopk_lab.distributed_utils import run_gloo
+    from gtopk_lab.comm.launch import run_gloo
 
     per_rank = run_gloo(_rank, world_size, numel, k, repeats, timeout_s=300)
     print(json.dumps({key: max(r[key] for r in per_rank) for key in per_rank[0]}))

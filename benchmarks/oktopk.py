@@ -5,7 +5,7 @@
     python benchmarks/oktopk.py real     --workers 8 --numel 1M --density 0.01
     python benchmarks/oktopk.py overlap  --workers 4 --epochs 8 --density 0.01
 
-``scaling``: P virtual ranks in one process (gtopk_lab.oktopk.sim_oktopk_allreduce and the
+``scaling``: P virtual ranks in one process (gtopk_lab.comm.oktopk.sim_oktopk_allreduce and the
 project's sim_gtopk_allreduce / sim_topk_allgather: the real per-rank message programs),
 per-iteration communication time modelled from each rank's CommStats.steps on the network
 (max over ranks of sum(alpha + beta * max(sent, recv)); the VirtualClock's rule). Inputs:
@@ -14,7 +14,7 @@ every 16 calls: the table shows the steady-state call and the amortised mean.
 ``real``: the same collectives on P real gloo processes on 127.0.0.1, each call wrapped in a
 VirtualClock on the emulated link (modelled time), plus the loopback wall time.
 ``overlap``: MNIST-1D, P gloo ranks, per-layer gTop-k overlapped with backward
-(gtopk_lab.overlap) vs whole-model gTop-k vs dense; test accuracy and hidden communication.
+(gtopk_lab.integrations.overlap) vs whole-model gTop-k vs dense; test accuracy and hidden communication.
 Prints markdown tables.
 """
 
@@ -27,11 +27,13 @@ import time
 
 import torch
 
-from gtopk_lab.collectives_sim import sim_gtopk_allreduce, sim_topk_allgather
+from gtopk_lab.analysis.predict import collective_time_s
+from gtopk_lab.comm.inprocess import sim_gtopk_allreduce, sim_topk_allgather
 from gtopk_lab.compression.selection import get_selector
 from gtopk_lab.config import k_for
 from gtopk_lab.network.model import NetworkModel
-from gtopk_lab.oktopk import OkTopkState, oktopk_model_time_s, sim_oktopk_allreduce
+from gtopk_lab.comm.oktopk import OkTopkState, sim_oktopk_allreduce
+from gtopk_lab.methods.formulas import oktopk_model_time_s
 
 REBALANCE_EVERY = 16
 
@@ -89,9 +91,9 @@ def cmd_scaling(args: argparse.Namespace) -> int:
                 "oktopk": ok_steady,
                 "oktopk_amortised": ok_first / REBALANCE_EVERY + ok_steady * (REBALANCE_EVERY - 1) / REBALANCE_EVERY,
                 "gtopk": modelled_s(gtopk, net), "topk": modelled_s(topk, net),
-                "formula": net.collective_time_s("oktopk_paper_bound", numel, k, p),
+                "formula": collective_time_s(net, "oktopk_paper_bound", numel, k, p),
                 "impl_formula": oktopk_model_time_s(net, numel, k, p, rebalance_every=REBALANCE_EVERY),
-                "lb": net.collective_time_s("lower_bound", numel, k, p),
+                "lb": collective_time_s(net, "lower_bound", numel, k, p),
             }
         rows.append(row)
         print(f"  P={p}: simulated in {row['sim_s']:.1f} s", file=sys.stderr)
@@ -120,7 +122,7 @@ def cmd_scaling(args: argparse.Namespace) -> int:
 def _real_job(rank: int, world: int, numel: int, k: int, bandwidth: str, repeats: int) -> dict:
     from gtopk_lab.collectives import gtopk_allreduce, topk_allgather
     from gtopk_lab.network.clock import VirtualClock
-    from gtopk_lab.oktopk import oktopk_allreduce
+    from gtopk_lab.comm.oktopk import oktopk_allreduce
 
     net = NetworkModel.from_strings(bandwidth)
     out: dict = {}
@@ -146,7 +148,7 @@ def _real_job(rank: int, world: int, numel: int, k: int, bandwidth: str, repeats
 
 
 def cmd_real(args: argparse.Namespace) -> int:
-    from gtopk_lab.distributed_utils import run_gloo
+    from gtopk_lab.comm.launch import run_gloo
 
     numel = _size(args.numel)
     k = k_for(numel, args.density)
@@ -157,7 +159,7 @@ def cmd_real(args: argparse.Namespace) -> int:
     print("|---|---|---|")
     for name, (wall, model) in res.items():
         print(f"| {name} | {model * 1e3:.2f} | {wall * 1e3:.1f} |")
-    lb = net.collective_time_s("lower_bound", numel, k, args.workers)
+    lb = collective_time_s(net, "lower_bound", numel, k, args.workers)
     print(f"| lower bound 2k(P-1)/P*8 beta | {lb * 1e3:.2f} | - |")
     return 0
 
@@ -167,7 +169,7 @@ def _overlap_job(rank: int, world: int, mode: str, density: float, epochs: int, 
                  seed: int = 0) -> dict:
     from torch import nn
 
-    from gtopk_lab.overlap import WaitFreeBackprop
+    from gtopk_lab.integrations.overlap import WaitFreeBackprop
     from gtopk_lab.training.data import Shard, eval_batches, load_dataset
     from gtopk_lab.training.models import build_model
 
@@ -199,7 +201,7 @@ def _overlap_job(rank: int, world: int, mode: str, density: float, epochs: int, 
 
 
 def cmd_overlap(args: argparse.Namespace) -> int:
-    from gtopk_lab.distributed_utils import run_gloo
+    from gtopk_lab.comm.launch import run_gloo
 
     print(f"MNIST-1D, mlp, P={args.workers} gloo ranks, batch 32/rank, lr 0.05 momentum 0.9, "
           f"{args.epochs} epochs, gTop-k density {args.density}, modelled link {args.bandwidth}\n")

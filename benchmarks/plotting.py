@@ -7,7 +7,7 @@
    ``go.FigureWidget`` inside one ``batch_update`` -- for 4 runs x P=4 ranks at growing
    iteration counts. This runs on the Lab's monitor thread, at most every
    ``min_interval_s`` (0.5 s by default), so it must stay well below that.
-2. Report (gtopk_lab.report.write_report): a results folder of 12 runs (dense / topk /
+2. Report (gtopk_lab.plotting.report.write_report): a results folder of 12 runs (dense / topk /
    gtopk x P in {1, 2, 4, 8}) written through the results store.
 
 Rows are synthetic but in the exact schema of docs/architecture.md; the figures do not
@@ -31,7 +31,7 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.orchestration.results import build_summary, rows_to_frame, write_run
 from gtopk_lab.plotting import figures
 from gtopk_lab.plotting.live import _copy_into
-from gtopk_lab.report import write_report
+from gtopk_lab.plotting.report import write_report
 
 
 def run_rows(method: str, workers: int, iterations: int, density: float = 0.01, numel: int = 100_000,

@@ -36,9 +36,10 @@ import time
 
 import torch
 
+from gtopk_lab.analysis.predict import collective_time_s
 from gtopk_lab.config import RunConfig, k_for
 from gtopk_lab.network.model import NetworkModel
-from gtopk_lab.training.scaling import measure_iteration_times
+from gtopk_lab.training.compute_time import measure_iteration_times
 from gtopk_lab.training.simulator import simulate
 
 PAPER_32 = {("vgg16", "dense"): 0.96, ("vgg16", "topk"): 4.78, ("vgg16", "gtopk"): 9.35,
@@ -100,7 +101,7 @@ def main() -> None:
                 tables.setdefault(f"{model}|cpu", {})[(method, p)] = efficiency(t1_cpu, t_cpu)
                 tables.setdefault(f"{model}|paper", {})[(method, p)] = efficiency(
                     paper_tc, paper_tc + sel_paper + comm_s)
-                pred = net.collective_time_s(collective, d, k, p, algorithm="butterfly" if method == "gtopk"
+                pred = collective_time_s(net, collective, d, k, p, algorithm="butterfly" if method == "gtopk"
                                              else None, gamma_s_per_element=0.0)
                 tables.setdefault(f"{model}|ab", {})[(method, p)] = efficiency(
                     paper_tc, paper_tc + sel_paper + pred)

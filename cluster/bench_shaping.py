@@ -52,7 +52,7 @@ def _rank(rank: int, world_size: int, numel: int, repeats: int) -> dict[str, flo
 
 def _child(numel: int, repeats: int) -> None:
     sys.path.insert(0, str(REPO))
-    from gtopk_lab.distributed_utils import run_gloo
+    from gtopk_lab.comm.launch import run_gloo
 
     results = run_gloo(_rank, 2, numel, repeats, timeout_s=120)
     print(json.dumps({"median_s": max(r["median_s"] for r in results),

@@ -15,12 +15,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Training methods, each a (selector, collective) pair; see docs/architecture.md.
-METHODS: tuple[str, ...] = ("dense", "topk", "gtopk", "gaussiank", "oktopk")
-#: gTop-k message patterns.
-ALGORITHMS: tuple[str, ...] = ("butterfly", "tree")
-#: Error-feedback residual rules (see gtopk_lab.compression.residual).
-RESIDUAL_RULES: tuple[str, ...] = ("paper", "mass")
+from gtopk_lab.comm.schedules import SPARSE_ALGORITHMS as ALGORITHMS
+from gtopk_lab.compression.residual import RESIDUAL_RULES
+from gtopk_lab.compression.selection import available_selectors, selects_exactly_k
+from gtopk_lab.methods import available_methods, get_method
+from gtopk_lab.network.model import NetworkModel
+
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 
 
@@ -38,11 +38,11 @@ class RunConfig:
     """
 
     # --- what is compared -------------------------------------------------------
+    #: A registered method (gtopk_lab.methods; ``gtopk-lab methods`` lists them).
     method: str = "gtopk"
     #: gTop-k pattern: "butterfly" (recursive doubling) or "tree" (paper's reduce+bcast).
     algorithm: str = "butterfly"
-    #: Selector name from gtopk_lab.compression.selection's registry; None = method default
-    #: ("topk" -> "topk", "gtopk" -> "topk", "gaussiank" -> "gaussiank", dense -> none).
+    #: Selector name from gtopk_lab.compression.selection's registry; None = the method's.
     selector: str | None = None
     residual_rule: str = "mass"
     #: Fraction rho of model parameters each worker selects, 0 < rho <= 1; k = max(1, floor(rho*d)).
@@ -101,8 +101,15 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         self._check_types()
-        if self.method not in METHODS:
-            raise _fail("method", self.method, f"one of {', '.join(METHODS)}")
+        if self.method not in available_methods():
+            raise _fail("method", self.method, f"one of {', '.join(available_methods())}")
+        method = get_method(self.method)
+        if self.selector is not None:
+            if self.selector not in available_selectors():
+                raise _fail("selector", self.selector, f"one of {', '.join(available_selectors())} or None")
+            if method.sparse and method.comm.needs_exact_k and not selects_exactly_k(self.selector):
+                raise _fail("selector", self.selector, f"a selector that returns exactly k entries: method "
+                                                       f"{self.method!r} needs it")
         if self.algorithm not in ALGORITHMS:
             raise _fail("algorithm", self.algorithm, f"one of {', '.join(ALGORITHMS)}")
         if self.residual_rule not in RESIDUAL_RULES:
@@ -132,8 +139,6 @@ class RunConfig:
             raise _fail("grad_clip", self.grad_clip, "a number > 0 or None")
         self.lr_milestones = tuple(int(m) for m in self.lr_milestones)
         # Network strings are parsed here so that a typo fails before anything starts.
-        from gtopk_lab.network.model import NetworkModel
-
         NetworkModel.from_strings(self.bandwidth, self.latency)
 
     def _check_types(self) -> None:
@@ -178,10 +183,12 @@ class RunConfig:
     @property
     def default_selector(self) -> str | None:
         """The selector this run uses: ``selector`` if set, else the method's default."""
+        method = get_method(self.method)
+        if not method.sparse:
+            return None
         if self.selector is not None:
             return self.selector
-        return {"dense": None, "topk": "topk", "gtopk": "topk", "gaussiank": "gaussiank",
-                "oktopk": "topk"}[self.method]
+        return method.selector if isinstance(method.selector, str) else None
 
 
 _TYPES: dict[str, type] = {

@@ -225,9 +225,9 @@ extrapolate_to = 1024
 out = "results/scaling"
 """),
     code(SETUP + """
-from gtopk_lab.network.extrapolate import predict_scaling
+from gtopk_lab.analysis.predict import predict_scaling
 from gtopk_lab.network.model import NetworkModel
-from gtopk_lab.report import measured_scaling_table, predicted_scaling_table
+from gtopk_lab.plotting.report import measured_scaling_table, predicted_scaling_table
 from gtopk_lab.training.simulator import simulate
 """),
     code("""
@@ -260,7 +260,7 @@ both[["bandwidth", "method", "workers", "scaling_efficiency", "scaling_efficienc
 """),
     md("The same measurements as the paper's method x P table (percent), one table per network:"),
     code("""
-from gtopk_lab.training.scaling import scaling_table as method_by_workers
+from gtopk_lab.analysis.scaling import scaling_table as method_by_workers
 for bw in bandwidths:
     print(bw)
     display(method_by_workers(runs[runs.network.astype(str).str.startswith(bw)].to_dict("records")).round(2))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gtopk_lab.config import RunConfig
-from gtopk_lab.distributed_utils import run_gloo
+from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.training import checkpoint as ckpt
 from gtopk_lab.training.loop import gloo_checkpoint_entry, train_rank
 
@@ -51,7 +51,7 @@ def test_checkpoints_only_with_checkpoint_true_and_without_temp_files(tmp_path: 
     assert sorted(p.name for p in on.iterdir()) == ["epoch00002-rank00000.pt", "latest.json"]
     saved = ckpt.load_rank_state(on, 2, 0)
     assert saved["iteration"] == 16 and saved["epoch"] == 2
-    assert set(saved) >= {"model", "optimizer", "error_feedback", "velocity", "rng_state"}
+    assert set(saved) >= {"model", "optimizer", "step", "rng_state"}
     # resuming a finished checkpoint trains nothing more and keeps the weights
     again = train_rank(_config(workers=1, epochs=2), checkpoint_dir=str(on), resume_from=str(on))
     assert torch.equal(one.final_weights, again.final_weights)
@@ -184,7 +184,7 @@ def test_simulator_checkpoint_resumes_as_a_real_gloo_run(tmp_path: Path) -> None
 
 @pytest.mark.timeout(120)
 def test_cli_resume_continues_a_failed_simulated_run_from_its_checkpoint(tmp_path: Path, capsys) -> None:
-    from gtopk_lab.commands.run import simulate_run
+    from gtopk_lab.cli.run import simulate_run
     from gtopk_lab.orchestration import results as store
 
     out = tmp_path / "res"
@@ -196,12 +196,12 @@ def test_cli_resume_continues_a_failed_simulated_run_from_its_checkpoint(tmp_pat
 
 @pytest.mark.timeout(60)
 def test_failed_simulated_run_keeps_the_rows_it_produced(tmp_path: Path, monkeypatch) -> None:
-    from gtopk_lab.commands.run import simulate_run
+    from gtopk_lab.cli.run import simulate_run
     from gtopk_lab.orchestration import results as store
-    from gtopk_lab.training import simulator
+    from gtopk_lab.training.step import RankStep
 
     calls = {"n": 0}
-    real_finish = simulator.finish_local
+    real_finish = RankStep.finish
 
     def finish_then_fail(*args, **kwargs):  # the 7th rank-iteration (iteration 3, rank 0) fails
         calls["n"] += 1
@@ -209,7 +209,7 @@ def test_failed_simulated_run_keeps_the_rows_it_produced(tmp_path: Path, monkeyp
             raise RuntimeError("simulated crash")
         return real_finish(*args, **kwargs)
 
-    monkeypatch.setattr(simulator, "finish_local", finish_then_fail)
+    monkeypatch.setattr(RankStep, "finish", finish_then_fail)
     summary = simulate_run(_config(run_id="crash", sink_every=1, extra={}), str(tmp_path))
     assert summary["status"] == "failed" and "simulated crash" in summary["error"]
     iters = store.RunStore(tmp_path, "crash").read_metrics()

@@ -92,8 +92,8 @@ def test_simulated_sweep_prints_scaling_table_and_resumes(tmp_path, capsys):
 
 
 def test_sweep_grid_always_holds_the_dense_p1_baseline():
-    from gtopk_lab.cli import build_parser
-    from gtopk_lab.commands.sweep import build_grid
+    from gtopk_lab.cli.main import build_parser
+    from gtopk_lab.cli.sweep import build_grid
 
     def grid(*argv):
         args = build_parser().parse_args(["sweep", "--simulate", *argv])
@@ -125,8 +125,8 @@ def test_run_on_embedded_cluster_via_entry_point(tmp_path):
 def test_cuda_on_the_local_cluster_takes_one_gpu_per_rank(monkeypatch) -> None:
     import torch
 
-    from gtopk_lab.cli import UsageError
-    from gtopk_lab.commands.run import local_gpu_resources
+    from gtopk_lab.cli.errors import UsageError
+    from gtopk_lab.cli.run import local_gpu_resources
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UsageError, match="no CUDA device"):
@@ -143,7 +143,7 @@ def test_select_device_spreads_ranks_over_visible_gpus(monkeypatch) -> None:
 
     import torch
 
-    from gtopk_lab.orchestration.rank_task import select_device
+    from gtopk_lab.worker.rank_task import select_device
 
     gpu_worker = SimpleNamespace(state=SimpleNamespace(total_resources={"GPU": 1}), address="w")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -8,8 +8,9 @@ import time
 import pytest
 import torch
 
+from gtopk_lab.analysis.predict import collective_time_s
 from gtopk_lab.collectives import CollectiveResult, CommStats, gtopk_allreduce
-from gtopk_lab.collectives_sim import sim_gtopk_allreduce
+from gtopk_lab.comm.inprocess import sim_gtopk_allreduce
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.network.model import NetworkModel
 
@@ -69,7 +70,7 @@ def test_simulator_hook_takes_max_compute_plus_max_model() -> None:
     results = sim_gtopk_allreduce([v for v, _ in pairs], [i for _, i in pairs], numel, k, "butterfly")
     before = clock.synced_time_s
     after = clock.simulate_collective([0.0] * 6, results)
-    assert after - before == pytest.approx(net.collective_time_s("gtopk", numel, k, 6, "butterfly"), rel=1e-12)
+    assert after - before == pytest.approx(collective_time_s(net, "gtopk", numel, k, 6, "butterfly"), rel=1e-12)
     with pytest.raises(TypeError, match="stats"):
         clock.simulate_collective([0.1], [42])
 
@@ -135,7 +136,7 @@ def _throttled_rank(rank: int, world: int, numel: int, k: int) -> tuple[float, f
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_throttled_collective_lasts_at_least_its_model() -> None:
-    from gtopk_lab.distributed_utils import run_gloo
+    from gtopk_lab.comm.launch import run_gloo
 
     numel, k = 200_000, 20_000  # one butterfly round of 160 kB: 1 ms + 12.8 ms at 100 Mbps
     for wall, model, comm_wall in run_gloo(_throttled_rank, 2, numel, k, timeout_s=60):
@@ -171,12 +172,12 @@ def _virtual_rank(rank: int, world: int, numel: int, k: int, iters: int, compute
 @pytest.mark.timeout(180)
 def test_virtual_time_is_compute_plus_modelled_comm_on_4_gloo_ranks() -> None:
     """P = 4 real ranks on 2 cores, emulated 1 Gbps: oversubscription must not leak in."""
-    from gtopk_lab.distributed_utils import run_gloo
+    from gtopk_lab.comm.launch import run_gloo
 
     world, numel, k, iters, compute_s = 4, 1_000_000, 50_000, 3, 0.04
     out = run_gloo(_virtual_rank, world, numel, k, iters, compute_s, timeout_s=120)
     net = NetworkModel.from_strings("1Gbps")
-    model_per_iter = net.collective_time_s("gtopk", numel, k, world, "butterfly")
+    model_per_iter = collective_time_s(net, "gtopk", numel, k, world, "butterfly")
     assert model_per_iter == pytest.approx(max(net.steps_time_s(r["steps"]) for r in out), rel=1e-12)
     for run in ("1", "2"):
         # independent expectation: per iteration the slowest rank's CPU time, then the model

@@ -19,8 +19,8 @@ from gtopk_lab.collectives import (
     HEADER_BYTES, CollectiveResult, dense_allreduce, gtopk_allreduce, topk_allgather,
 )
 from gtopk_lab.compression.selection import get_selector
-from gtopk_lab.distributed_utils import run_gloo
-from gtopk_lab.schedules import largest_power_of_two
+from gtopk_lab.comm.launch import run_gloo
+from gtopk_lab.comm.schedules import largest_power_of_two
 
 NUMEL = 2000
 K = 25
@@ -288,7 +288,7 @@ def test_master_store_listens_on_its_address_only() -> None:
     import socket
     from datetime import timedelta
 
-    from gtopk_lab.distributed_utils import master_store
+    from gtopk_lab.comm.launch import master_store
 
     store = master_store("127.0.0.1", 1, timedelta(seconds=10))
     probe = socket.socket()

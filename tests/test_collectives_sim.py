@@ -1,4 +1,4 @@
-"""Tests of gtopk_lab.collectives_sim: in-process collectives equal the real gloo ones.
+"""Tests of gtopk_lab.comm.inprocess: in-process collectives equal the real gloo ones.
 
 The real results come from the one 8-rank gloo job of tests/test_collectives.py (cached per
 session), so the bitwise comparison for every P = 1..8 costs no extra spawn.
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from gtopk_lab.collectives import gtopk_program
-from gtopk_lab.collectives_sim import (
+from gtopk_lab.comm.inprocess import (
     run_programs, sim_dense_allreduce, sim_gtopk_allreduce, sim_topk_allgather,
 )
-from gtopk_lab.schedules import butterfly_schedule, sparse_schedule, tree_schedule
+from gtopk_lab.comm.schedules import butterfly_schedule, sparse_schedule, tree_schedule
 
 from test_collectives import EXACT_K_FAMILIES, FAMILIES, K, MAX_P, NUMEL, make_input, real_results
 

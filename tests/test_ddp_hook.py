@@ -1,4 +1,4 @@
-"""gTop-k DDP communication hook (gtopk_lab.ddp_hooks) on real gloo ranks.
+"""gTop-k DDP communication hook (gtopk_lab.integrations.ddp_hook) on real gloo ranks.
 
 One spawn per world size (2 and 3 ranks) trains the same small MLP three ways for 50 steps
 and the parent compares final weights:
@@ -26,8 +26,8 @@ from gtopk_lab.collectives import gtopk_allreduce
 from gtopk_lab.compression.residual import ErrorFeedback
 from gtopk_lab.compression.selection import get_selector
 from gtopk_lab.config import k_for
-from gtopk_lab.ddp_hooks import SparseHookState, gtopk_hook
-from gtopk_lab.distributed_utils import run_gloo
+from gtopk_lab.integrations.ddp_hook import SparseHookState, gtopk_hook
+from gtopk_lab.comm.launch import run_gloo
 
 STEPS = 50
 LR = 0.1

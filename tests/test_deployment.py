@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gtopk_lab.distributed_utils import free_port
+from gtopk_lab.comm.launch import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -178,17 +178,14 @@ def test_topk_operator_figures() -> None:
         figures.topk_error_table(u, [0.0])
 
 
-def test_norm_ppf_matches_known_quantiles() -> None:
-    assert figures._norm_ppf(0.975) == pytest.approx(1.959963985, abs=1e-8)
-    assert figures._norm_ppf(0.0005) == pytest.approx(-3.290526731, abs=1e-8)
-
-
-def test_figures_module_imports_no_dask_or_torch() -> None:
+def test_figures_module_imports_no_dask() -> None:
+    """The figures read byte formulas from the method registry (which holds the collectives,
+    hence torch) but never the Dask client side."""
     import subprocess
     import sys
 
     code = ("import sys, gtopk_lab.plotting.figures; "
-            "print(sorted(m for m in ('distributed', 'dask', 'torch') if m in sys.modules))")
+            "print(sorted(m for m in ('distributed', 'dask') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
 

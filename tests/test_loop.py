@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gtopk_lab.config import RunConfig
-from gtopk_lab.distributed_utils import run_gloo
+from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.training.loop import gloo_rank_entry, train_rank
 from gtopk_lab.training.optim import density_at, lr_at, recipe
 

@@ -9,9 +9,11 @@ import sys
 
 import pytest
 
-from gtopk_lab.network.extrapolate import parse_count, parse_workers, predict_scaling
+from gtopk_lab.analysis.predict import collective_time_s
+from gtopk_lab.analysis.predict import parse_count, parse_workers, predict_scaling
+from gtopk_lab.network.formulas import SPARSE_HEADER_BYTES
 from gtopk_lab.network.model import (
-    PRESETS, SPARSE_HEADER_BYTES, NetworkModel, parse_bandwidth_bps, parse_latency_s,
+    PRESETS, NetworkModel, parse_bandwidth_bps, parse_latency_s,
 )
 
 GBPS = 1e9
@@ -121,7 +123,7 @@ def test_steps_time_is_alpha_plus_beta_max_direction() -> None:
 
 def _schedule_steps(algorithm: str, world: int, k: int) -> list[list[tuple[int, int]]]:
     """Per-rank steps implied by the project's schedule when every message holds k pairs."""
-    from gtopk_lab.schedules import sparse_schedule
+    from gtopk_lab.comm.schedules import sparse_schedule
 
     msg = SPARSE_HEADER_BYTES + 8 * k
     out = []
@@ -140,55 +142,55 @@ def test_gtopk_formula_equals_schedule(world: int, algorithm: str) -> None:
     k, numel = 1000, 100_000
     per_rank = _schedule_steps(algorithm, world, k)
     expected = max(net.steps_time_s(s) for s in per_rank)
-    assert net.collective_time_s("gtopk", numel, k, world, algorithm) == pytest.approx(expected, rel=1e-12)
+    assert collective_time_s(net, "gtopk", numel, k, world, algorithm) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 8])
 def test_ring_formulas_equal_schedules(world: int) -> None:
-    from gtopk_lab.schedules import ring_allgather_steps, ring_allreduce_steps
+    from gtopk_lab.comm.schedules import ring_allgather_steps, ring_allreduce_steps
 
     net = NetworkModel.from_strings("10GbE")
     numel, k = 1_000_003, 1000
     dense = net.steps_time_s(ring_allreduce_steps(4 * numel, world))
-    assert net.collective_time_s("dense", numel, k, world) == pytest.approx(dense, rel=1e-12)
+    assert collective_time_s(net, "dense", numel, k, world) == pytest.approx(dense, rel=1e-12)
     topk = net.steps_time_s(ring_allgather_steps(SPARSE_HEADER_BYTES, world)
                             + ring_allgather_steps(8 * k, world))
-    assert net.collective_time_s("topk", numel, k, world) == pytest.approx(topk, rel=1e-12)
+    assert collective_time_s(net, "topk", numel, k, world) == pytest.approx(topk, rel=1e-12)
 
 
 def test_textbook_formulas_and_orderings() -> None:
     net = NetworkModel.from_strings("1GbE")
     a, b = net.alpha_s, net.beta_s_per_byte
     d, k, p = 25_000_000, 25_000, 8
-    assert net.collective_time_s("dense", d, k, p) == pytest.approx(2 * (p - 1) * (a + b * 4 * d / p))
-    assert net.collective_time_s("oktopk_paper_bound", d, k, p) == pytest.approx(
+    assert collective_time_s(net, "dense", d, k, p) == pytest.approx(2 * (p - 1) * (a + b * 4 * d / p))
+    assert collective_time_s(net, "oktopk_paper_bound", d, k, p) == pytest.approx(
         (2 * p + 2 * math.log2(p)) * a + 6 * k * (p - 1) / p * 8 * b)
     # as implemented: within the paper's bound, above the bandwidth lower bound
-    assert (net.collective_time_s("lower_bound", d, k, p) < net.collective_time_s("oktopk", d, k, p)
-            <= net.collective_time_s("oktopk_paper_bound", d, k, p))
-    assert net.collective_time_s("lower_bound", d, k, p) == pytest.approx(2 * k * (p - 1) / p * 8 * b)
+    assert (collective_time_s(net, "lower_bound", d, k, p) < collective_time_s(net, "oktopk", d, k, p)
+            <= collective_time_s(net, "oktopk_paper_bound", d, k, p))
+    assert collective_time_s(net, "lower_bound", d, k, p) == pytest.approx(2 * k * (p - 1) / p * 8 * b)
     # gamma adds merge compute on the critical path: log2(P) merges of 2k for the butterfly
     g = 1e-9
-    extra = net.collective_time_s("gtopk", d, k, p, "butterfly", g) - net.collective_time_s("gtopk", d, k, p)
+    extra = collective_time_s(net, "gtopk", d, k, p, "butterfly", g) - collective_time_s(net, "gtopk", d, k, p)
     assert extra == pytest.approx(3 * 2 * k * g)
     # the issue's target: butterfly gTop-k >= 30x faster than dense at 25M/0.001/P=8 on 1 Gbps
     gbps = NetworkModel.from_strings("1Gbps")
-    assert gbps.collective_time_s("dense", d, k, 8) >= 30 * gbps.collective_time_s("gtopk", d, k, 8)
+    assert collective_time_s(gbps, "dense", d, k, 8) >= 30 * collective_time_s(gbps, "gtopk", d, k, 8)
     for w in (2, 4, 8, 16):
-        assert (net.collective_time_s("lower_bound", d, k, w) <= net.collective_time_s("gtopk", d, k, w)
-                <= net.collective_time_s("gtopk", d, k, w, "tree"))
+        assert (collective_time_s(net, "lower_bound", d, k, w) <= collective_time_s(net, "gtopk", d, k, w)
+                <= collective_time_s(net, "gtopk", d, k, w, "tree"))
 
 
 def test_collective_time_rejects_bad_input() -> None:
     net = NetworkModel.from_strings("1GbE")
     with pytest.raises(ValueError, match="collective="):
-        net.collective_time_s("allreduce-ish", 10, 1, 2)
+        collective_time_s(net, "allreduce-ish", 10, 1, 2)
     with pytest.raises(ValueError, match="algorithm="):
-        net.collective_time_s("gtopk", 10, 1, 2, "ring")
+        collective_time_s(net, "gtopk", 10, 1, 2, "ring")
     with pytest.raises(ValueError, match="k="):
-        net.collective_time_s("gtopk", 10, 11, 2)
+        collective_time_s(net, "gtopk", 10, 11, 2)
     with pytest.raises(ValueError, match="workers="):
-        net.collective_time_s("dense", 10, 1, 0)
+        collective_time_s(net, "dense", 10, 1, 0)
 
 
 # --- formula == measured CommStats.steps on real gloo ranks ---------------------------------------
@@ -211,7 +213,7 @@ def _measure_steps(rank: int, world: int, numel: int, k: int) -> dict[str, list[
 @pytest.mark.timeout(120)
 def test_formulas_match_measured_steps_on_gloo() -> None:
     from gtopk_lab.collectives import HEADER_BYTES
-    from gtopk_lab.distributed_utils import run_gloo
+    from gtopk_lab.comm.launch import run_gloo
 
     assert HEADER_BYTES == SPARSE_HEADER_BYTES
     world, numel, k = 3, 6000, 200  # P = 3 exercises fold/unfold and a partial tree
@@ -220,7 +222,7 @@ def test_formulas_match_measured_steps_on_gloo() -> None:
     for name, collective, algorithm in (("dense", "dense", None), ("topk", "topk", None),
                                         ("butterfly", "gtopk", "butterfly"), ("tree", "gtopk", "tree")):
         measured = max(net.steps_time_s(r[name]) for r in per_rank)
-        assert net.collective_time_s(collective, numel, k, world, algorithm) == pytest.approx(measured, rel=1e-12), name
+        assert collective_time_s(net, collective, numel, k, world, algorithm) == pytest.approx(measured, rel=1e-12), name
 
 
 # --- scaling predictions ------------------------------------------------------------------------
@@ -292,7 +294,7 @@ def test_portable_bandwidth_reads_a_calibration_file(tmp_path) -> None:
 
 @pytest.mark.timeout(10)
 def test_host_cores_time_share_concurrent_merges_only() -> None:
-    from gtopk_lab.network.model import _tree_mergers, merge_contention
+    from gtopk_lab.network.formulas import merge_contention, tree_mergers as _tree_mergers
 
     assert merge_contention(8, None) == 1.0 and merge_contention(2, 2) == 1.0
     assert merge_contention(8, 2) == 4.0
@@ -303,7 +305,7 @@ def test_host_cores_time_share_concurrent_merges_only() -> None:
     merge = g * 2 * k
 
     def t(coll: str, p: int, algo: str | None = None, cores: int | None = None) -> float:
-        return net.collective_time_s(coll, d, k, p, algo, g, host_cores=cores)
+        return collective_time_s(net, coll, d, k, p, algo, g, host_cores=cores)
 
     # butterfly: every rank merges in each of log2 P rounds
     assert t("gtopk", 4, "butterfly", 2) == pytest.approx(t("gtopk", 4, "butterfly") + 2 * merge * (2 - 1))
@@ -323,11 +325,11 @@ def test_exact_k_drops_headers_and_the_count_allgather() -> None:
     net = NetworkModel(latency_s=1e-4, bandwidth_bps=1e9)
     d, k, p = 1_000_000, 1000, 8
     a, b = net.latency_s, net.beta_s_per_byte
-    assert (net.collective_time_s("topk", d, k, p) - net.collective_time_s("topk", d, k, p, exact_k=True)
+    assert (collective_time_s(net, "topk", d, k, p) - collective_time_s(net, "topk", d, k, p, exact_k=True)
             == pytest.approx((p - 1) * (a + 8 * b)))
     for algo, msgs in (("butterfly", 3), ("tree", 6)):
-        assert (net.collective_time_s("gtopk", d, k, p, algo) - net.collective_time_s("gtopk", d, k, p, algo,
+        assert (collective_time_s(net, "gtopk", d, k, p, algo) - collective_time_s(net, "gtopk", d, k, p, algo,
                                                                                         exact_k=True)
                 == pytest.approx(msgs * 8 * b))
     with pytest.raises(TypeError, match="exact_k"):
-        net.collective_time_s("gtopk", d, k, p, exact_k=1)
+        collective_time_s(net, "gtopk", d, k, p, exact_k=1)

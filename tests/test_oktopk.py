@@ -1,4 +1,4 @@
-"""Ok-Topk sparse allreduce (gtopk_lab.oktopk): real gloo ranks, simulator, exactness, residuals.
+"""Ok-Topk sparse allreduce (gtopk_lab.comm.oktopk): real gloo ranks, simulator, exactness, residuals.
 
 One spawned group of 8 gloo ranks covers P in {1, 2, 3, 4, 5, 8}: for each P the ranks
 0..P-1 form a sub-group (P = 8 uses the default group, ``group=None``) and run several
@@ -18,10 +18,11 @@ import torch.distributed as dist
 from gtopk_lab.compression.merge import coalesce_sparse, merge_sparse
 from gtopk_lab.compression.residual import ErrorFeedback
 from gtopk_lab.compression.selection import get_selector
-from gtopk_lab.distributed_utils import run_gloo
+from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.network.model import NetworkModel
-from gtopk_lab.oktopk import (
-    OkTopkState, boundaries_from_histogram, equal_boundaries, oktopk_allreduce, oktopk_model_time_s,
+from gtopk_lab.methods.formulas import oktopk_model_time_s
+from gtopk_lab.comm.oktopk import (
+    OkTopkState, boundaries_from_histogram, equal_boundaries, oktopk_allreduce,
     sim_oktopk_allreduce,
 )
 

@@ -1,4 +1,4 @@
-"""Wait-free backprop (gtopk_lab.overlap) on 2 real gloo ranks, plus its timeline helpers.
+"""Wait-free backprop (gtopk_lab.integrations.overlap) on 2 real gloo ranks, plus its timeline helpers.
 
 One spawn trains a small MLP for a few steps three ways: per-layer gTop-k overlapped with
 backward, the same without overlap (must give bitwise identical weights: overlap changes
@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gtopk_lab.distributed_utils import run_gloo
+from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.network.model import NetworkModel
-from gtopk_lab.overlap import WaitFreeBackprop, hidden_time_s, link_timeline
+from gtopk_lab.integrations.overlap import WaitFreeBackprop, hidden_time_s, link_timeline
 
 STEPS = 8
 

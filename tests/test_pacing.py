@@ -90,7 +90,7 @@ def test_merges_run_after_the_paced_rounds(algorithm: str) -> None:
     A per-call sleep would give only max(alpha-beta, real), hiding the merge inside the
     emulated wire time; on a real link the merge needs the round's data first.
     """
-    from gtopk_lab.distributed_utils import run_gloo
+    from gtopk_lab.comm.launch import run_gloo
 
     numel, k = 2_000_000, 100_000  # one round of 800 kB: 64 ms at 100 Mbps; merges of 200k
     for row in run_gloo(_paced_rank, 2, numel, k, algorithm, timeout_s=90):

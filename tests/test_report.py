@@ -10,7 +10,7 @@ import pytest
 from gtopk_lab.cli import main
 from gtopk_lab.config import RunConfig
 from gtopk_lab.orchestration.results import build_summary, rows_to_frame, write_run
-from gtopk_lab.report import measured_scaling_table, predicted_scaling_table, write_report
+from gtopk_lab.plotting.report import measured_scaling_table, predicted_scaling_table, write_report
 from gtopk_lab.orchestration.results import load_runs
 from test_figures import synthetic_run
 
@@ -75,7 +75,7 @@ def test_scaling_tables(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="baseline='best'"):
         measured_scaling_table(summaries, baseline="best")
     # the same numbers as gtopk-lab sweep prints for these runs
-    from gtopk_lab.commands.sweep import scaling_table as sweep_table
+    from gtopk_lab.cli.sweep import scaling_table as sweep_table
     swept = sweep_table(summaries).set_index(["method", "workers"]).efficiency_virtual
     for _, r in measured.iterrows():
         assert r.scaling_efficiency == pytest.approx(swept[r.method, r.workers])

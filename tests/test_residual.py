@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from gtopk_lab.collectives import gtopk_allreduce
-from gtopk_lab.collectives_sim import sim_gtopk_allreduce, sim_topk_allgather
+from gtopk_lab.comm.inprocess import sim_gtopk_allreduce, sim_topk_allgather
 from gtopk_lab.compression.residual import ErrorFeedback
 from gtopk_lab.compression.selection import get_selector
-from gtopk_lab.distributed_utils import run_gloo
+from gtopk_lab.comm.launch import run_gloo
 
 NUMEL = 2000
 K = 20

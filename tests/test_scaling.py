@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from gtopk_lab.config import RunConfig
-from gtopk_lab.training.scaling import (BASELINE_DENSE, BASELINE_NONE, BASELINE_OWN, add_scaling_efficiency,
+from gtopk_lab.analysis.scaling import (BASELINE_DENSE, BASELINE_NONE, BASELINE_OWN, add_scaling_efficiency,
                                         baseline_note, scaling_efficiency, scaling_table, throughput)
 from gtopk_lab.training.simulator import simulate
 
@@ -143,7 +143,7 @@ def test_simulated_scaling_orders_methods_on_slow_network() -> None:
 @pytest.mark.timeout(60)
 def test_measure_iteration_times_medians() -> None:
     from gtopk_lab.config import RunConfig
-    from gtopk_lab.training.scaling import measure_iteration_times
+    from gtopk_lab.training.compute_time import measure_iteration_times
 
     cfg = RunConfig(method="gtopk", workers=4, model="cnn", dataset="synthetic", batch_size=16,
                     density=0.01, device="cpu")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gtopk_lab.config import RunConfig
-from gtopk_lab.distributed_utils import run_gloo
+from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.training.loop import gloo_rank_entry
 from gtopk_lab.training.simulator import simulate
 
@@ -90,23 +90,23 @@ def test_density_one_sparse_methods_reproduce_dense(algorithm: str) -> None:
 def test_mass_rule_conserves_gradient_mass_every_iteration(monkeypatch: pytest.MonkeyPatch) -> None:
     """Mass rule: sum_i residual_i + G == sum_i acc_i after every iteration (nothing lost or
     counted twice), also with P not a power of two and the density warm-up changing k."""
-    import gtopk_lab.training.simulator as sim
-    from gtopk_lab.training.loop import aggregate_dense, finish_local
+    from gtopk_lab.training.step import RankStep, aggregate_dense
 
     seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     errors: list[float] = []
+    finish = RankStep.finish
 
-    def checked(state, local, result) -> None:
-        finish_local(state, local, result)
-        seen.append((local.acc.clone(), state.error_feedback.residual.clone(),
+    def checked(step, local, result) -> None:
+        finish(step, local, result)
+        seen.append((local.acc.clone(), step.memory.residual.clone(),
                      aggregate_dense(result, local.acc.numel(), local.acc.device)))
-        if len(seen) == state.config.workers:
+        if len(seen) == 3:
             acc_sum = sum(a for a, _, _ in seen)
             kept = sum(r for _, r, _ in seen) + seen[0][2]
             errors.append(float((kept - acc_sum).abs().max() / acc_sum.abs().max()))
             seen.clear()
 
-    monkeypatch.setattr(sim, "finish_local", checked)
+    monkeypatch.setattr(RankStep, "finish", checked)
     config = _config("gtopk", workers=3, density=0.01, density_warmup=(0.05, 1), max_iterations=30, epochs=3,
                      train_samples=3 * 8 * 10)
     simulate(config, rows="rank0")

@@ -192,7 +192,7 @@ def _allreduce_rank(rank: int, world_size: int, numel: int, repeats: int) -> dic
 def _child_main(numel: int, repeats: int) -> None:
     """Entry inside the namespace: run the 2-rank allreduce, print one JSON line."""
     sys.path.insert(0, str(REPO))
-    from gtopk_lab.distributed_utils import run_gloo
+    from gtopk_lab.comm.launch import run_gloo
 
     results = run_gloo(_allreduce_rank, 2, numel, repeats, timeout_s=60)
     print(json.dumps({"elapsed_s": max(r["elapsed_s"] for r in results),

@@ -12,7 +12,7 @@ Run from the repository root: ``PYTHONPATH=. python3 benchmarks/device_runs/diag
 import statistics, sys, time
 import torch
 import torch.distributed as dist
-from gtopk_lab.distributed_utils import run_gloo
+from gtopk_lab.comm.launch import run_gloo
 
 
 def gamma_rank(rank, world, idle_s):

@@ -41,6 +41,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
+
+from gtopk_lab.analysis.predict import collective_time_s
+from gtopk_lab.bench.stalls import probe_exchange_stalls
+from gtopk_lab.bench.timing import START_MARGIN_S, common_start_s
+from gtopk_lab.comm.launch import run_gloo
+from gtopk_lab.comm.torch_dist import dense_allreduce, gtopk_allreduce, topk_allgather
+from gtopk_lab.compression.selection import available_selectors, get_selector
+from gtopk_lab.config import k_for
+from gtopk_lab.network.calibrate import measure_gamma_s_per_element
+from gtopk_lab.network.model import NetworkModel
+from gtopk_lab.network.pacing import throttled_call
 
 __all__ = ["main", "add_arguments", "run", "parse_count_list", "bench_selection", "bench_collectives",
            "common_start_s"]
@@ -92,9 +104,6 @@ def _fmt_count(n: int) -> str:
 # selection
 def bench_selection(numel: int, density: float, repeats: int) -> list[dict[str, Any]]:
     """Median single-thread time of each selector on N(0,1) of ``numel`` elements."""
-    from gtopk_lab.compression.selection import available_selectors, get_selector
-    from gtopk_lab.config import k_for
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -120,50 +129,10 @@ def bench_selection(numel: int, density: float, repeats: int) -> list[dict[str, 
         torch.set_num_threads(threads)
 
 
-# ---------------------------------------------------------------------------------------
-# collectives
-#: how far ahead of the agreeing all_reduce the common start lies: long enough for every
-#: rank to learn it in time (a gloo collective on a busy 2-core box can stall ~5 ms)
-START_MARGIN_S = 0.03
-#: the last stretch before the start is spun, not slept, so every rank starts within ~0.1 ms
-_SPIN_S = 0.0005
-
-
-def common_start_s(margin_s: float = START_MARGIN_S) -> tuple[float, bool]:
-    """Agree on a start instant with every rank of the default group, then wait for it.
-
-    Returns ``(start, late)``: ``start`` is ``max over ranks (time.monotonic() + margin_s)``
-    (one MAX all_reduce), ``late`` is True when this rank learned it after it had passed.
-    ``time.monotonic`` is CLOCK_MONOTONIC, one clock for all processes of a machine, so this
-    holds for ranks on one host only (as ``run_gloo`` spawns them). Timing a collective from
-    a common start, rather than from each rank's exit of a barrier, keeps the barrier's exit
-    skew (up to several ms with gloo on few cores) out of the slowest rank's time.
-    """
-    import torch.distributed as dist
-
-    from gtopk_lab.network.pacing import wait_until
-
-    t = torch.tensor([time.monotonic() + margin_s], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    start = float(t.item())
-    late = time.monotonic() > start
-    wait_until(start, clock=time.monotonic, spin_s=_SPIN_S)
-    return start, late
-
-
 def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, repeats: int,
                 bandwidth: str | None, latency: str | None) -> list[dict[str, Any]]:
-    import torch.distributed as dist
-
-    from gtopk_lab.collectives import dense_allreduce, gtopk_allreduce, topk_allgather
-    from gtopk_lab.compression.selection import get_selector
-    from gtopk_lab.config import k_for
-
     network = None
     if bandwidth is not None:
-        from gtopk_lab.network.model import NetworkModel
-        from gtopk_lab.network.pacing import throttled_call
-
         network = NetworkModel.from_strings(bandwidth, latency)
     rows = []
     for numel in numels:
@@ -172,8 +141,6 @@ def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, r
         values, indices = get_selector("topk")(x, k)
         gamma_loaded = float("nan")
         if network is not None:
-            from gtopk_lab.network.calibrate import measure_gamma_s_per_element
-
             # every rank merges at once, each merge after one round's idle wait on a fresh
             # operand: gamma under the collective's own load and cache state
             dist.barrier()
@@ -236,8 +203,6 @@ def _gamma_in_collective(network: Any, call: Any, args: tuple, kwargs: dict) -> 
     own: the allgather's coalesce of P k entries costs about half a gTop-k merge per
     element (no top-k selection).
     """
-    from gtopk_lab.network.pacing import throttled_call
-
     per_call = []
     for _ in range(GAMMA_CALLS):
         common_start_s()
@@ -254,8 +219,6 @@ def _nanmax(values: Any) -> float:
 
 def measure_gamma(numel: int, k: int, repeats: int = 5) -> float:
     """gamma (CPU s per merged element) of a k+k merge over ``numel``, on one thread here."""
-    from gtopk_lab.network.calibrate import measure_gamma_s_per_element
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the ranks run with one intra-op thread each
     try:
@@ -289,15 +252,10 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
     ranks time ``merge_sparse`` of k + k random pairs at once, each after one round's
     idle wait, median of 7) and ``gamma_idle`` (one process, back to back).
     """
-    from gtopk_lab.config import k_for
-    from gtopk_lab.distributed_utils import run_gloo
-
     network = None
     gammas: dict[int, float] = {}
     cores = _cores()
     if bandwidth is not None:
-        from gtopk_lab.network.model import NetworkModel
-
         network = NetworkModel.from_strings(bandwidth, latency)
         for numel in numels:
             gammas[numel] = measure_gamma(numel, k_for(numel, density))  # idle, one process
@@ -330,10 +288,8 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
                 algorithm = None if row["algorithm"] == "ring" else row["algorithm"]
                 # the P ranks share this host's cores: merges that outnumber them time-share
                 abg_gamma = 0.0 if gamma is None else gamma
-                row["model_abg_s"] = network.collective_time_s(
-                    *shape, algorithm=algorithm, gamma_s_per_element=abg_gamma, host_cores=cores, exact_k=True)
-                row["model_abg_core_per_rank_s"] = network.collective_time_s(
-                    *shape, algorithm=algorithm, gamma_s_per_element=abg_gamma, exact_k=True)
+                row["model_abg_s"] = collective_time_s(network, *shape, algorithm=algorithm, gamma_s_per_element=abg_gamma, host_cores=cores, exact_k=True)
+                row["model_abg_core_per_rank_s"] = collective_time_s(network, *shape, algorithm=algorithm, gamma_s_per_element=abg_gamma, exact_k=True)
                 row["host_cores"] = cores
             out.append(row)
     for row in out:
@@ -419,16 +375,12 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--gamma={args.gamma!r} is invalid: expected 'auto' or a number >= 0 "
                              "(seconds per element)")
     if bandwidth is not None:
-        from gtopk_lab.network.model import NetworkModel
-
         NetworkModel.from_strings(bandwidth, args.latency)  # fail before spawning anything
     report: dict[str, Any] = {}
     cores = _cores()
     if args.what in ("collectives", "all"):
         probe = None
         if bandwidth is not None and 2 in workers:
-            from gtopk_lab.bench.stalls import probe_exchange_stalls
-
             # the model has no term for the host's scheduling stalls: measure them first
             probe = probe_exchange_stalls(timeout_s=args.timeout)
             report["host_exchange_probe"] = probe

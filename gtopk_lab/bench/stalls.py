@@ -1,7 +1,7 @@
 """Does this host stall short gloo exchanges? (2 ranks on 127.0.0.1, worker side: torch only)
 
 Two gloo ranks start every call at an instant both agreed on
-(:func:`~gtopk_lab.bench.collectives.common_start_s`), optionally spin ``busy_ms`` of CPU
+(:func:`~gtopk_lab.bench.timing.common_start_s`), optionally spin ``busy_ms`` of CPU
 first (as a rank does when it merges before its next round), then exchange one message
 each way, in up to four ways:
 
@@ -34,6 +34,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
+from gtopk_lab.bench.timing import common_start_s
+from gtopk_lab.comm.launch import run_gloo
+
 __all__ = ["EXCHANGES", "start_after_spin", "exchange", "exchange_times_rank", "summarise_exchanges",
            "probe_exchange_stalls"]
 
@@ -44,8 +50,6 @@ _WARMUP_CALLS = 2  # connections and buffers warm up in the first calls
 def start_after_spin(busy_ms: float) -> None:
     """Wait for the common start of the next call, then spin ``busy_ms`` of CPU (a merge's
     worth of work before the round), as every rank of the probe does before an exchange."""
-    from gtopk_lab.bench.collectives import common_start_s
-
     common_start_s()
     end = time.perf_counter() + busy_ms / 1e3
     while time.perf_counter() < end:
@@ -120,8 +124,6 @@ def probe_exchange_stalls(nbytes: int = 200_000, busy_ms: float = 2.0, calls: in
                           stall_s: float = 3e-3, timeout_s: float = 120.0) -> dict[str, Any]:
     """The gTop-k round of a 2-rank group (``isend/irecv`` of ``nbytes`` after ``busy_ms``
     of CPU), ``calls`` times: the :func:`summarise_exchanges` row, plus ``stall_s``."""
-    from gtopk_lab.distributed_utils import run_gloo
-
     if calls < 2:
         raise ValueError(f"calls={calls!r} is invalid: expected an integer >= 2")
     per_rank = run_gloo(exchange_times_rank, 2, [nbytes], [busy_ms], calls, ("isend/irecv",),

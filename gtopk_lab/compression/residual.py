@@ -27,12 +27,9 @@ plus an O(|S_i| log |I|) membership test for "paper").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:  # runtime import would tie compression/ to torch.distributed
-    from gtopk_lab.collectives import CollectiveResult
 
 __all__ = ["ErrorFeedback", "RESIDUAL_RULES"]
 
@@ -75,7 +72,7 @@ class ErrorFeedback:
         return grad.reshape(-1).to(self.residual.dtype) + self.residual
 
     def update(self, acc: torch.Tensor, local_values: torch.Tensor, local_indices: torch.Tensor,
-               result: CollectiveResult) -> None:
+               result: Any) -> None:
         """New residual from ``acc``, the local selection S_i and the collective's result.
 
         ``local_values`` is accepted for symmetry with the selector output (the rules only need

@@ -4,7 +4,7 @@
   closed-form collective times;
 - :mod:`~gtopk_lab.network.clock`: :class:`VirtualClock` around every collective;
 - :mod:`~gtopk_lab.network.calibrate`: ping-pong alpha/beta fit, gamma of merges;
-- :mod:`~gtopk_lab.network.extrapolate`: predicted scaling efficiency per method.
+- :mod:`~gtopk_lab.analysis.predict`: predicted scaling efficiency per method.
 
 Worker-side package: no plotting or notebook imports. ``clock`` and ``calibrate`` import
 torch lazily through their own modules; importing this package only loads the model.

@@ -13,7 +13,7 @@ How a run is placed and watched:
    rank of another client's run) as busy. A run starts on P free, distinct workers
    (GPU workers, those with resource ``GPU >= 1``, when the run wants CUDA); otherwise
    it waits in a FIFO queue. Runs therefore never share a worker, and each has its
-   own rendezvous (``gtopk_lab.orchestration.rank_task``). A cluster with fewer than
+   own rendezvous (``gtopk_lab.worker.rank_task``). A cluster with fewer than
    P eligible workers fails at once with ``ValueError`` (or waits, if asked).
 2. **Tasks.** ``client.submit(run_rank, ..., workers=[addr], allow_other_workers=False,
    pure=False, retries=0)``, one per rank.
@@ -56,9 +56,11 @@ from typing import Any
 import pandas as pd
 
 from gtopk_lab.config import RunConfig
+from gtopk_lab.methods.registry import load_plugins, plugin_modules
 from gtopk_lab.network.model import portable_bandwidth
 from gtopk_lab.orchestration import results as _results
-from gtopk_lab.orchestration.rank_task import (
+from gtopk_lab.worker.plugins import MethodPlugins, single_file_plugins
+from gtopk_lab.worker.rank_task import (
     RankFailed,
     mark_cancelled,
     rendezvous_name,
@@ -361,8 +363,20 @@ class Lab:
                 raise SchedulerUnreachable(
                     f"scheduler={address!r} is unreachable within {connect_timeout_s:.0f} s: {exc}"
                 ) from None
+        self._install_method_plugins()
         self._monitor = threading.Thread(target=self._monitor_loop, name="gtopk-lab-monitor", daemon=True)
         self._monitor.start()
+
+    def _install_method_plugins(self) -> None:
+        """Make the client's ``$GTOPK_LAB_METHODS`` plugins importable and imported on every
+        worker before any rank starts (gtopk_lab.worker.plugins)."""
+        load_plugins()  # a broken plugin fails here, on the client, with one line
+        modules = plugin_modules()
+        if not modules:
+            return
+        for path in single_file_plugins(modules):
+            self.client.upload_file(path)
+        self.client.register_plugin(MethodPlugins(modules))
 
     # --- context manager ---------------------------------------------------------------
     def __enter__(self) -> "Lab":

@@ -32,7 +32,8 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from gtopk_lab.config import METHODS, RunConfig
+from gtopk_lab.config import RunConfig
+from gtopk_lab.methods import available_methods
 from gtopk_lab.plotting import figures
 from gtopk_lab.plotting.live import LiveFigure
 
@@ -78,7 +79,8 @@ class ControlPanel:
         self.live: LiveFigure | None = None
         style = {"description_width": "110px"}
         methods = d["method"] if isinstance(d["method"], (list, tuple)) else [d["method"]]
-        self.methods = widgets.SelectMultiple(options=list(METHODS), value=tuple(methods), rows=len(METHODS),
+        self.methods = widgets.SelectMultiple(options=list(available_methods()), value=tuple(methods),
+                                              rows=min(len(available_methods()), 8),
                                               description="method(s)", style=style)
         self.density = widgets.BoundedFloatText(value=float(d["density"]), min=1e-6, max=1.0, step=0.001,
                                                 description="density ρ", style=style)

@@ -2,7 +2,7 @@
 
 Every function here is pure (no Dask, no torch, no I/O): it reads frames in the schemas
 of docs/architecture.md and returns a ``plotly.graph_objects.Figure``. The live variants
-in :mod:`gtopk_lab.plotting.live` and the HTML report in :mod:`gtopk_lab.report` reuse
+in :mod:`gtopk_lab.plotting.live` and the HTML report in :mod:`gtopk_lab.plotting.report` reuse
 these builders, so a figure looks the same in a notebook, a live widget and a report.
 
 Inputs
@@ -35,6 +35,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+from scipy.special import ndtri
+
+from gtopk_lab.methods import BASELINE_METHOD, get_method
 
 __all__ = [
     "METHOD_COLORS",
@@ -129,7 +132,7 @@ def _fmt_density(density: float) -> str:
 def run_label(method: str, density: float, workers: int, extra: str = "") -> str:
     """Legend label of a run: ``"gtopk ρ=0.001 P=4"`` (dense runs omit the density)."""
     parts = [str(method)]
-    if method != "dense":
+    if method != BASELINE_METHOD:
         parts.append(f"ρ={_fmt_density(float(density))}")
     parts.append(f"P={int(workers)}")
     if extra:
@@ -360,42 +363,16 @@ def time_breakdown_figure(summaries: pd.DataFrame, title: str | None = None) -> 
 # --- communication volume ----------------------------------------------------------------
 def comm_bytes_per_rank_formula(method: str, workers: int, numel: int, k: int,
                                 algorithm: str = "butterfly", pair_bytes: int = 8) -> float:
-    """Bytes one rank sends per iteration, from the collectives' message patterns.
+    """Bytes one rank sends per iteration, from the method's collective in the registry.
 
-    - dense (ring allreduce of d fp32): ``2 (P-1)/P * 4 d``
-    - topk (allgather of k pairs): ``(P-1) * k * pair_bytes``
-    - gtopk butterfly (recursive doubling, power-of-two P): ``log2(P) * k * pair_bytes``;
-      other P add the fold/unfold messages of the extra ranks, averaged over ranks
-    - gtopk tree (reduce + broadcast, mean over ranks): ``2 (P-1)/P * k * pair_bytes``
-    - gaussiank: as topk (allgather of about k pairs)
-    - oktopk: ``2 k (P-1)/P * pair_bytes`` (balanced reduce-scatter + allgather as implemented,
-      without the small count/threshold messages; the paper's bound is 6 k (P-1)/P)
-
-    ``pair_bytes`` is 8 (fp32 value + int32 index) or 12 with int64 indices. O(1).
+    (Dense ring allreduce ``2 (P-1)/P * 4 d``; allgather ``(P-1) k m``; gTop-k butterfly
+    ``log2(P) k m`` at power-of-two P, tree ``2 (P-1)/P k m``; Ok-Topk ``2k (P-1)/P m``: see
+    :mod:`gtopk_lab.methods.formulas`.) ``pair_bytes`` is 8 (fp32 value + int32 index) or 12
+    with int64 indices. O(1).
     """
     if workers < 1:
         raise ValueError(f"workers={workers!r} is invalid: expected an integer >= 1")
-    p = int(workers)
-    if p == 1:
-        return 0.0
-    if method == "dense":
-        return 2.0 * (p - 1) / p * 4.0 * numel
-    if method in ("topk", "gaussiank"):
-        return float((p - 1) * k * pair_bytes)
-    if method == "gtopk":
-        if algorithm == "tree":
-            return 2.0 * (p - 1) / p * k * pair_bytes
-        if algorithm != "butterfly":
-            raise ValueError(f"algorithm={algorithm!r} is invalid: expected 'butterfly' or 'tree'")
-        p2 = 1 << (p.bit_length() - 1)
-        extra = p - p2
-        # Each of the p2 group ranks sends log2(p2) messages; the extra ranks send one fold
-        # message and their partners one unfold message each.
-        total = p2 * math.log2(p2) * k + 2 * extra * k
-        return total / p * pair_bytes
-    if method == "oktopk":
-        return 2.0 * k * (p - 1) / p * pair_bytes
-    raise ValueError(f"method={method!r} is invalid: expected dense, topk, gtopk, gaussiank or oktopk")
+    return float(get_method(method).predicted_bytes_per_rank(numel, k, int(workers), pair_bytes, algorithm))
 
 
 def comm_volume_figure(summaries: pd.DataFrame, numel: int | None = None, k: int | None = None,
@@ -483,7 +460,7 @@ def gradient_histogram_figure(values: Any, bins: int = 120, density: float | Non
             raise ValueError(f"density={density!r} is invalid: expected a number in (0, 1]")
         k = max(1, int(math.floor(density * u.size)))
         exact = float(np.partition(np.abs(u), u.size - k)[u.size - k])
-        gauss = mu + abs(_norm_ppf(density / 2.0)) * sigma
+        gauss = mu + abs(float(ndtri(density / 2.0))) * sigma
         for thr, name, color in ((exact, "exact top-k threshold", "#00CC96"),
                                  (gauss, "GaussianK threshold", "#AB63FA")):
             for sign in (1, -1):
@@ -494,29 +471,6 @@ def gradient_histogram_figure(values: Any, bins: int = 120, density: float | Non
                       yaxis_title="probability density", bargap=0, template="plotly_white", height=400)
     return fig
 
-
-def _norm_ppf(q: float) -> float:
-    """Inverse standard normal CDF (Acklam's rational approximation, |error| < 1.2e-9)."""
-    if not 0 < q < 1:
-        raise ValueError(f"q={q!r} is invalid: expected a probability in (0, 1)")
-    a = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02, 1.383577518672690e02,
-         -3.066479806614716e01, 2.506628277459239e00)
-    b = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02, 6.680131188771972e01,
-         -1.328068155288572e01)
-    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00, -2.549732539343734e00,
-         4.374664141464968e00, 2.938163982698783e00)
-    d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.754408661907416e00)
-    low = 0.02425
-    if q < low:
-        t = math.sqrt(-2 * math.log(q))
-        return (((((c[0] * t + c[1]) * t + c[2]) * t + c[3]) * t + c[4]) * t + c[5]) / \
-            ((((d[0] * t + d[1]) * t + d[2]) * t + d[3]) * t + 1)
-    if q > 1 - low:
-        return -_norm_ppf(1 - q)
-    r = q - 0.5
-    s = r * r
-    return (((((a[0] * s + a[1]) * s + a[2]) * s + a[3]) * s + a[4]) * s + a[5]) * r / \
-        (((((b[0] * s + b[1]) * s + b[2]) * s + b[3]) * s + b[4]) * s + 1)
 
 
 def topk_error_table(values: Any, densities: Sequence[float], label: str = "") -> pd.DataFrame:

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from gtopk_lab.config import RunConfig
+from gtopk_lab.methods import get_method
 
 RECIPES: dict[str, dict[str, Any]] = {
     "resnet20-cifar10": dict(
@@ -103,7 +104,7 @@ def make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.SGD:
     Weight decay is applied by the optimiser to the aggregated update (identical on
     every rank). The learning rate is overwritten each iteration from :func:`lr_at`.
     """
-    local_velocity = config.momentum_correction and config.method != "dense"
+    local_velocity = config.momentum_correction and get_method(config.method).sparse
     momentum = 0.0 if local_velocity else config.momentum
     return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=momentum,
                            weight_decay=config.weight_decay)

@@ -7,11 +7,11 @@
    replica): forward/backward on r's shard, then :func:`~gtopk_lab.training.loop.prepare_local`
    (clipping, momentum correction, error feedback, selection) -- the code ``train_rank`` runs;
    rank r's CPU time for this is measured with ``time.process_time`` (wall time on CUDA)
-2. the method's collective from :mod:`gtopk_lab.collectives_sim` (the real per-rank message
+2. the method's in-process collective (``Collective.simulate``: the real per-rank message
    programs without transport; identical ``CommStats``)
 3. ``VirtualClock.simulate_collective(compute_s, stats)``: virtual time advances by the
    slowest rank's compute plus the slowest rank's modelled communication
-4. each rank's :func:`~gtopk_lab.training.loop.finish_local` (residual rule), then one SGD
+4. each rank's :meth:`~gtopk_lab.training.step.RankStep.finish` (residual rule), then one SGD
    step of the shared replica (in synchronous SGD every rank holds the same weights;
    its CPU time is added to virtual time)
 
@@ -22,7 +22,7 @@ slowest of P such measurements, so measured virtual time drifts upward with P fo
 have nothing to do with the method. With a fixed compute time every virtual rank is charged
 exactly ``compute_time_s`` (forward + backward + optimiser step of one rank's batch, e.g. the
 median of a few passes measured once at P=1 with
-:func:`~gtopk_lab.training.scaling.measure_iteration_times`) plus, for sparse methods, a
+:func:`~gtopk_lab.training.compute_time.measure_iteration_times`) plus, for sparse methods, a
 selection time: ``selection_time_s`` when given, else the *median* over virtual ranks of the
 measured selection CPU time of that iteration. The update's measured CPU time is then not
 added (it is part of ``compute_time_s``). Virtual time per iteration becomes
@@ -71,26 +71,14 @@ import torch
 from gtopk_lab.config import RunConfig, k_for
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
-from gtopk_lab.training.loop import (
-    RankResult,
-    RankState,
-    Replica,
-    RowBuffer,
-    Sink,
-    aggregate_dense,
-    build_summary,
-    epoch_row,
-    finish_local,
-    iter_row,
-    network_of,
-    prepare_local,
-    rank_checkpoint_state,
-    resolve_device,
-    restore_rank_state,
-    run_dataset,
-    simulated_collective,
-)
+from gtopk_lab.methods import get_method
 from gtopk_lab.training.optim import density_at, lr_at
+from gtopk_lab.training.replica import (
+    RankResult, RankState, Replica, network_of, rank_checkpoint_state, resolve_device, restore_rank_state,
+    run_dataset,
+)
+from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row
+from gtopk_lab.training.step import communicate_simulated
 
 __all__ = ["simulate", "ALL_ROWS_MAX_WORKERS"]
 
@@ -149,7 +137,8 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     if fixed_selection_s is not None and fixed_compute_s is None:
         raise ValueError(f"selection_time_s={fixed_selection_s!r} is invalid without compute_time_s: "
                          "expected both fixed, or compute_time_s alone (selection then measured)")
-    sparse = config.method != "dense"
+    method = get_method(config.method)
+    sparse = method.sparse
     rows = rows or config.extra.get("sim_rows")
     if rows is None:
         rows = "all" if config.workers <= ALL_ROWS_MAX_WORKERS else "rank0"
@@ -160,7 +149,9 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     setup_start = time.perf_counter()
     dataset = run_dataset(config)
     replica = Replica(config, world, dev)
-    states = [RankState(config, r, world, replica, dataset) for r in range(world)]
+    # a local-steps method's virtual ranks hold their own weights and inner optimisers
+    states = [RankState(config, r, world, replica, dataset, own_optimizer=method.local_steps)
+              for r in range(world)]
     swap_buffers = len(states[0].buffers) > 0
     ipe = states[0].shard.iterations_per_epoch
     total = config.epochs * ipe if config.max_iterations is None else min(config.max_iterations,
@@ -196,17 +187,27 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
             density = density_at(config, progress)
             k = k_for(replica.numel, density)
             locals_, losses, compute_s, selection_cpu_s, timings = [], [], [], [], []
+            sync_now = states[0].local is None or states[0].local.due(it)
             for state in states:
                 x, y = state.next_batch(epoch_index, pos == 0)
                 c0, w0 = _timer(dev), time.perf_counter()
                 with state.active(replica, swap_buffers):
                     loss = replica.forward_backward(x, y)
+                    if state.local is not None:
+                        replica.local_step(state.optimizer, lr)
                 c_mid, w1 = _timer(dev), time.perf_counter()
-                local = prepare_local(state, replica, k)
-                if local.gradient is replica.grad:  # the next rank's backward reuses the buffer
-                    local.gradient = replica.grad.clone()
+                if sync_now:
+                    if state.local is not None:
+                        with state.active(replica, swap_buffers=False):
+                            g = state.local.pseudo_gradient()
+                    else:
+                        g = replica.grad
+                    local = state.step.prepare(g, k)
+                    if local.gradient is replica.grad:  # the next rank's backward reuses the buffer
+                        local.gradient = replica.grad.clone()
+                        local.acc = local.gradient if local.acc is replica.grad else local.acc
+                    locals_.append(local)
                 c1, w2 = _timer(dev), time.perf_counter()
-                locals_.append(local)
                 losses.append(loss)
                 compute_s.append(c1 - c0)
                 selection_cpu_s.append(c1 - c_mid)
@@ -221,26 +222,45 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                     charged_selection_s = statistics.median(selection_cpu_s)
                 compute_s = [fixed_compute_s + charged_selection_s] * world
                 timings = [(fixed_compute_s, charged_selection_s)] * world
-            # one Ok-Topk state for the whole group: every real rank would hold the same regions
-            results = simulated_collective(config, locals_, replica.numel, k, states[0].oktopk_state)
-            clock.simulate_collective(compute_s, [r.stats for r in results])
             u0, uw0 = _timer(dev), time.perf_counter()
-            for state, local, result in zip(states, locals_, results):
-                finish_local(state, local, result)
-            u_mid = _timer(dev)
-            replica.apply(aggregate_dense(results[0], replica.numel, dev), lr)
+            u_mid = u0
+            results: list[Any] = [None] * world
+            if sync_now:
+                # one collective state for the whole group: every real rank would hold the same
+                results = communicate_simulated(method, locals_, states[0].step.call(k, it))
+                clock.simulate_collective(compute_s, [r.stats for r in results])
+                u0, uw0 = _timer(dev), time.perf_counter()
+                for state, local, result in zip(states, locals_, results):
+                    state.step.finish(local, result)
+                u_mid = _timer(dev)
+                aggregate = states[0].step.aggregate(results[0], dev)
+                if hasattr(states[0].step.memory, "aggregate"):  # memories that track G too
+                    for state, result in zip(states[1:], results[1:]):
+                        state.step.aggregate(result, dev)
+                if states[0].local is not None:
+                    with states[0].active(replica, swap_buffers=False):
+                        states[0].local.outer_step(aggregate, world)
+                    for state in states[1:]:  # after the sync every rank holds the new weights
+                        state.weights = states[0].weights.clone()
+                        state.local.anchor = states[0].local.anchor.clone()
+                else:
+                    replica.apply(aggregate, lr)
+            else:
+                clock.advance(max(compute_s))
             u1, uw1 = _timer(dev), time.perf_counter()
-            if fixed_compute_s is None:
+            if fixed_compute_s is None and sync_now:
                 # Real ranks update their residuals in parallel (one P-th of the loop each) and
                 # each takes the same optimiser step (counted once).
                 clock.advance((u_mid - u0) / world + (u1 - u_mid))
             wall_now = time.perf_counter() - wall_start
+            comm_model_s = clock.last_comm_model_s if sync_now else 0.0
             for r in emit:
                 t = {"compute": timings[r][0], "selection": timings[r][1],
-                     "comm": clock.last_comm_model_s, "update": uw1 - uw0}
+                     "comm": comm_model_s, "update": uw1 - uw0}
+                stats = results[r].stats if sync_now else None
                 buffer.add(iter_row(config, r, world, it, (it + 1) / ipe, density, k, losses[r], lr, t,
-                                    results[r].stats, clock.last_comm_model_s, wall_now,
-                                    clock.synced_time_s), count_iteration=(r == 0))
+                                    stats, comm_model_s, wall_now, clock.synced_time_s),
+                           count_iteration=(r == 0))
             for state, loss in zip(states, losses):
                 state.epoch_loss_sum += loss
                 state.epoch_loss_count += 1
@@ -295,11 +315,3 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
         return RankResult(rows=buffer.rows, summary=summary, final_weights=weights)
     finally:
         buffer.flush()
-
-
-def describe(result: RankResult) -> dict[str, Any]:
-    """A few headline numbers of a simulated run (for printing)."""
-    s = result.summary
-    return {k: s.get(k) for k in ("method", "workers", "k", "numel", "iterations", "virtual_time_s",
-                                  "samples_per_s_virtual", "bytes_sent_per_rank_per_iter",
-                                  "final_test_accuracy")}

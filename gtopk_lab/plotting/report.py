@@ -14,7 +14,7 @@ Cost: O(rows) pandas work plus about 4.7 MB of inlined plotly.js.
 
 Example::
 
-    from gtopk_lab.report import write_report
+    from gtopk_lab.plotting.report import write_report
     write_report("results/demo", "results/demo/report.html")
 """
 
@@ -32,8 +32,14 @@ import plotly
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from gtopk_lab.analysis.predict import predict_scaling
+from gtopk_lab.analysis.scaling import BASELINE_NONE, BASELINES, add_scaling_efficiency
+from gtopk_lab.methods import available_methods, get_method
+from gtopk_lab.network.model import NetworkModel
+from gtopk_lab.network.model import format_bandwidth, format_latency
+from gtopk_lab.orchestration.results import load_runs
 from gtopk_lab.plotting import figures
-from gtopk_lab.training.scaling import baseline_note
+from gtopk_lab.analysis.scaling import baseline_note
 
 __all__ = ["write_report", "measured_scaling_table", "predicted_scaling_table", "render_report"]
 
@@ -60,8 +66,6 @@ def _network_key(row: pd.Series) -> tuple[float, float]:
 
 def network_label(bandwidth_bps: float, latency_s: float) -> str:
     """"1 Gbit/s, 0.44 ms" style label of a link (or "unthrottled")."""
-    from gtopk_lab.network.model import format_bandwidth, format_latency
-
     if math.isinf(bandwidth_bps):
         return "unthrottled"
     return f"{format_bandwidth(bandwidth_bps)}, {format_latency(latency_s)}"
@@ -72,7 +76,7 @@ def measured_scaling_table(summaries: pd.DataFrame, time_basis: str = "virtual",
     """Measured scaling efficiency ``throughput(P) / (P * throughput(dense, 1))``, one row per run.
 
     Long-format and network-aware, for figures. The baseline follows the project's rule,
-    ``gtopk_lab.training.scaling.add_scaling_efficiency`` (as ``gtopk-lab sweep`` prints it):
+    ``gtopk_lab.analysis.scaling.add_scaling_efficiency`` (as ``gtopk-lab sweep`` prints it):
     dense S-SGD at P=1 with the same model, batch and network, else the method's own P=1
     run; the ``baseline`` column says which ("dense P=1" / "own P=1"). A method whose P=1
     iteration is cheaper than dense's can exceed 100%. ``baseline="own"`` is an explicit
@@ -80,8 +84,6 @@ def measured_scaling_table(summaries: pd.DataFrame, time_basis: str = "virtual",
     Runs without a baseline are left out. Columns: ``method, workers, density, bandwidth,
     samples_per_s, baseline_samples_per_s, scaling_efficiency, baseline, run_id``. O(runs).
     """
-    from gtopk_lab.training.scaling import BASELINE_NONE, BASELINES, add_scaling_efficiency
-
     col = _throughput_column(time_basis)
     if baseline not in BASELINES:
         raise ValueError(f"baseline={baseline!r} is invalid: expected one of {', '.join(map(repr, BASELINES))}")
@@ -108,13 +110,10 @@ def predicted_scaling_table(summaries: pd.DataFrame, workers: list[int] | None =
 
     For each (method, density, network) of the completed runs: compute time per
     iteration from the single-worker runs' breakdown (compute + update), selection time
-    from the method's runs, then ``gtopk_lab.network.extrapolate.predict_scaling`` over
+    from the method's runs, then ``gtopk_lab.analysis.predict.predict_scaling`` over
     ``workers`` (default 1, 2, 4, ... up to max(32, largest P)). GaussianK travels as
     ``topk`` (an allgather of about k pairs). Columns as :func:`measured_scaling_table` (without the throughputs).
     """
-    from gtopk_lab.network.extrapolate import predict_scaling
-    from gtopk_lab.network.model import NetworkModel
-
     done = _completed(summaries)
     if not len(done) or "time_breakdown_s" not in done.columns:
         return pd.DataFrame(columns=["method", "workers", "density", "bandwidth", "scaling_efficiency"])
@@ -130,14 +129,17 @@ def predicted_scaling_table(summaries: pd.DataFrame, workers: list[int] | None =
         singles = done[(done["workers"] == 1) & (done["numel"] == numel)]
         source = singles if len(singles) else group
         compute_s = _mean_part(source, ("compute", "update"))
-        selection_s = _mean_part(group[group["workers"] > 1], ("selection",)) if method != "dense" else 0.0
+        if method not in available_methods():  # a plugin's run read without its plugin
+            continue
+        entry = get_method(method)
+        selection_s = _mean_part(group[group["workers"] > 1], ("selection",)) if entry.sparse else 0.0
         if not compute_s or compute_s <= 0:
             continue
         algorithm = None
-        if method == "gtopk":
+        if entry.comm.algorithms:
             algorithm = str(group["algorithm"].iloc[0]) if "algorithm" in group.columns and \
-                pd.notna(group["algorithm"].iloc[0]) else "butterfly"
-        collective = {"gaussiank": "topk"}.get(method, method)
+                pd.notna(group["algorithm"].iloc[0]) else entry.comm.algorithms[0]
+        collective = method
         net = NetworkModel(latency_s=float(lat), bandwidth_bps=float(bw))
         for row in predict_scaling(int(numel), float(density), compute_s, net, grid,
                                    selection_s=selection_s or 0.0,
@@ -237,8 +239,6 @@ def write_report(results_dir: str | os.PathLike[str], html_path: str | os.PathLi
     Raises ``ValueError`` when ``results_dir`` is not a directory. Returns the path written
     (atomically: a temporary file in the same folder, then ``os.replace``).
     """
-    from gtopk_lab.orchestration.results import load_runs
-
     root = Path(results_dir)
     if not root.is_dir():
         raise ValueError(f"results_dir={str(results_dir)!r} is invalid: no such directory "

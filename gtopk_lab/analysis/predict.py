@@ -11,11 +11,10 @@ and, since every worker processes one mini-batch per iteration,
 ``scaling_efficiency(P) = throughput(P) / (P * throughput(1)) = t(1) / t(P)``.
 
 The baseline ``t(1)`` is plain single-worker SGD (no selection, no communication), as in
-Shi et al. Rows for Ok-Topk and the sparse lower bound use their formulas from
-:mod:`gtopk_lab.network.model` and are for orientation (this project's ``oktopk``
-collective may differ).
-
-Worker-side safe (standard library only), used by ``gtopk-lab model scaling``.
+Shi et al. Each method's collective time comes from the method registry
+(:mod:`gtopk_lab.methods`: every collective carries its alpha-beta(-gamma) formula); the
+Ok-Topk paper bound and the sparse lower bound are extra rows for orientation.
+Used by ``gtopk-lab model scaling``, the report and the notebooks.
 """
 
 from __future__ import annotations
@@ -24,9 +23,55 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from gtopk_lab.methods import formulas as F
+from gtopk_lab.methods.registry import available_methods, get_collective, get_method
+from gtopk_lab.network.formulas import check_sizes
 from gtopk_lab.network.model import NetworkModel
 
-__all__ = ["SCALING_METHODS", "predict_scaling", "parse_count", "parse_workers"]
+__all__ = ["SCALING_METHODS", "BOUNDS", "collective_time_s", "predict_scaling", "parse_count", "parse_workers"]
+
+#: Reference bounds that are no method's collective: name -> formula (net, numel, k, workers).
+BOUNDS = {
+    "oktopk_paper_bound": F.oktopk_paper_bound_time_s,
+    "lower_bound": F.sparse_allreduce_lower_bound_time_s,
+    "lowerbound": F.sparse_allreduce_lower_bound_time_s,
+}
+
+
+def collective_time_s(net: NetworkModel, name: str, numel: int, k: int, workers: int,
+                      algorithm: str | None = None, gamma_s_per_element: float | None = None,
+                      host_cores: int | None = None, exact_k: bool = False) -> float:
+    """Predicted duration of one collective on ``net`` (max over ranks), from the registry.
+
+    ``name``: a method (``"gtopk"``, ``"gaussiank"``, a plugin's), a collective or alias
+    (``"allreduce"``, ``"dense_allreduce"``, ``"topk_allgather"``, ...), or a bound of
+    :data:`BOUNDS`. ``algorithm``: the collective's pattern (gTop-k: butterfly (default) or
+    tree; ``"ring"`` or None for the library collectives). ``gamma_s_per_element``
+    (default: the network's) charges merge compute on the critical path; ``host_cores``: the
+    ranks share this many cores (a merge phase that m ranks run at once lasts
+    ``max(1, m / cores)`` times longer); ``exact_k=True``: header-free exact-k rounds and no
+    count allgather. The formulas are in :mod:`gtopk_lab.methods.formulas`.
+    """
+    if not isinstance(exact_k, bool):
+        raise TypeError(f"exact_k={exact_k!r} has type {type(exact_k).__name__}: expected bool")
+    if host_cores is not None and (isinstance(host_cores, bool) or not isinstance(host_cores, int)
+                                   or host_cores < 1):
+        raise ValueError(f"host_cores={host_cores!r} is invalid: expected an integer >= 1 or None")
+    gamma = net.gamma_s_per_element if gamma_s_per_element is None else float(gamma_s_per_element)
+    if name in BOUNDS:
+        check_sizes(numel, k, workers)
+        return BOUNDS[name](net, numel, k, workers, gamma)
+    try:
+        collective = get_method(name).comm if name in available_methods() else get_collective(name)
+    except ValueError:
+        known = sorted(set(available_methods()) | set(BOUNDS))
+        raise ValueError(f"collective={name!r} is invalid: expected a method, a collective or a bound: "
+                         f"{', '.join(known)}") from None
+    if not collective.algorithms and algorithm not in (None, "ring"):
+        raise ValueError(f"algorithm={algorithm!r} is invalid for {name}: expected ring or None")
+    return collective.time_s(net, numel, k, workers, algorithm=collective.algorithm_for(
+        algorithm if collective.algorithms else None), gamma_s_per_element=gamma, host_cores=host_cores,
+        exact_k=exact_k)
 
 #: (method label, collective, algorithm) rows of a scaling table.
 SCALING_METHODS: tuple[tuple[str, str, str | None], ...] = (
@@ -108,7 +153,7 @@ def predict_scaling(numel: int, density: float, compute_s: float, network: Netwo
     for label, collective, algorithm in methods:
         sparse = collective != "dense"
         for p in workers:
-            comm_s = network.collective_time_s(collective, numel, k, p, algorithm, gamma_s_per_element)
+            comm_s = collective_time_s(network, collective, numel, k, p, algorithm, gamma_s_per_element)
             sel_s = selection_s if (sparse and p > 1) else 0.0
             iteration_s = compute_s + sel_s + comm_s
             efficiency = compute_s / iteration_s

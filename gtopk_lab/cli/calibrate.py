@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gtopk_lab.cli import UsageError
+from gtopk_lab.cli.errors import UsageError
 
 NAME = "calibrate"
 HELP = "measure latency/bandwidth of the real backend (ping-pong) and save an alpha-beta preset"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gtopk_lab.cli import UsageError
+from gtopk_lab.cli.errors import UsageError
 
 NAME = "model"
 HELP = "alpha-beta model predictions (scaling: iteration time and efficiency per method and P)"
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gtopk_lab.network.extrapolate import parse_count, parse_workers, predict_scaling
+    from gtopk_lab.analysis.predict import parse_count, parse_workers, predict_scaling
     from gtopk_lab.network.model import NetworkModel
 
     net = NetworkModel.from_strings(args.bandwidth, args.latency)

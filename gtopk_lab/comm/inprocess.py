@@ -1,10 +1,10 @@
 """In-process versions of the collectives for the single-process simulator.
 
 P virtual ranks live in one process; each function takes one input per virtual rank and
-returns one :class:`~gtopk_lab.collectives.CollectiveResult` per virtual rank, with the same
+returns one :class:`~gtopk_lab.comm.torch_dist.CollectiveResult` per virtual rank, with the same
 values and the same CommStats (bytes, messages, rounds, steps, drops) the real rank would
 report. The sparse collectives run the very same per-rank programs
-(:func:`gtopk_lab.collectives.gtopk_program`, built on :mod:`gtopk_lab.schedules` and
+(:func:`gtopk_lab.comm.programs.gtopk_program`, built on :mod:`gtopk_lab.comm.schedules` and
 ``merge_sparse``) with an in-memory mailbox instead of torch.distributed, so results are
 bitwise equal to gloo runs. ``merge_cpu_s`` is measured here, so it differs.
 
@@ -22,17 +22,17 @@ from collections.abc import Generator, Sequence
 
 import torch
 
-from gtopk_lab.collectives import (
-    CollectiveResult, Payload, _check_algorithm, _check_k, _check_numel, _wire,
-    allgather_assemble, check_exact_k, dense_stats, gtopk_program,
+from gtopk_lab.comm.programs import allgather_assemble, dense_stats, gtopk_program
+from gtopk_lab.comm.stats import (
+    CollectiveResult, Payload, check_algorithm, check_exact_k, check_k, check_numel, wire,
 )
 from gtopk_lab.compression.merge import check_sparse
 
-__all__ = ["sim_dense_allreduce", "sim_topk_allgather", "sim_gtopk_allreduce", "sim_oktopk_allreduce",
-           "run_programs"]
+__all__ = ["sim_dense_allreduce", "sim_topk_allgather", "sim_gtopk_allreduce", "run_programs",
+           "check_lists"]
 
 
-def _check_lists(values_list: Sequence[torch.Tensor], indices_list: Sequence[torch.Tensor],
+def check_lists(values_list: Sequence[torch.Tensor], indices_list: Sequence[torch.Tensor],
                  numel: int) -> None:
     if len(values_list) < 1:
         raise ValueError("values_list is empty: expected one tensor per virtual rank (>= 1)")
@@ -121,16 +121,16 @@ def sim_topk_allgather(values_list: list[torch.Tensor], indices_list: list[torch
                        numel: int, exact_count: int | None = None) -> list[CollectiveResult]:
     """Top-k AllGather between virtual ranks: every rank gets the sparse sum of all selections.
 
-    ``exact_count`` as in :func:`gtopk_lab.collectives.topk_allgather`: no count allgather.
+    ``exact_count`` as in :func:`gtopk_lab.comm.torch_dist.topk_allgather`: no count allgather.
     """
-    _check_numel(numel)
-    _check_lists(values_list, indices_list, numel)
+    check_numel(numel)
+    check_lists(values_list, indices_list, numel)
     if exact_count is not None:
-        _check_k(exact_count, numel)
+        check_k(exact_count, numel)
         check_exact_k(True, {f"virtual rank {r}": v.numel() for r, v in enumerate(values_list)}, exact_count,
                       f"exact_count={exact_count}")
     world = len(values_list)
-    wired = [_wire(v, i, numel) for v, i in zip(values_list, indices_list)]
+    wired = [wire(v, i, numel) for v, i in zip(values_list, indices_list)]
     counts = [w[0].numel() for w in wired]
     vdt, idt = wired[0][0].dtype, wired[0][1].dtype
     res = allgather_assemble(counts, wired, vdt, idt, world, counted=exact_count is None)
@@ -144,18 +144,16 @@ def sim_gtopk_allreduce(values_list: list[torch.Tensor], indices_list: list[torc
                         k: int, algorithm: str = "butterfly", exact_k: bool = False) -> list[CollectiveResult]:
     """gTop-k between virtual ranks with the real per-rank programs (see module docstring).
 
-    ``exact_k`` as in :func:`gtopk_lab.collectives.gtopk_allreduce`: header-free messages
+    ``exact_k`` as in :func:`gtopk_lab.comm.torch_dist.gtopk_allreduce`: header-free messages
     of exactly k pairs (the same bytes and message counts as the real call).
     """
-    _check_numel(numel)
-    _check_k(k, numel)
-    _check_algorithm(algorithm)
-    _check_lists(values_list, indices_list, numel)
+    check_numel(numel)
+    check_k(k, numel)
+    check_algorithm(algorithm)
+    check_lists(values_list, indices_list, numel)
     check_exact_k(exact_k, {f"virtual rank {r}": v.numel() for r, v in enumerate(values_list)}, k)
     world = len(values_list)
     programs = [gtopk_program(r, world, v, i, numel, k, algorithm, header=not exact_k)
                 for r, (v, i) in enumerate(zip(values_list, indices_list))]
     return run_programs(programs)
 
-
-from gtopk_lab.oktopk import sim_oktopk_allreduce  # noqa: E402  (oktopk imports collectives only)

@@ -7,12 +7,12 @@ Drop-in for ``torch.nn.parallel.DistributedDataParallel``::
                             residual_rule="mass", warmup_iterations=1)
     model.register_comm_hook(state, gtopk_hook)
 
-The hook runs the project's own pieces underneath: a selector from
-:mod:`gtopk_lab.compression.selection`, :class:`~gtopk_lab.compression.residual.ErrorFeedback`
-and the collectives of :mod:`gtopk_lab.collectives` (``gtopk_allreduce``, ``topk_allgather``,
-``dense_allreduce``) or :func:`gtopk_lab.oktopk.oktopk_allreduce`; so a DDP model trained
-with it follows the same trajectory as ``gtopk_lab.training.loop.train_rank`` with the same
-method (tests/test_ddp_hook.py checks it).
+The hook runs the project's one training step underneath
+(:class:`~gtopk_lab.training.step.RankStep`: the method's memory, selector and collective
+from the registry, :mod:`gtopk_lab.methods`), so a DDP model trained with it follows the same
+trajectory as ``gtopk_lab.training.loop.train_rank`` with the same method
+(tests/test_ddp_hook.py checks it). Every registered per-step method (``sync_every == 1``)
+works, a plugin's too.
 
 Algorithm of one backward pass (``selection="model"``, the paper's whole-model top-k):
 
@@ -33,7 +33,7 @@ semantics, see docs/beyond_papers.md). During the first ``warmup_iterations`` ba
 passes the hook is a dense allreduce (``dense_allreduce`` then ``/ P``), which also lets DDP
 rebuild its buckets before sparse communication starts.
 
-Cost per iteration: the collective's (see :mod:`gtopk_lab.collectives`), plus O(d) copies for
+Cost per iteration: the collective's (see :mod:`gtopk_lab.comm`), plus O(d) copies for
 flattening and writing back; residuals take d floats per rank. Works with gloo (CPU) and
 NCCL (the collectives move to the tensor's GPU for NCCL).
 
@@ -50,26 +50,32 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gtopk_lab.collectives import CollectiveResult, dense_allreduce, gtopk_allreduce, topk_allgather
-from gtopk_lab.compression.residual import RESIDUAL_RULES, ErrorFeedback
-from gtopk_lab.compression.selection import available_selectors, get_selector, selects_exactly_k
+from gtopk_lab.comm.schedules import SPARSE_ALGORITHMS
+from gtopk_lab.comm.torch_dist import dense_allreduce
+from gtopk_lab.compression.residual import RESIDUAL_RULES
+from gtopk_lab.compression.selection import available_selectors
 from gtopk_lab.config import k_for
-from gtopk_lab.schedules import SPARSE_ALGORITHMS
+from gtopk_lab.methods import available_methods, get_method
+from gtopk_lab.training.step import RankStep, communicate
 
-__all__ = ["SparseHookState", "gtopk_hook", "HOOK_METHODS", "SELECTION_SCOPES"]
+__all__ = ["SparseHookState", "gtopk_hook", "hook_methods", "SELECTION_SCOPES"]
 
-HOOK_METHODS: tuple[str, ...] = ("gtopk", "topk", "oktopk", "dense")
 SELECTION_SCOPES: tuple[str, ...] = ("model", "bucket")
+
+
+def hook_methods() -> tuple[str, ...]:
+    """Registered methods that synchronise every step (what a DDP hook can run)."""
+    return tuple(m for m in available_methods() if not get_method(m).local_steps)
 
 
 @dataclass
 class SparseHookState:
     """State of :func:`gtopk_hook`: hyper-parameters (validated) and residuals.
 
-    Tuned by the user: ``density`` (0 < rho <= 1), ``method`` (gtopk | topk | oktopk |
-    dense), ``algorithm`` (gTop-k pattern: butterfly | tree), ``residual_rule`` (paper |
+    Tuned by the user: ``density`` (0 < rho <= 1), ``method`` (a per-step registered method:
+    :func:`hook_methods`), ``algorithm`` (gTop-k pattern: butterfly | tree), ``residual_rule`` (paper |
     mass), ``warmup_iterations`` (dense iterations first, >= 0), ``selection`` (model |
-    bucket), ``selector`` (registry name, default topk), ``process_group`` (None: default).
+    bucket), ``selector`` (registry name; None: the method's), ``process_group`` (None: default).
     Internal state: ``iteration`` (completed backward passes), per-parameter residuals,
     ``last_stats`` (CommStats of the last sparse collective).
     """
@@ -81,7 +87,7 @@ class SparseHookState:
     residual_rule: str = "mass"
     warmup_iterations: int = 1
     selection: str = "model"
-    selector: str = "topk"
+    selector: str | None = None
     process_group: Any = None
     # internal state
     iteration: int = 0
@@ -89,7 +95,7 @@ class SparseHookState:
     _slots: dict[int, int] = field(default_factory=dict, repr=False)
     _residuals: list[torch.Tensor] = field(default_factory=list, repr=False)
     _parked: list[tuple[Any, torch.futures.Future]] = field(default_factory=list, repr=False)
-    _oktopk_state: Any = field(default=None, repr=False)
+    _collective_state: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.density, bool) or not isinstance(self.density, (int, float)):
@@ -97,18 +103,16 @@ class SparseHookState:
         if not 0.0 < float(self.density) <= 1.0:
             raise ValueError(f"density={self.density!r} is invalid: expected a number in (0, 1]")
         self.density = float(self.density)
-        for name, allowed in (("method", HOOK_METHODS), ("algorithm", SPARSE_ALGORITHMS),
+        for name, allowed in (("method", hook_methods()), ("algorithm", SPARSE_ALGORITHMS),
                               ("residual_rule", RESIDUAL_RULES), ("selection", SELECTION_SCOPES),
-                              ("selector", available_selectors())):
+                              ("selector", (None, *available_selectors()))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: expected one of {', '.join(allowed)}")
         w = self.warmup_iterations
         if isinstance(w, bool) or not isinstance(w, int) or w < 0:
             raise ValueError(f"warmup_iterations={w!r} is invalid: expected an integer >= 0")
-        if self.method == "oktopk":
-            from gtopk_lab.oktopk import OkTopkState
-
-            self._oktopk_state = OkTopkState()
+        make_state = get_method(self.method).comm.make_state
+        self._collective_state = make_state() if make_state is not None else None
 
     # --- pickling: the process group and parameter keys stay behind -------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -126,27 +130,9 @@ class SparseHookState:
             self._residuals.append(torch.zeros(like.numel(), dtype=torch.float32, device=like.device))
         return self._slots[key]
 
-    def residual_norm(self) -> float:
-        """L2 norm of all residuals of this rank (diagnostics)."""
-        return float(torch.sqrt(sum((r.double() ** 2).sum() for r in self._residuals))) if self._residuals else 0.0
-
 
 def _world(state: SparseHookState) -> int:
     return dist.get_world_size(state.process_group)
-
-
-def _collective(state: SparseHookState, values: torch.Tensor, indices: torch.Tensor, numel: int,
-                k: int) -> CollectiveResult:
-    group = state.process_group
-    if state.method == "gtopk":
-        return gtopk_allreduce(values, indices, numel, k, group=group, algorithm=state.algorithm,
-                               exact_k=selects_exactly_k(state.selector))
-    if state.method == "topk":
-        return topk_allgather(values, indices, numel, group=group,
-                              exact_count=k if selects_exactly_k(state.selector) else None)
-    from gtopk_lab.oktopk import oktopk_allreduce
-
-    return oktopk_allreduce(values, indices, numel, k, group=group, state=state._oktopk_state)
 
 
 def _sparse_step(state: SparseHookState, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -160,22 +146,26 @@ def _sparse_step(state: SparseHookState, pairs: list[tuple[torch.Tensor, torch.T
     slot_ids = [slots[j] for j in order]
     flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads])
     numel = flat.numel()
-    ef = ErrorFeedback(numel, rule=state.residual_rule, device=flat.device)
-    ef.residual = torch.cat([state._residuals[s] for s in slot_ids])
-    acc = ef.compensate(flat)
+    method = get_method(state.method)
+    step = RankStep(method, numel, flat.device, residual_rule=state.residual_rule, selector=state.selector,
+                    algorithm=state.algorithm)
+    step.collective_state = state._collective_state
+    if step.memory is not None:  # the hook keeps residuals per parameter, across bucket rebuilds
+        step.memory.residual = torch.cat([state._residuals[s] for s in slot_ids])
     k = k_for(numel, state.density)
-    values, indices = get_selector(state.selector)(acc, k)
-    result = _collective(state, values, indices, numel, k)
-    ef.update(acc, values, indices, result)
+    contribution = step.prepare(flat, k)
+    result = communicate(method, contribution, step.call(k, state.iteration, group=state.process_group))
+    step.finish(contribution, result)
     state.last_stats = result.stats
-    dense = torch.zeros(numel, dtype=torch.float32, device=flat.device)
-    dense[result.indices.to(torch.int64)] = result.values.to(flat.device)  # type: ignore[union-attr]
+    dense = step.aggregate(result, flat.device).to(torch.float32)
     dense.div_(_world(state))
+    ef = step.memory
     offset = 0
     for g, s in zip(grads, slot_ids):
         n = g.numel()
         g.copy_(dense[offset:offset + n].view_as(g))
-        state._residuals[s] = ef.residual[offset:offset + n].clone()
+        if ef is not None:
+            state._residuals[s] = ef.residual[offset:offset + n].clone()
         offset += n
 
 
@@ -201,7 +191,7 @@ def gtopk_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.futures
     buffer = bucket.buffer()
     last = bucket.is_last()
     try:
-        if state.method == "dense" or state.iteration < state.warmup_iterations:
+        if not get_method(state.method).sparse or state.iteration < state.warmup_iterations:
             dense_allreduce(buffer, group=state.process_group)
             buffer.div_(_world(state))
             return _done(buffer)

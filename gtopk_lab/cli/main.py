@@ -1,6 +1,6 @@
 """The ``gtopk-lab`` command line.
 
-Each sub-command lives in its own module under ``gtopk_lab.commands`` and exposes
+Each sub-command lives in its own module of ``gtopk_lab.cli`` and exposes
 
     NAME: str                       # the sub-command name
     HELP: str                       # one line for ``gtopk-lab --help``
@@ -15,18 +15,14 @@ and ``main`` turns it into that line.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
+from gtopk_lab.cli import bench, calibrate, demo, methods, model, models, report, run, runs, sweep
+from gtopk_lab.cli.errors import UsageError
+
 #: Sub-command modules, in the order ``--help`` lists them.
-COMMAND_MODULES: tuple[str, ...] = (
-    "run", "sweep", "runs", "demo", "report", "bench", "calibrate", "model", "models",
-)
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
+COMMANDS = (run, sweep, runs, demo, report, bench, calibrate, model, models, methods)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,13 +33,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gtopk-lab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"gtopk_lab.commands.{name}")
-        except ModuleNotFoundError as exc:  # a command whose module is not written yet
-            if exc.name != f"gtopk_lab.commands.{name}":
-                raise
-            continue
+    for module in COMMANDS:
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
@@ -51,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     try:
+        parser = build_parser()
         args = parser.parse_args(argv)
         if not getattr(args, "_run", None):
             parser.print_help()

@@ -1,6 +1,6 @@
 """O(k) sparse allreduce in the style of Ok-Topk (Li & Hoefler, PPoPP'22), exact global top-k.
 
-Public API (re-exported by :mod:`gtopk_lab.collectives` / :mod:`gtopk_lab.collectives_sim`
+Public API (re-exported by :mod:`gtopk_lab.collectives` / :mod:`gtopk_lab.comm.inprocess`
 once integrated; same shapes as :func:`~gtopk_lab.collectives.gtopk_allreduce`):
 
 - :func:`oktopk_allreduce` ``(values, indices, numel, k, group=None, state=None) -> CollectiveResult``
@@ -82,18 +82,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gtopk_lab.collectives import (
-    HEADER_BYTES, CollectiveResult, CommStats, _check_k, _check_numel, _comm_device, _global_rank,
-    _rank_world, _wire,
-)
+from gtopk_lab.comm.inprocess import check_lists, run_programs
+from gtopk_lab.comm.schedules import butterfly_schedule
+from gtopk_lab.comm.stats import HEADER_BYTES, CollectiveResult, CommStats, check_k, check_numel, wire
+from gtopk_lab.comm.torch_dist import comm_device, global_rank, rank_world
 from gtopk_lab.compression.merge import check_sparse, coalesce_sparse
 from gtopk_lab.network.pacing import active_pacer
-from gtopk_lab.schedules import butterfly_schedule
 
 __all__ = [
     "OkTopkState", "oktopk_allreduce", "sim_oktopk_allreduce", "oktopk_program",
     "equal_boundaries", "boundaries_from_histogram", "allreduce_rounds", "bisection_rounds",
-    "oktopk_model_time_s",
 ]
 
 Request = tuple[str, int, "torch.Tensor | None"]
@@ -197,41 +195,6 @@ def bisection_rounds(threshold_probes: int = 255, key_bits: int = 31) -> int:
     return rounds
 
 
-def oktopk_model_time_s(net: Any, numel: int, k: int, workers: int, rebalance_every: int = 16,
-                        bins_per_region: int = 8, threshold_probes: int = 255) -> float:
-    """Closed-form alpha-beta time of :func:`oktopk_allreduce` as implemented, balanced regions.
-
-    ``net`` is a :class:`~gtopk_lab.network.model.NetworkModel`. Per round the cost is
-    ``alpha + beta * (h + bytes)`` (sent == received when balanced), h = 8::
-
-        reduce-scatter: (P-1) rounds of k/P pairs
-        threshold:      R * L rounds of c (probes+1) bytes (R = bisection_rounds, no ties)
-        allgather:      Bruck round j carries min(2^j, P-2^j) blocks of k/P pairs
-        re-balancing:   L rounds of c * min(numel, bins_per_region * P) bytes, / rebalance_every
-
-    with m = 8 (12 at int64 indices) bytes per pair and c = 4 (8 when P*numel >= 2**31).
-    Sum: ``~ (P - 1 + R L + ceil(log2 P)) alpha + 2 k (P-1)/P m beta`` plus small terms.
-    Imbalance and ties make real calls slower (tests/benchmarks compare with measured steps).
-    """
-    p = workers
-    if p == 1:
-        return 0.0
-    alpha, beta = net.latency_s, net.beta_s_per_byte
-    m = 8 if numel < 2**31 else 12
-    c = 4 if p * numel < 2**31 else 8
-    block = m * k / p
-    L = allreduce_rounds(p)
-    t = (p - 1) * (alpha + beta * (HEADER_BYTES + block))
-    t += bisection_rounds(threshold_probes) * L * (alpha + beta * (HEADER_BYTES + c * (threshold_probes + 1)))
-    d = 1
-    while d < p:
-        t += alpha + beta * (HEADER_BYTES + block * min(d, p - d))
-        d *= 2
-    nbins = min(numel, bins_per_region * p)
-    t += L * (alpha + beta * (HEADER_BYTES + c * nbins)) / rebalance_every
-    return t
-
-
 # =========================================================================== the program
 class _Recorder:
     """Per-round byte counts of one rank (CommStats.steps) and phase totals."""
@@ -316,7 +279,7 @@ def oktopk_program(rank: int, world_size: int, values: torch.Tensor, indices: to
 
     Yields ``("send", peer, buf)`` (resumed with None), ``("recv", peer, None)`` and
     ``("exchange", peer, buf)`` (resumed with the peer's uint8 buffer), the protocol of
-    :func:`gtopk_lab.collectives_sim.run_programs`. Returns ``(result, boundaries used,
+    :func:`gtopk_lab.comm.inprocess.run_programs`. Returns ``(result, boundaries used,
     bytes sent per phase)``. ``values``/``indices`` must already be in wire dtypes.
     """
     P = world_size
@@ -456,7 +419,7 @@ class _ByteTransport:
         self.pending: list[tuple[Any, torch.Tensor]] = []
 
     def _send(self, peer: int, buf: torch.Tensor) -> None:
-        dst = _global_rank(self.group, peer)
+        dst = global_rank(self.group, peer)
         header = torch.tensor([buf.numel()], dtype=torch.int64, device=self.device)
         self.pending.append((dist.isend(header, dst=dst, group=self.group), header))
         if buf.numel() > 0:
@@ -464,7 +427,7 @@ class _ByteTransport:
             self.pending.append((dist.isend(buf, dst=dst, group=self.group), buf))
 
     def _recv(self, peer: int) -> torch.Tensor:
-        src = _global_rank(self.group, peer)
+        src = global_rank(self.group, peer)
         header = torch.empty(1, dtype=torch.int64, device=self.device)
         dist.irecv(header, src=src, group=self.group).wait()
         n = int(header.item())
@@ -513,14 +476,14 @@ def oktopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k:
     (re-balanced every ``state.rebalance_every`` calls); None re-balances on every call.
     Works with gloo (CPU buffers) and NCCL (buffers on the tensor's GPU).
     """
-    _check_numel(numel)
-    _check_k(k, numel)
+    check_numel(numel)
+    check_k(k, numel)
     check_sparse(values, indices, numel, name="oktopk_allreduce(values, indices)")
     st = _check_state(state)
-    rank, world = _rank_world(group)
+    rank, world = rank_world(group)
     out_device = values.device
-    device = _comm_device(values, group) if world > 1 else values.device
-    values, indices = _wire(values.to(device), indices.to(device), numel)
+    device = comm_device(values, group) if world > 1 else values.device
+    values, indices = wire(values.to(device), indices.to(device), numel)
     rebalance = st.due(numel, world)
     gen = oktopk_program(rank, world, values, indices, numel, k, st.current(numel, world), rebalance,
                          st.bins_per_region, st.threshold_probes)
@@ -548,27 +511,17 @@ def sim_oktopk_allreduce(values_list: list[torch.Tensor], indices_list: list[tor
     Same values, bytes, steps and drops as :func:`oktopk_allreduce` on P real ranks (one
     ``state`` stands for the P identical per-rank states).
     """
-    from gtopk_lab.collectives_sim import _check_lists, run_programs
-
-    _check_numel(numel)
-    _check_k(k, numel)
-    _check_lists(values_list, indices_list, numel)
+    check_numel(numel)
+    check_k(k, numel)
+    check_lists(values_list, indices_list, numel)
     st = _check_state(state)
     world = len(values_list)
     rebalance = st.due(numel, world)
     bounds = st.current(numel, world)
-    programs = [oktopk_program(r, world, *_wire(v, i, numel), numel, k, bounds, rebalance,
+    programs = [oktopk_program(r, world, *wire(v, i, numel), numel, k, bounds, rebalance,
                                st.bins_per_region, st.threshold_probes)
                 for r, (v, i) in enumerate(zip(values_list, indices_list))]
     outs = run_programs(programs)  # type: ignore[arg-type]
     st.advance(outs[0][1], numel, world, rebalance)  # type: ignore[index]
     st.phase_bytes = outs[0][2]  # type: ignore[index]
     return [o[0] for o in outs]  # type: ignore[index]
-
-
-def oktopk_time_s(steps_per_rank: Sequence[Sequence[tuple[int, int]]], latency_s: float,
-                  beta_s_per_byte: float) -> float:
-    """Modelled duration of one call from the measured per-rank steps: max over ranks of
-    ``sum(alpha + beta * max(sent, recv))`` (the CommStats convention)."""
-    return max((sum(latency_s + beta_s_per_byte * max(s, r) for s, r in steps) for steps in steps_per_rank),
-               default=0.0)

@@ -19,8 +19,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from gtopk_lab.cli import UsageError
+from gtopk_lab.cli.errors import UsageError
 from gtopk_lab.config import RunConfig
+from gtopk_lab.methods import available_methods
 
 NAME = "run"
 HELP = "run one training run on a Dask cluster (embedded, tcp:// or tls://) or simulated"
@@ -87,6 +88,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, exclude: set[str] = fr
         elif kind == "extra":
             group.add_argument(flag, dest=f.name, action="append", default=argparse.SUPPRESS,
                                metavar="KEY=JSON", help="extra settings, repeatable (value parsed as JSON)")
+        elif f.name == "method":
+            group.add_argument(flag, dest=f.name, type=conv, default=argparse.SUPPRESS, metavar="METHOD",
+                               help=f"one of {', '.join(available_methods())} (default {default!r}; "
+                                    "'gtopk-lab methods' lists them)")
         else:
             group.add_argument(flag, dest=f.name, type=conv, default=argparse.SUPPRESS,
                                metavar=f.name.upper(), help=f"(default {default!r})")

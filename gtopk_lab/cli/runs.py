@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from gtopk_lab.cli import UsageError
+from gtopk_lab.cli.errors import UsageError
 
 NAME = "runs"
 HELP = "list stored runs (status, method, P, density, accuracy, throughput) of a results folder"

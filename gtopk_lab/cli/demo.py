@@ -6,8 +6,8 @@ fitted 1 GbE network (alpha 0.436 ms, beta 9e-9 s/B) in virtual time, a few hund
 iterations at most. With that latency the message counts matter as in the paper: at P = 4
 gTop-k's virtual scaling efficiency comes out well above dense's and Top-k's. It prints the
 scaling-efficiency table (every method divided by the dense P = 1 run, the paper's definition;
-see ``gtopk_lab.training.scaling.add_scaling_efficiency``) and writes the HTML report
-(``gtopk_lab.report.write_report``, same rule) to ``<out>/report.html``. Takes a few minutes on 2 cores; rerunning it skips the runs
+see ``gtopk_lab.analysis.scaling.add_scaling_efficiency``) and writes the HTML report
+(``gtopk_lab.plotting.report.write_report``, same rule) to ``<out>/report.html``. Takes a few minutes on 2 cores; rerunning it skips the runs
 already completed in ``--out``.
 """
 
@@ -17,9 +17,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from gtopk_lab.cli import UsageError
-from gtopk_lab.commands import run as run_cmd
-from gtopk_lab.commands import sweep as sweep_cmd
+from gtopk_lab.cli.errors import UsageError
+from gtopk_lab.cli import run as run_cmd
+from gtopk_lab.cli import sweep as sweep_cmd
 
 NAME = "demo"
 HELP = "small MNIST-1D sweep (dense/topk/gtopk x P=1,2,4) on an embedded cluster + HTML report"
@@ -67,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{len(summaries)} run(s), {failed} not completed; results in {out}")
     if not args.no_report:
         try:
-            from gtopk_lab.report import write_report
+            from gtopk_lab.plotting.report import write_report
         except ImportError:
-            print("note: gtopk_lab.report is not available; skipped the HTML report", file=sys.stderr)
+            print("note: gtopk_lab.plotting.report is not available; skipped the HTML report", file=sys.stderr)
         else:
             html = write_report(out, out / "report.html")
             print(f"report: {html}")

@@ -62,17 +62,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gtopk_lab.collectives import dense_allreduce, gtopk_allreduce, topk_allgather
-from gtopk_lab.compression.residual import RESIDUAL_RULES, ErrorFeedback
-from gtopk_lab.compression.selection import get_selector
+from gtopk_lab.comm.schedules import SPARSE_ALGORITHMS
+from gtopk_lab.compression.residual import RESIDUAL_RULES
 from gtopk_lab.config import k_for
+from gtopk_lab.integrations.ddp_hook import hook_methods
+from gtopk_lab.methods import get_method
 from gtopk_lab.network.model import NetworkModel
-from gtopk_lab.schedules import SPARSE_ALGORITHMS
+from gtopk_lab.training.step import RankStep, aggregate_dense, communicate
 
-__all__ = ["WaitFreeBackprop", "OverlapReport", "GroupTiming", "OVERLAP_METHODS", "SCOPES",
+__all__ = ["WaitFreeBackprop", "OverlapReport", "GroupTiming", "SCOPES",
            "hidden_time_s", "link_timeline"]
 
-OVERLAP_METHODS: tuple[str, ...] = ("gtopk", "topk", "oktopk", "dense")
 SCOPES: tuple[str, ...] = ("layer", "model")
 
 
@@ -148,7 +148,7 @@ class WaitFreeBackprop:
             raise TypeError(f"model has type {type(model).__name__}: expected torch.nn.Module")
         if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
             raise ValueError(f"density={density!r} is invalid: expected a number in (0, 1]")
-        for name, value, allowed in (("method", method, OVERLAP_METHODS), ("algorithm", algorithm, SPARSE_ALGORITHMS),
+        for name, value, allowed in (("method", method, hook_methods()), ("algorithm", algorithm, SPARSE_ALGORITHMS),
                                      ("residual_rule", residual_rule, RESIDUAL_RULES), ("scope", scope, SCOPES)):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} is invalid: expected one of {', '.join(allowed)}")
@@ -168,12 +168,10 @@ class WaitFreeBackprop:
         self.groups = self._make_groups(model, min_group_numel) if scope == "layer" else [
             [p for p in model.parameters() if p.requires_grad]]
         self.numels = [sum(p.numel() for p in g) for g in self.groups]
-        self.feedback = [ErrorFeedback(n, rule=residual_rule) for n in self.numels]
-        self._oktopk = [None] * len(self.groups)
-        if method == "oktopk":
-            from gtopk_lab.oktopk import OkTopkState
-
-            self._oktopk = [OkTopkState() for _ in self.groups]
+        # one training step per layer group: its residual and collective state persist
+        self._method = get_method(method)
+        self.steps = [RankStep(self._method, n, torch.device("cpu"), residual_rule=residual_rule,
+                               algorithm=algorithm) for n in self.numels]
         self._group_of = {id(p): g for g, ps in enumerate(self.groups) for p in ps}
         self._handles = []
         self._lock = threading.Lock()
@@ -262,26 +260,12 @@ class WaitFreeBackprop:
         flat = torch.cat([x.reshape(-1).to(torch.float32) for x in grads])
         world = dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
         numel = flat.numel()
-        if self.method == "dense":
-            result = dense_allreduce(flat, group=self.group)
-            dense, k = flat, numel
-        else:
-            ef = self.feedback[g]
-            acc = ef.compensate(flat)
-            k = k_for(numel, self.density)
-            values, indices = get_selector("topk")(acc, k)
-            if self.method == "gtopk":
-                result = gtopk_allreduce(values, indices, numel, k, group=self.group, algorithm=self.algorithm,
-                                         exact_k=True)  # topk selections hold exactly k
-            elif self.method == "topk":
-                result = topk_allgather(values, indices, numel, group=self.group, exact_count=k)
-            else:
-                from gtopk_lab.oktopk import oktopk_allreduce
-
-                result = oktopk_allreduce(values, indices, numel, k, group=self.group, state=self._oktopk[g])
-            ef.update(acc, values, indices, result)
-            dense = torch.zeros(numel, dtype=torch.float32, device=flat.device)
-            dense[result.indices.to(torch.int64)] = result.values.to(flat.device)  # type: ignore[union-attr]
+        step = self.steps[g]
+        k = k_for(numel, self.density) if self._method.sparse else numel
+        contribution = step.prepare(flat, k)
+        result = communicate(self._method, contribution, step.call(k, group=self.group))
+        step.finish(contribution, result)
+        dense = aggregate_dense(result, numel, flat.device).to(torch.float32)
         dense = dense / world
         offset = 0
         for p in params:

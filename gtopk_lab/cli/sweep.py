@@ -2,7 +2,7 @@
 scaling-efficiency table.
 
 Scaling efficiency of method m at P workers = throughput(m, P) / (P * throughput(dense, 1))
-(samples per second; the paper's definition, ``gtopk_lab.training.scaling.add_scaling_efficiency``),
+(samples per second; the paper's definition, ``gtopk_lab.analysis.scaling.add_scaling_efficiency``),
 computed both on the virtual clock (modelled network, ``--bandwidth``) and on the wall clock.
 When dense is among ``--methods`` the grid always holds dense at P=1 (the baseline), even if
 ``--workers`` leaves 1 out; without it each method falls back to its own P=1 run and the
@@ -21,11 +21,12 @@ from typing import Any
 
 import pandas as pd
 
-from gtopk_lab.cli import UsageError
-from gtopk_lab.commands import run as run_cmd
+from gtopk_lab.cli.errors import UsageError
+from gtopk_lab.cli import run as run_cmd
 from gtopk_lab.config import RunConfig
+from gtopk_lab.methods import BASELINE_METHOD, get_method
 from gtopk_lab.network.model import bandwidth_label
-from gtopk_lab.training.scaling import add_scaling_efficiency, baseline_note
+from gtopk_lab.analysis.scaling import add_scaling_efficiency, baseline_note
 
 NAME = "sweep"
 HELP = "run a grid of configs (methods x workers x density x bandwidth) and print scaling efficiency"
@@ -88,9 +89,9 @@ def build_grid(args: argparse.Namespace) -> list[RunConfig]:
     seen: set[tuple[Any, ...]] = set()
     for method, bandwidth, density, algorithm, p in itertools.product(
             methods, bandwidths, densities, algorithms, sorted(set(workers) | {1})):
-        if p == 1 and 1 not in workers and method != "dense":
+        if p == 1 and 1 not in workers and method != BASELINE_METHOD:
             continue
-        if method == "dense":
+        if not get_method(method).sparse:  # nothing to select: one density and pattern
             density, algorithm = densities[0], algorithms[0]
         key = (method, bandwidth, density, algorithm, p)
         if key in seen:

@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gtopk_lab.report import write_report
+    from gtopk_lab.plotting.report import write_report
 
     path = write_report(args.results_dir, args.output)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")

@@ -1,4 +1,4 @@
-"""Train one rank under ``torchrun``: ``python -m gtopk_lab.train --method gtopk ...``.
+"""Train one rank under ``torchrun``: ``python -m gtopk_lab.training.torchrun --method gtopk ...``.
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; this module
 initialises the default process group from them (gloo on CPU, NCCL when the rank's
@@ -11,11 +11,11 @@ Every ``RunConfig`` field is an option (``--density 0.001``, ``--lr-milestones 8
 from a named recipe (gtopk_lab.training.optim.RECIPES). ``--workers`` defaults to
 WORLD_SIZE. Examples::
 
-    torchrun --standalone --nproc-per-node 4 -m gtopk_lab.train --method gtopk --density 0.01 \\
+    torchrun --standalone --nproc-per-node 4 -m gtopk_lab.training.torchrun --method gtopk --density 0.01 \\
         --model cnn --dataset mnist1d --epochs 5 --bandwidth 1GbE
     torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint host:29400 \\
-        -m gtopk_lab.train --recipe resnet20-cifar10 --data-dir ~/data/cifar10
-    python -m gtopk_lab.train --workers 1 --method dense --max-iterations 20
+        -m gtopk_lab.training.torchrun --recipe resnet20-cifar10 --data-dir ~/data/cifar10
+    python -m gtopk_lab.training.torchrun --workers 1 --method dense --max-iterations 20
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _arg_type(name: str, default: Any) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     """One option per RunConfig field (defaults None = the recipe's / RunConfig's value)."""
-    parser = argparse.ArgumentParser(prog="python -m gtopk_lab.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gtopk_lab.training.torchrun", description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default=None, help="named recipe to start from")
     parser.add_argument("--summary-out", default=None, help="rank 0 writes the summary JSON here")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout")
@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(args, world_size)
     except (ValueError, TypeError) as exc:
-        print(f"gtopk_lab.train: error: {exc}", file=sys.stderr)
+        print(f"gtopk_lab.training.torchrun: error: {exc}", file=sys.stderr)
         return 2
     device = resolve_device(config)
     initialised = False

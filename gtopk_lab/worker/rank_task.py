@@ -189,7 +189,7 @@ def run_rank(
     from distributed import get_client, get_worker
 
     from gtopk_lab.config import RunConfig
-    from gtopk_lab.distributed_utils import master_store
+    from gtopk_lab.comm.launch import master_store
 
     config = RunConfig.from_dict(config_dict)
     run_id = config.run_id

@@ -25,7 +25,7 @@ when both runs use the same per-worker batch).
 
 Measured compute on a shared machine is noisy (3-5x between iterations), and the
 simulator's virtual clock takes the slowest of P ranks, so efficiencies from measured compute
-drift with P. :func:`measure_iteration_times` measures one rank's compute and selection time
+drift with P. :func:`~gtopk_lab.training.compute_time.measure_iteration_times` measures one rank's compute and selection time
 once (medians of a few passes at the P=1 batch); passing them to
 ``simulate(config, compute_time_s=..., selection_time_s=...)`` charges every virtual rank the
 same, so efficiencies differ only by communication and selection.
@@ -44,10 +44,10 @@ from __future__ import annotations
 
 import math
 import numbers
-import statistics
-import time as _time
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from gtopk_lab.methods.builtin import BASELINE_METHOD
 
 TIMES: tuple[str, ...] = ("virtual", "wall")
 
@@ -196,7 +196,7 @@ def add_scaling_efficiency(runs: Any, times: str | Sequence[str] = TIMES, baseli
     own_base: dict[tuple[Any, ...], Any] = {}
     for label in frame.index[candidates.to_numpy()]:
         g = key(label, group_cols)
-        if str(frame.at[label, "method"]) == "dense":
+        if str(frame.at[label, "method"]) == BASELINE_METHOD:
             dense_base.setdefault(g, label)
         own_base.setdefault(g + key(label, method_cols), label)
 
@@ -210,7 +210,7 @@ def add_scaling_efficiency(runs: Any, times: str | Sequence[str] = TIMES, baseli
         if base is None:
             kinds.append(BASELINE_NONE)
         else:
-            kinds.append(BASELINE_DENSE if str(frame.at[base, "method"]) == "dense" else BASELINE_OWN)
+            kinds.append(BASELINE_DENSE if str(frame.at[base, "method"]) == BASELINE_METHOD else BASELINE_OWN)
     frame["baseline"] = kinds
     has_id = "run_id" in frame.columns
     frame["baseline_run_id"] = [frame.at[b, "run_id"] if (b is not None and has_id) else None for b in bases]
@@ -274,67 +274,3 @@ def scaling_table(runs: Iterable[Any], time: str = "virtual", baseline: str = "d
     table.columns.name = "workers"
     table.attrs["baseline"] = labels.to_dict()
     return table
-
-
-def measure_iteration_times(config: Any, repeats: int = 7, warmup: int = 2,
-                            device: Any = None) -> dict[str, Any]:
-    """One rank's per-iteration compute and selection time, each the median of ``repeats`` passes.
-
-    Compute = forward + backward + optimiser step on one batch of ``config.batch_size`` samples
-    of ``config.dataset`` (what one rank does per iteration besides selection and
-    communication); selection = error-feedback compensation + the config's selector (default
-    ``topk``) at ``k = max(1, floor(density * d))`` on the real gradient. Times are process CPU
-    time (``time.process_time``; CUDA: synchronised wall time), so other jobs on the machine
-    inflate them less than wall time; the median discards the slow outliers of a loaded
-    machine. ``warmup`` untimed passes come first (allocator, kernel selection).
-
-    Returns ``{"compute_time_s", "selection_time_s", "compute_samples_s",
-    "selection_samples_s", "numel", "k", "threads"}``. Cost: ``warmup + repeats`` forward/backward
-    passes and as many selections. The weights change (real SGD steps), which is harmless for
-    timing.
-    """
-    import torch
-
-    from gtopk_lab.config import RunConfig, k_for
-    from gtopk_lab.compression.residual import ErrorFeedback
-    from gtopk_lab.compression.selection import get_selector
-    from gtopk_lab.training.data import load_dataset
-    from gtopk_lab.training.loop import Replica, resolve_device
-
-    if not isinstance(config, RunConfig):
-        raise TypeError(f"config has type {type(config).__name__}: expected RunConfig")
-    for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}={value!r} is invalid: expected an integer >= {low}")
-    dev = resolve_device(config, device)
-    dataset = load_dataset(config.dataset, model=config.model,
-                           train_samples=max(config.batch_size, 1), test_samples=1, seed=config.seed,
-                           data_dir=config.data_dir,
-                           num_classes=config.extra.get("model_kwargs", {}).get("vocab_size"))
-    replica = Replica(config.replace(workers=1), 1, dev)
-    x, y = dataset.x_train[:config.batch_size], dataset.y_train[:config.batch_size]
-    selector = get_selector(config.default_selector or "topk")
-    k = k_for(replica.numel, config.density)
-    ef = ErrorFeedback(replica.numel, rule=config.residual_rule, device=dev)
-
-    def now() -> float:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-            return _time.perf_counter()
-        return _time.process_time()
-
-    compute, selection = [], []
-    for i in range(warmup + repeats):
-        t0 = now()
-        replica.forward_backward(x, y)
-        replica.optimizer.step()
-        t1 = now()
-        acc = ef.compensate(replica.grad)
-        selector(acc, k)
-        t2 = now()
-        if i >= warmup:
-            compute.append(t1 - t0)
-            selection.append(t2 - t1)
-    return {"compute_time_s": statistics.median(compute), "selection_time_s": statistics.median(selection),
-            "compute_samples_s": compute, "selection_samples_s": selection, "numel": replica.numel,
-            "k": k, "threads": torch.get_num_threads()}

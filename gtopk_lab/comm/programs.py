@@ -1,0 +1,149 @@
+"""Per-rank collective programs and the accounting of library collectives.
+
+A program is one rank's algorithm as a generator of communication requests
+``(op, peer, payload)`` (``op`` in send / recv / exchange), resumed with what the peer sent.
+:mod:`gtopk_lab.comm.torch_dist` drives a program with torch.distributed point-to-point
+calls and :mod:`gtopk_lab.comm.inprocess` drives the same program between virtual ranks in
+one process, so results and byte counts agree by construction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+
+import torch
+
+from gtopk_lab.comm.schedules import ring_allgather_steps, ring_allreduce_steps, sparse_schedule
+from gtopk_lab.comm.stats import (
+    HEADER_BYTES, CollectiveResult, CommStats, Payload, Request, sparse_message_bytes, wire,
+)
+from gtopk_lab.compression.merge import coalesce_sparse, merge_sparse, sort_by_index
+
+__all__ = ["gtopk_program", "dense_stats", "allgather_steps", "allgather_assemble"]
+
+
+Payload = tuple[torch.Tensor, torch.Tensor]
+Request = tuple[str, int, "Payload | None"]
+
+
+def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: torch.Tensor,
+                  numel: int, k: int, algorithm: str, header: bool = True
+                  ) -> Generator[Request, Payload | None, CollectiveResult]:
+    """gTop-k on one rank as a generator of communication requests.
+
+    Yields ``("send", peer, (v, i))`` (resumed with None), ``("recv", peer, None)`` and
+    ``("exchange", peer, (v, i))`` (both resumed with the peer's ``(v, i)``), following
+    :func:`gtopk_lab.comm.schedules.sparse_schedule`; returns the rank's CollectiveResult.
+    Merges put the lower rank's operand first so all ranks add in the same order.
+    ``header=False`` accounts messages without the 8-byte count header (every message
+    holds exactly k pairs: ``gtopk_allreduce(..., exact_k=True)``).
+    """
+    values, indices = wire(values, indices, numel)
+    # one sort of the local selection by index: every message is then canonical and every
+    # merge sees two ascending runs (merge_sparse's fast path); charged as merge CPU
+    t0 = time.process_time()
+    values, indices = sort_by_index(values, indices)
+    merge_cpu_s = time.process_time() - t0
+    steps: list[tuple[int, int]] = []
+    messages = 0
+    merged_elements = 0
+    dropped: list[Payload] = []
+    merged_any = False
+
+    def msg_bytes(p: Payload) -> int:
+        n_bytes = sparse_message_bytes(p[0].numel(), p[0].dtype, p[1].dtype)
+        return n_bytes if header else n_bytes - HEADER_BYTES
+
+    def n_msgs(p: Payload) -> int:
+        return 2 if header and p[0].numel() > 0 else 1
+
+    for step in sparse_schedule(algorithm, rank, world_size):
+        mine = (values, indices)
+        if step.op == "send":
+            yield ("send", step.peer, mine)
+            steps.append((msg_bytes(mine), 0))
+            messages += n_msgs(mine)
+            continue
+        theirs = yield (step.op, step.peer, mine if step.op == "exchange" else None)
+        assert theirs is not None
+        if step.op == "exchange":
+            steps.append((msg_bytes(mine), msg_bytes(theirs)))
+            messages += n_msgs(mine)
+        else:
+            steps.append((0, msg_bytes(theirs)))
+        if not step.merge:
+            values, indices = theirs
+            continue
+        first, second = (mine, theirs) if rank < step.peer else (theirs, mine)
+        t0 = time.process_time()
+        values, indices, d_v, d_i = merge_sparse(first[0], first[1], second[0], second[1], k)
+        merge_cpu_s += time.process_time() - t0
+        merged_elements += first[0].numel() + second[0].numel()
+        merged_any = True
+        if step.charge_drops:
+            dropped.append((d_v, d_i))
+    if not merged_any and world_size == 1:
+        # No merge happened: canonicalise (sort) and keep k, the single rank owns the drops.
+        t0 = time.process_time()
+        empty_v, empty_i = values.new_empty(0), indices.new_empty(0)
+        merged_elements += values.numel()
+        values, indices, d_v, d_i = merge_sparse(values, indices, empty_v, empty_i, k)
+        merge_cpu_s += time.process_time() - t0
+        dropped.append((d_v, d_i))
+    # merge_sparse returns its drops canonical (ascending, unique indices): a single drop is
+    # returned as is; several are left as parts, summed only if a reader asks (CommStats).
+    drop_v, drop_i = dropped[0] if len(dropped) == 1 else (values.new_empty(0), indices.new_empty(0))
+    stats = CommStats(
+        collective="gtopk_allreduce", algorithm=algorithm,
+        bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),
+        messages=messages, rounds=len(steps), steps=steps, merge_cpu_s=merge_cpu_s,
+        merged_elements=merged_elements, dropped_values=drop_v, dropped_indices=drop_i,
+        library_estimate=False, dropped_parts=dropped if len(dropped) > 1 else None,
+    )
+    return CollectiveResult(values, indices, stats)
+
+
+
+def dense_stats(nbytes: int, world_size: int) -> CommStats:
+    """CommStats of a ring allreduce of ``nbytes`` (shared with the simulator)."""
+    steps = ring_allreduce_steps(nbytes, world_size)
+    return CommStats(collective="dense_allreduce", algorithm="ring",
+                     bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),
+                     messages=len(steps), rounds=len(steps), steps=steps, library_estimate=True)
+
+
+def allgather_steps(counts: list[int], value_dtype: torch.dtype, idx_dtype: torch.dtype,
+                    world_size: int, counted: bool = True) -> list[tuple[int, int]]:
+    """Rounds of topk_allgather: a ring allgather of the 8-byte counts (unless
+    ``counted=False``: every count known in advance), then one of max(counts) padded
+    (value, index) pairs per rank (none when every count is 0)."""
+    pair = sparse_message_bytes(1, value_dtype, idx_dtype) - HEADER_BYTES
+    steps = ring_allgather_steps(HEADER_BYTES, world_size) if counted else []
+    if max(counts) > 0:
+        steps += ring_allgather_steps(max(counts) * pair, world_size)
+    return steps
+
+
+def allgather_assemble(counts: list[int], gathered: list[Payload], value_dtype: torch.dtype,
+                       idx_dtype: torch.dtype, world_size: int, counted: bool = True) -> CollectiveResult:
+    """Sum the gathered per-rank sparse vectors (rank order) and build the allgather stats.
+
+    ``gathered[r]`` holds rank r's first ``counts[r]`` entries. Stats: a ring allgather of
+    the 8-byte counts (if ``counted``), then a ring allgather of max(counts) padded pairs
+    per rank.
+    """
+    t0 = time.process_time()
+    if gathered:
+        values, indices = coalesce_sparse(torch.cat([g[0] for g in gathered]),
+                                          torch.cat([g[1] for g in gathered]))
+    else:
+        values = torch.empty(0, dtype=value_dtype)
+        indices = torch.empty(0, dtype=idx_dtype)
+    merge_cpu_s = time.process_time() - t0
+    steps = allgather_steps(counts, value_dtype, idx_dtype, world_size, counted)
+    stats = CommStats(collective="topk_allgather", algorithm="ring",
+                      bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),
+                      messages=len(steps), rounds=len(steps), steps=steps, merge_cpu_s=merge_cpu_s,
+                      merged_elements=sum(g[0].numel() for g in gathered), library_estimate=True)
+    return CollectiveResult(values, indices, stats)

@@ -1,0 +1,142 @@
+"""The wire format and the per-call statistics shared by every collective.
+
+A k-sparse message is an 8-byte int64 count header, then (if n > 0) n values followed by
+n indices (fp32 + int32 = 8 bytes per entry below 2**31 elements). ``CommStats`` records
+what one rank sent and received in one call; the network model turns its ``steps`` into
+time. Nothing here talks to a process group, so the in-process drivers share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from gtopk_lab.comm.schedules import SPARSE_ALGORITHMS
+from gtopk_lab.compression.merge import coalesce_sparse, index_dtype
+
+__all__ = ["CommStats", "CollectiveResult", "HEADER_BYTES", "Payload", "Request", "sparse_message_bytes",
+           "check_exact_k", "check_k", "check_numel", "check_algorithm", "wire"]
+
+#: Bytes of the count header that precedes every sparse point-to-point message.
+HEADER_BYTES = 8
+
+Payload = tuple[torch.Tensor, torch.Tensor]
+Request = tuple[str, int, "Payload | None"]
+
+
+@dataclass
+class CommStats:
+    """What one rank sent and received in one collective call (see docs/architecture.md)."""
+
+    collective: str
+    algorithm: str
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    messages: int = 0
+    rounds: int = 0
+    #: per round on this rank: (bytes_sent, bytes_recv), in order
+    steps: list[tuple[int, int]] = field(default_factory=list)
+    #: CPU seconds this rank spent merging inside the collective
+    merge_cpu_s: float = 0.0
+    #: input entries of those merges (both operands; the gathered P*k of an allgather):
+    #: ``merge_cpu_s / merged_elements`` is gamma as the collective itself ran it
+    merged_elements: int = 0
+    #: entries dropped by merges and charged to THIS rank (mass-conserving rule), canonical;
+    #: None for exact collectives, empty tensors on gTop-k ranks that own no drops
+    dropped_values: torch.Tensor | None = None
+    dropped_indices: torch.Tensor | None = None
+    #: True when the bytes come from the ring formula of a library collective
+    library_estimate: bool = False
+    #: drops of several merges charged to this rank, each canonical, not yet summed: the
+    #: first read of ``dropped_values`` or ``dropped_indices`` coalesces them (so the
+    #: collective does not pay for bookkeeping only the "mass" residual rule reads)
+    dropped_parts: list[tuple[torch.Tensor, torch.Tensor]] | None = field(default=None, repr=False,
+                                                                         compare=False)
+
+    def _coalesce_drop_parts(self) -> None:
+        parts = self.__dict__.get("dropped_parts")
+        if parts:
+            self.__dict__["dropped_parts"] = None
+            v, i = coalesce_sparse(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+            self.__dict__["_dropped_values"], self.__dict__["_dropped_indices"] = v, i
+
+    def drops_to(self, device: torch.device) -> None:
+        """Move the drops (pending parts or coalesced tensors) to ``device`` without summing."""
+        parts = self.__dict__.get("dropped_parts")
+        if parts:
+            self.dropped_parts = [(v.to(device), i.to(device)) for v, i in parts]
+        elif self.dropped_values is not None and self.dropped_indices is not None:
+            self.dropped_values = self.dropped_values.to(device)
+            self.dropped_indices = self.dropped_indices.to(device)
+
+
+def _lazy_drop_field(name: str) -> property:
+    key = "_" + name
+
+    def get(self: CommStats) -> torch.Tensor | None:
+        self._coalesce_drop_parts()
+        return self.__dict__.get(key)
+
+    def put(self: CommStats, value: torch.Tensor | None) -> None:
+        self.__dict__[key] = value
+
+    return property(get, put, doc=f"{name}: the drops charged to this rank (pending parts summed on read)")
+
+
+# installed after @dataclass so that the generated __init__/repr/eq go through them
+CommStats.dropped_values = _lazy_drop_field("dropped_values")  # type: ignore[assignment]
+CommStats.dropped_indices = _lazy_drop_field("dropped_indices")  # type: ignore[assignment]
+
+
+class CollectiveResult(NamedTuple):
+    """Result of a collective: global values/indices (indices None for dense) and stats."""
+
+    values: torch.Tensor
+    indices: torch.Tensor | None
+    stats: CommStats
+
+
+# ---------------------------------------------------------------------------------------
+# validation helpers
+def check_k(k: int, numel: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k={k!r} has type {type(k).__name__}: expected int")
+    if not 1 <= k <= numel:
+        raise ValueError(f"k={k!r} is invalid: expected 1 <= k <= numel={numel}")
+
+
+def check_numel(numel: int) -> None:
+    if isinstance(numel, bool) or not isinstance(numel, int):
+        raise TypeError(f"numel={numel!r} has type {type(numel).__name__}: expected int")
+    if numel < 1:
+        raise ValueError(f"numel={numel!r} is invalid: expected an integer >= 1")
+
+
+def check_algorithm(algorithm: str) -> None:
+    if algorithm not in SPARSE_ALGORITHMS:
+        raise ValueError(f"algorithm={algorithm!r} is invalid: expected one of {', '.join(SPARSE_ALGORITHMS)}")
+
+
+def check_exact_k(exact_k: bool, counts: dict[str, int], k: int, field: str = "exact_k=True") -> None:
+    """``exact_k`` is a bool and, when True, every rank's count (by rank name) is k.
+
+    ``field`` names the caller's argument in the message (``exact_count=K`` for the allgather).
+    """
+    if not isinstance(exact_k, bool):
+        raise TypeError(f"exact_k={exact_k!r} has type {type(exact_k).__name__}: expected bool")
+    if exact_k:
+        for name, n in counts.items():
+            if n != k:
+                raise ValueError(f"{field} is invalid here: {name} selected {n} entries, "
+                                 f"expected exactly k={k}")
+
+
+def wire(values: torch.Tensor, indices: torch.Tensor, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return values.contiguous(), indices.to(index_dtype(numel)).contiguous()
+
+
+def sparse_message_bytes(n: int, value_dtype: torch.dtype, idx_dtype: torch.dtype) -> int:
+    """Bytes of one sparse message of n entries: header + n * (value + index size)."""
+    return HEADER_BYTES + n * (value_dtype.itemsize + idx_dtype.itemsize)

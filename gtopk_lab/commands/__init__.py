@@ -1,1 +1,0 @@
-"""Sub-commands of the gtopk-lab CLI; see gtopk_lab.cli."""

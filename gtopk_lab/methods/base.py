@@ -1,0 +1,245 @@
+"""What a method is: a :class:`Collective` (how contributions are aggregated) and a
+:class:`Method` (selector + memory + collective + cadence), in GRACE's spirit
+(compressor / memory / communicator).
+
+A collective is called once per synchronisation with a :class:`CommCall` describing the
+call (sizes, pattern, per-rank state, parameter layout) and one rank's contribution (a
+:class:`Contribution`: the compensated buffer ``acc`` and, for sparse collectives, the
+selection ``values, indices``). It runs in two drivers with the same per-rank algorithm:
+``run`` on real ranks over torch.distributed, ``simulate`` for P virtual ranks in one
+process (one contribution and one result per rank). Both return
+:class:`~gtopk_lab.comm.stats.CollectiveResult` s whose ``values/indices`` (indices None
+for a dense result) hold the **sum** over ranks; the training step divides by P.
+
+Every field has a default except the name and the collective, so a user's method is one
+line; :func:`gtopk_lab.methods.registry.register_method` checks that the parts fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gtopk_lab.comm.stats import CollectiveResult
+
+__all__ = ["Selector", "Contribution", "CommCall", "Collective", "Method", "INPUTS", "MEMORIES"]
+
+#: ``selector(x, k) -> (values, indices)``: the local selection S_i of k entries of x.
+Selector = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+#: What a collective takes from each rank: ``"sparse"`` (values, indices) or ``"dense"`` (acc).
+INPUTS: tuple[str, ...] = ("sparse", "dense")
+#: Named residual memories; a method may also pass None (no memory) or a factory.
+MEMORIES: tuple[str, ...] = ("residual",)
+
+
+@dataclass
+class Contribution:
+    """One rank's input to a collective: ``acc`` (gradient + residual, d floats) and, for
+    sparse collectives, its selection. ``gradient`` is the buffer before compensation."""
+
+    gradient: torch.Tensor
+    acc: torch.Tensor
+    values: torch.Tensor | None = None
+    indices: torch.Tensor | None = None
+
+
+@dataclass
+class CommCall:
+    """One call of a collective on one rank (the simulator passes rank 0's for the group).
+
+    ``layout``: the shapes of the parameters in flat-buffer order, for per-layer
+    compressors (PowerSGD-shaped collectives reshape ``acc`` with it). ``state``: the
+    per-rank state the collective's ``make_state`` built (None when it has none).
+    ``group``: the process group on real ranks (None = default group).
+    """
+
+    numel: int
+    k: int
+    exact_k: bool = False
+    algorithm: str | None = None
+    state: Any = None
+    iteration: int = 0
+    layout: tuple[tuple[int, ...], ...] = ()
+    group: Any = None
+
+
+def _no_formula(*_args: Any, **_kwargs: Any) -> float:
+    raise ValueError("this collective has no alpha-beta formula: give Collective(time_s=...) to predict it")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """How the ranks' contributions are aggregated (one registry entry).
+
+    ``run(contribution, call) -> CollectiveResult`` on real ranks (torch.distributed);
+    ``simulate(contributions, call) -> list[CollectiveResult]`` for P virtual ranks in one
+    process, bitwise equal to ``run`` (write the algorithm once as a per-rank program and
+    drive it with :func:`gtopk_lab.methods.programs.program_collective` to get both).
+    ``time_s(net, numel, k, workers, *, algorithm, gamma_s_per_element, host_cores, exact_k)``
+    and ``bytes_per_rank(numel, k, workers, pair_bytes, algorithm)`` are its alpha-beta(-gamma)
+    time and the bytes one rank sends. ``input``: ``"sparse"`` (takes the selection) or
+    ``"dense"`` (takes ``acc``). ``needs_exact_k``: every rank must send exactly k pairs.
+    ``lossless``: the result is the exact sum of the contributions (EF21-shaped methods need
+    it). ``algorithms``: message patterns the caller may choose (first = default).
+    ``make_state()``: per-rank state kept between calls (e.g. Ok-Topk's regions), saved in
+    checkpoints with ``dataclasses.asdict`` when it is a dataclass.
+    """
+
+    name: str
+    run: Callable[[Contribution, CommCall], CollectiveResult]
+    simulate: Callable[[list[Contribution], CommCall], list[CollectiveResult]]
+    time_s: Callable[..., float] = _no_formula
+    bytes_per_rank: Callable[..., float] = _no_formula
+    input: str = "sparse"
+    needs_exact_k: bool = False
+    lossless: bool = True
+    algorithms: tuple[str, ...] = ()
+    make_state: Callable[[], Any] | None = None
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"name={self.name!r} is invalid: expected a non-empty string")
+        for fname in ("run", "simulate", "time_s", "bytes_per_rank"):
+            if not callable(getattr(self, fname)):
+                raise TypeError(f"{fname}={getattr(self, fname)!r} is invalid: expected a callable")
+        if self.input not in INPUTS:
+            raise ValueError(f"input={self.input!r} is invalid: expected one of {', '.join(INPUTS)}")
+        if self.make_state is not None and not callable(self.make_state):
+            raise TypeError(f"make_state={self.make_state!r} is invalid: expected a callable or None")
+        object.__setattr__(self, "algorithms", tuple(self.algorithms))
+        object.__setattr__(self, "aliases", tuple(self.aliases))
+
+    def algorithm_for(self, requested: str | None) -> str | None:
+        """The pattern a call uses: ``requested`` if this collective has patterns, else None."""
+        if not self.algorithms:
+            return None
+        algorithm = requested or self.algorithms[0]
+        if algorithm not in self.algorithms:
+            raise ValueError(f"algorithm={algorithm!r} is invalid for collective {self.name!r}: "
+                             f"expected one of {', '.join(self.algorithms)}")
+        return algorithm
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is invalid: expected an integer >= 1")
+    return value
+
+
+@dataclass(frozen=True)
+class Method:
+    """Everything the platform needs to know about one method (see the module docstring).
+
+    Minimal form: ``Method(name="my-method", selector="topk", collective="gtopk")``.
+
+    - ``selector``: a registered selector name, a callable ``(x, k) -> (values, indices)``
+      (set ``fn.exact_k = True`` when it always returns exactly k distinct indices), or None
+      for collectives that take the whole buffer (``input="dense"``).
+    - ``collective``: a registered collective name or alias (``"allreduce"``, ``"allgather"``,
+      ``"gtopk"``, ``"oktopk"``; see ``gtopk-lab methods``) or a :class:`Collective`.
+    - ``memory``: ``"residual"`` (error feedback with the run's ``residual_rule``), None (no
+      memory: what is not sent is lost, or the collective keeps its own state, EF21-shaped),
+      or a factory ``(numel, rule, device) -> memory`` with ``compensate(g) -> acc``,
+      ``update(acc, values, indices, result)``, ``state_dict()``, ``load_state_dict(d)``.
+    - ``algorithm``: a fixed pattern of the collective (None: the run's ``algorithm`` when
+      the collective has patterns).
+    - ``sync_every`` (H) and ``outer_optimizer``: infrequent synchronisation (DiLoCo-shaped).
+      With H > 1 every rank takes H local optimiser steps on its own gradients; then the
+      pseudo-gradient ``anchor - w`` goes through memory, selector and collective, the
+      weights return to the anchor and ``outer_optimizer(params, config)`` (default: SGD with
+      lr 1, i.e. the averaged update) steps on the aggregate / P.
+    - ``requires_lossless``: refuse a collective that drops entries (EF21-shaped methods).
+    - ``time_s`` / ``bytes_per_rank``: override the collective's formulas (same signatures).
+    """
+
+    name: str
+    collective: str | Collective
+    selector: str | Selector | None = "topk"
+    memory: str | Callable[..., Any] | None = "residual"
+    algorithm: str | None = None
+    sync_every: int = 1
+    outer_optimizer: Callable[..., torch.optim.Optimizer] | None = None
+    requires_lossless: bool = False
+    time_s: Callable[..., float] | None = None
+    bytes_per_rank: Callable[..., float] | None = None
+    description: str = ""
+    #: filled in by register_method: the resolved collective and selector
+    resolved: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip() or self.name != self.name.strip():
+            raise ValueError(f"name={self.name!r} is invalid: expected a non-empty string without spaces at the ends")
+        if not isinstance(self.collective, (str, Collective)):
+            raise TypeError(f"collective={self.collective!r} has type {type(self.collective).__name__}: "
+                            "expected a registered collective name or a Collective")
+        if self.selector is not None and not isinstance(self.selector, str) and not callable(self.selector):
+            raise TypeError(f"selector={self.selector!r} is invalid: expected a selector name, a callable "
+                            "(x, k) -> (values, indices), or None")
+        if isinstance(self.memory, str) and self.memory not in MEMORIES:
+            raise ValueError(f"memory={self.memory!r} is invalid: expected one of {', '.join(MEMORIES)}, "
+                             "None or a factory (numel, rule, device) -> memory")
+        if self.memory is not None and not isinstance(self.memory, str) and not callable(self.memory):
+            raise TypeError(f"memory={self.memory!r} is invalid: expected 'residual', None or a factory")
+        _positive_int("sync_every", self.sync_every)
+        for fname in ("outer_optimizer", "time_s", "bytes_per_rank"):
+            value = getattr(self, fname)
+            if value is not None and not callable(value):
+                raise TypeError(f"{fname}={value!r} is invalid: expected a callable or None")
+
+    # --- the resolved parts (valid after register_method) ------------------------------------
+    @property
+    def comm(self) -> Collective:
+        """The resolved :class:`Collective`."""
+        return self.resolved["collective"]
+
+    @property
+    def select(self) -> Selector | None:
+        """The resolved selector callable (None for dense-input collectives)."""
+        return self.resolved["selector"]
+
+    @property
+    def exact_k(self) -> bool:
+        """True when the selector always returns exactly k distinct indices."""
+        return bool(self.resolved["exact_k"])
+
+    @property
+    def sparse(self) -> bool:
+        """True when the collective takes a selection (so there is something to select)."""
+        return self.comm.input == "sparse"
+
+    @property
+    def local_steps(self) -> bool:
+        """True for infrequent synchronisation (H > 1 or an outer optimiser)."""
+        return self.sync_every > 1 or self.outer_optimizer is not None
+
+    def predicted_time_s(self, net: Any, numel: int, k: int, workers: int, **kwargs: Any) -> float:
+        """Alpha-beta(-gamma) time of one synchronisation (the method's or its collective's)."""
+        fn = self.time_s or self.comm.time_s
+        kwargs.setdefault("exact_k", self.exact_k)
+        kwargs["algorithm"] = self.comm.algorithm_for(self.algorithm or kwargs.get("algorithm"))
+        return fn(net, numel, k, workers, **kwargs)
+
+    def predicted_bytes_per_rank(self, numel: int, k: int, workers: int, pair_bytes: int = 8,
+                                 algorithm: str | None = None) -> float:
+        """Bytes one rank sends per synchronisation (payload; the method's or its collective's)."""
+        fn = self.bytes_per_rank or self.comm.bytes_per_rank
+        return fn(numel, k, workers, pair_bytes, self.comm.algorithm_for(self.algorithm or algorithm))
+
+    def summary(self) -> dict[str, Any]:
+        """One row for ``gtopk-lab methods`` and the ControlPanel."""
+        sel = self.selector if isinstance(self.selector, str) or self.selector is None else getattr(
+            self.selector, "__name__", "callable")
+        return {"method": self.name, "selector": sel or "-", "collective": self.comm.name,
+                "memory": self.memory if isinstance(self.memory, str) or self.memory is None else "custom",
+                "exact_k": self.exact_k, "sync_every": self.sync_every,
+                "patterns": ",".join(self.comm.algorithms) or "-", "description": self.description}
+
+    def with_parts(self, **resolved: Any) -> "Method":
+        """A copy carrying its resolved parts (used by the registry)."""
+        return dataclasses.replace(self, resolved=dict(resolved))

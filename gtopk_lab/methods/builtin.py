@@ -1,0 +1,147 @@
+"""The built-in collectives and methods, registered exactly as a user's plugin would be.
+
+Collectives (``gtopk-lab methods`` lists them with their aliases):
+
+- ``allreduce`` — dense ring allreduce of the whole buffer (S-SGD);
+- ``allgather`` — every rank gathers every rank's (value, index) pairs and sums (Top-k S-SGD);
+- ``gtopk`` — global top-k by merging along a butterfly or a binomial tree (gTop-k S-SGD);
+- ``oktopk`` — Ok-Topk's region-balanced sparse allreduce, O(k) per rank.
+
+Methods: ``dense``, ``topk``, ``gtopk``, ``gaussiank``, ``oktopk``. Also
+:func:`program_collective`, which turns one per-rank tensor program into a collective with
+both drivers (real ranks and in-process), for users' collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gtopk_lab.comm import inprocess, oktopk, torch_dist
+from gtopk_lab.comm.stats import CollectiveResult
+from gtopk_lab.comm.tensor_programs import run_tensor_program, simulate_tensor_programs
+from gtopk_lab.methods import formulas as F
+from gtopk_lab.methods.base import Collective, CommCall, Contribution, Method
+from gtopk_lab.methods.registry import register_collective, register_method
+from gtopk_lab.network.formulas import check_sizes, dense_ring_allreduce_time_s
+
+__all__ = ["program_collective", "BASELINE_METHOD"]
+
+#: The method every scaling efficiency is measured against (at P = 1, on the same network).
+BASELINE_METHOD = "dense"
+
+
+def program_collective(name: str, program: Callable[[int, int, Contribution, CommCall], Any], *,
+                       input: str = "sparse", **fields: Any) -> Collective:
+    """A :class:`Collective` from one per-rank tensor program (both drivers for free).
+
+    ``program(rank, world, contribution, call)`` is a generator of ``("send", peer, t)``,
+    ``("recv", peer, None)``, ``("exchange", peer, t)`` requests that returns the rank's
+    aggregate, ``(values, indices)`` or a dense tensor (see
+    :mod:`gtopk_lab.comm.tensor_programs`). ``fields`` are the other :class:`Collective`
+    fields (``time_s``, ``bytes_per_rank``, ``lossless``, ``needs_exact_k``, ...).
+    """
+    def run(contribution: Contribution, call: CommCall) -> CollectiveResult:
+        return run_tensor_program(lambda r, w: program(r, w, contribution, call), name, call.group,
+                                  like=contribution.acc)
+
+    def simulate(contributions: list[Contribution], call: CommCall) -> list[CollectiveResult]:
+        return simulate_tensor_programs(lambda r, w: program(r, w, contributions[r], call), name,
+                                        len(contributions))
+
+    return Collective(name=name, run=run, simulate=simulate, input=input, **fields)
+
+
+# =========================================================================== time formulas
+def _checked(fn: Callable[..., float]) -> Callable[..., float]:
+    def time_s(net: Any, numel: int, k: int, workers: int, **kw: Any) -> float:
+        check_sizes(numel, k, workers)
+        return fn(net, numel, k, workers, **kw)
+    time_s.__doc__ = fn.__doc__
+    return time_s
+
+
+@_checked
+def _dense_time_s(net: Any, numel: int, k: int, workers: int, *, algorithm: str | None = None,
+                  gamma_s_per_element: float = 0.0, host_cores: int | None = None,
+                  exact_k: bool = False) -> float:
+    return dense_ring_allreduce_time_s(net, numel, k, workers)
+
+
+@_checked
+def _allgather_time_s(net: Any, numel: int, k: int, workers: int, *, algorithm: str | None = None,
+                      gamma_s_per_element: float = 0.0, host_cores: int | None = None,
+                      exact_k: bool = False) -> float:
+    return F.topk_allgather_time_s(net, numel, k, workers, gamma_s_per_element, host_cores=host_cores,
+                                   counted=not exact_k)
+
+
+@_checked
+def _gtopk_time_s(net: Any, numel: int, k: int, workers: int, *, algorithm: str | None = None,
+                  gamma_s_per_element: float = 0.0, host_cores: int | None = None,
+                  exact_k: bool = False) -> float:
+    fn = F.gtopk_tree_time_s if algorithm == "tree" else F.gtopk_butterfly_time_s
+    return fn(net, numel, k, workers, gamma_s_per_element, host_cores=host_cores, header=not exact_k)
+
+
+@_checked
+def _oktopk_time_s(net: Any, numel: int, k: int, workers: int, *, algorithm: str | None = None,
+                   gamma_s_per_element: float = 0.0, host_cores: int | None = None,
+                   exact_k: bool = False) -> float:
+    return F.oktopk_time_s(net, numel, k, workers, gamma_s_per_element)
+
+
+# =========================================================================== the collectives
+def _pairs(contributions: list[Contribution]) -> tuple[list[Any], list[Any]]:
+    return [c.values for c in contributions], [c.indices for c in contributions]
+
+
+def _exact_count(call: CommCall) -> int | None:
+    return call.k if call.exact_k else None
+
+
+ALLREDUCE = register_collective(Collective(
+    name="allreduce", input="dense", aliases=("dense", "dense_allreduce"),
+    run=lambda c, call: torch_dist.dense_allreduce(c.acc, group=call.group),
+    simulate=lambda cs, call: inprocess.sim_dense_allreduce([c.acc for c in cs]),
+    time_s=_dense_time_s, bytes_per_rank=F.dense_bytes_per_rank,
+    description="dense ring allreduce of the whole buffer (library call)"))
+
+ALLGATHER = register_collective(Collective(
+    name="allgather", aliases=("topk", "topk_allgather", "gaussiank"),
+    run=lambda c, call: torch_dist.topk_allgather(c.values, c.indices, call.numel, group=call.group,
+                                                  exact_count=_exact_count(call)),
+    simulate=lambda cs, call: inprocess.sim_topk_allgather(*_pairs(cs), call.numel,
+                                                           exact_count=_exact_count(call)),
+    time_s=_allgather_time_s, bytes_per_rank=F.allgather_bytes_per_rank,
+    description="allgather of every rank's pairs, summed (exact; O(kP) per rank)"))
+
+GTOPK = register_collective(Collective(
+    name="gtopk", aliases=("gtopk_allreduce",), algorithms=("butterfly", "tree"), lossless=False,
+    run=lambda c, call: torch_dist.gtopk_allreduce(c.values, c.indices, call.numel, call.k, group=call.group,
+                                                   algorithm=call.algorithm, exact_k=call.exact_k),
+    simulate=lambda cs, call: inprocess.sim_gtopk_allreduce(*_pairs(cs), call.numel, call.k,
+                                                            algorithm=call.algorithm, exact_k=call.exact_k),
+    time_s=_gtopk_time_s, bytes_per_rank=F.gtopk_bytes_per_rank,
+    description="global top-k of the sum, merged along a butterfly or binomial tree (O(k log P))"))
+
+OKTOPK = register_collective(Collective(
+    name="oktopk", aliases=("oktopk_allreduce",), lossless=False, make_state=oktopk.OkTopkState,
+    run=lambda c, call: oktopk.oktopk_allreduce(c.values, c.indices, call.numel, call.k, group=call.group,
+                                                state=call.state),
+    simulate=lambda cs, call: oktopk.sim_oktopk_allreduce(*_pairs(cs), call.numel, call.k, state=call.state),
+    time_s=_oktopk_time_s, bytes_per_rank=F.oktopk_bytes_per_rank,
+    description="Ok-Topk: region-balanced sparse reduce-scatter + exact threshold + allgather (O(k))"))
+
+
+# =========================================================================== the methods
+register_method(Method(name=BASELINE_METHOD, selector=None, collective="allreduce", memory=None,
+                       description="S-SGD: dense allreduce of the gradient"))
+register_method(Method(name="topk", selector="topk", collective="allgather",
+                       description="Top-k S-SGD: local top-k, allgather, error feedback"))
+register_method(Method(name="gtopk", selector="topk", collective="gtopk",
+                       description="gTop-k S-SGD (Shi et al., ICDCS'19): global top-k merge, error feedback"))
+register_method(Method(name="gaussiank", selector="gaussiank", collective="allgather",
+                       description="GaussianK-SGD: Gaussian threshold selection, allgather, error feedback"))
+register_method(Method(name="oktopk", selector="topk", collective="oktopk",
+                       description="Ok-Topk (Li & Hoefler, PPoPP'22): O(k) sparse allreduce"))

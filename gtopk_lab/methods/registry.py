@@ -1,0 +1,187 @@
+"""The one registry of collectives and methods, and the plugins that add to it.
+
+Every consumer (the training step, the simulator, the DDP hook, wait-free overlap, the
+network predictions, the figures' byte formulas, ``RunConfig`` validation, the CLI and the
+ControlPanel) reads methods from here and nothing else.
+
+Plugins: the modules named in the environment variable ``GTOPK_LAB_METHODS``
+(comma-separated) and those of the entry-point group ``gtopk_lab.methods`` are imported on
+the first read of the registry in each process (client, Dask worker, torchrun rank,
+simulator), so a module that calls :func:`register_method` at import time adds its methods
+everywhere. A plugin that fails to import raises ``ValueError`` naming the module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+from collections.abc import Iterable
+
+from gtopk_lab.compression.selection import available_selectors, get_selector, selects_exactly_k
+from gtopk_lab.methods.base import Collective, Method
+
+__all__ = ["register_collective", "get_collective", "available_collectives", "register_method",
+           "get_method", "available_methods", "unregister_method", "load_plugins", "plugin_modules",
+           "PLUGINS_ENV", "ENTRY_POINT_GROUP"]
+
+PLUGINS_ENV = "GTOPK_LAB_METHODS"
+ENTRY_POINT_GROUP = "gtopk_lab.methods"
+
+_COLLECTIVES: dict[str, Collective] = {}
+_ALIASES: dict[str, str] = {}
+_METHODS: dict[str, Method] = {}
+_loaded_plugins: set[str] = set()
+_loading = False
+
+
+# =========================================================================== collectives
+def register_collective(collective: Collective, *, replace: bool = False) -> Collective:
+    """Add ``collective`` (and its aliases) to the registry; returns it."""
+    if not isinstance(collective, Collective):
+        raise TypeError(f"collective has type {type(collective).__name__}: expected Collective")
+    for name in (collective.name, *collective.aliases):
+        owner = _ALIASES.get(name)
+        if owner is not None and owner != collective.name and not replace:
+            raise ValueError(f"collective name={name!r} is invalid: already registered for {owner!r}")
+    if collective.name in _COLLECTIVES and not replace:
+        raise ValueError(f"collective name={collective.name!r} is invalid: already registered "
+                         "(pass replace=True to redefine it)")
+    _COLLECTIVES[collective.name] = collective
+    for name in (collective.name, *collective.aliases):
+        _ALIASES[name] = collective.name
+    return collective
+
+
+def available_collectives() -> tuple[str, ...]:
+    """Registered collective names (aliases not repeated)."""
+    return tuple(_COLLECTIVES)
+
+
+def get_collective(name: str | Collective) -> Collective:
+    """The collective registered as ``name`` (or one of its aliases)."""
+    if isinstance(name, Collective):
+        return name
+    key = _ALIASES.get(name) if isinstance(name, str) else None
+    if key is None:
+        names = sorted(_ALIASES)
+        raise ValueError(f"collective={name!r} is invalid: expected one of {', '.join(names)} or a Collective")
+    return _COLLECTIVES[key]
+
+
+# =========================================================================== methods
+def _resolve(method: Method) -> Method:
+    """Check that the parts of ``method`` work together; returns it with them resolved."""
+    collective = get_collective(method.collective)
+    selector = method.selector
+    if collective.input == "dense":
+        if selector is not None:
+            raise ValueError(f"selector={_label(selector)!r} is invalid with collective {collective.name!r}: "
+                             "it aggregates the whole buffer; expected selector=None")
+        select, exact_k = None, False
+    else:
+        if selector is None:
+            raise ValueError(f"selector=None is invalid with collective {collective.name!r}: it aggregates "
+                             f"(values, indices) selections; expected one of {', '.join(available_selectors())} "
+                             "or a callable (x, k) -> (values, indices)")
+        if isinstance(selector, str):
+            select, exact_k = get_selector(selector), selects_exactly_k(selector)
+        else:
+            select, exact_k = selector, bool(getattr(selector, "exact_k", False))
+        if collective.needs_exact_k and not exact_k:
+            raise ValueError(f"selector={_label(selector)!r} is invalid with collective {collective.name!r}: "
+                             "the collective needs exactly k pairs per rank and this selector does not "
+                             "promise that (register it with exact_k=True)")
+    if method.requires_lossless and not collective.lossless:
+        raise ValueError(f"collective={collective.name!r} is invalid for method {method.name!r}: it drops "
+                         "entries while merging and the method needs the exact sum (requires_lossless)")
+    if method.algorithm is not None:
+        collective.algorithm_for(method.algorithm)
+    return method.with_parts(collective=collective, selector=select, exact_k=exact_k)
+
+
+def _label(selector: object) -> str:
+    return selector if isinstance(selector, str) else getattr(selector, "__name__", repr(selector))
+
+
+def register_method(method: Method, *, replace: bool = False) -> Method:
+    """Add ``method`` to the registry after checking its parts; returns the registered entry.
+
+    Raises ``ValueError`` naming the field when the parts cannot work together (an unknown
+    selector or collective, a selector that does not promise exactly k with a collective
+    that needs it, a lossy collective for a method that needs the exact sum, ...) and when
+    the name is taken (unless ``replace=True``).
+    """
+    if not isinstance(method, Method):
+        raise TypeError(f"method has type {type(method).__name__}: expected Method")
+    if method.name in _METHODS and not replace:
+        raise ValueError(f"name={method.name!r} is invalid: a method of that name is already registered "
+                         "(pass replace=True to redefine it)")
+    entry = _resolve(method)
+    _METHODS[method.name] = entry
+    return entry
+
+
+def unregister_method(name: str) -> None:
+    """Remove a method (tests and notebooks that redefine one)."""
+    _METHODS.pop(name, None)
+
+
+def available_methods() -> tuple[str, ...]:
+    """Registered method names, built-ins first, plugins loaded."""
+    load_plugins()
+    return tuple(_METHODS)
+
+
+def get_method(name: str) -> Method:
+    """The method registered as ``name``; unknown names raise ``ValueError`` listing the known."""
+    load_plugins()
+    if isinstance(name, Method):
+        return name
+    method = _METHODS.get(name) if isinstance(name, str) else None
+    if method is None:
+        raise ValueError(f"method={name!r} is invalid: expected one of {', '.join(_METHODS)}")
+    return method
+
+
+# =========================================================================== plugins
+def plugin_modules() -> list[str]:
+    """Module names from ``$GTOPK_LAB_METHODS`` (comma-separated), in order."""
+    return [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+
+
+def _entry_point_modules() -> Iterable[tuple[str, object]]:
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        yield ep.value.split(":")[0], ep
+
+
+def load_plugins() -> None:
+    """Import every plugin module not imported yet in this process (see the module docstring)."""
+    global _loading
+    if _loading:  # a plugin reading the registry while it registers
+        return
+    _loading = True
+    try:
+        for module in plugin_modules():
+            if module not in _loaded_plugins:
+                _import_plugin(module, f"{PLUGINS_ENV} names")
+        for module, ep in _entry_point_modules():
+            if module not in _loaded_plugins:
+                try:
+                    ep.load()  # type: ignore[attr-defined]
+                except Exception as exc:  # noqa: BLE001 - one line naming the plugin
+                    raise ValueError(f"method plugin {module!r} (entry point group {ENTRY_POINT_GROUP}) "
+                                     f"failed to import: {type(exc).__name__}: {exc}") from None
+                _loaded_plugins.add(module)
+    finally:
+        _loading = False
+
+
+def _import_plugin(module: str, where: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - one line naming the plugin
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ValueError(f"method plugin {module!r} ({where} it) failed to import: "
+                         f"{type(exc).__name__}: {first}") from None
+    _loaded_plugins.add(module)

@@ -1,0 +1,74 @@
+"""Per-rank compute and selection time of a config, measured once (the simulator's fixed
+compute time and the predictions' ``compute_s`` come from here)."""
+
+from __future__ import annotations
+
+import statistics
+import time as _time
+from typing import Any
+
+import torch
+
+from gtopk_lab.compression.residual import ErrorFeedback
+from gtopk_lab.compression.selection import get_selector
+from gtopk_lab.config import RunConfig, k_for
+from gtopk_lab.training.data import load_dataset
+from gtopk_lab.training.replica import Replica, resolve_device
+
+__all__ = ["measure_iteration_times"]
+
+
+def measure_iteration_times(config: Any, repeats: int = 7, warmup: int = 2,
+                            device: Any = None) -> dict[str, Any]:
+    """One rank's per-iteration compute and selection time, each the median of ``repeats`` passes.
+
+    Compute = forward + backward + optimiser step on one batch of ``config.batch_size`` samples
+    of ``config.dataset`` (what one rank does per iteration besides selection and
+    communication); selection = error-feedback compensation + the config's selector (default
+    ``topk``) at ``k = max(1, floor(density * d))`` on the real gradient. Times are process CPU
+    time (``time.process_time``; CUDA: synchronised wall time), so other jobs on the machine
+    inflate them less than wall time; the median discards the slow outliers of a loaded
+    machine. ``warmup`` untimed passes come first (allocator, kernel selection).
+
+    Returns ``{"compute_time_s", "selection_time_s", "compute_samples_s",
+    "selection_samples_s", "numel", "k", "threads"}``. Cost: ``warmup + repeats`` forward/backward
+    passes and as many selections. The weights change (real SGD steps), which is harmless for
+    timing.
+    """
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"config has type {type(config).__name__}: expected RunConfig")
+    for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}={value!r} is invalid: expected an integer >= {low}")
+    dev = resolve_device(config, device)
+    dataset = load_dataset(config.dataset, model=config.model,
+                           train_samples=max(config.batch_size, 1), test_samples=1, seed=config.seed,
+                           data_dir=config.data_dir,
+                           num_classes=config.extra.get("model_kwargs", {}).get("vocab_size"))
+    replica = Replica(config.replace(workers=1), 1, dev)
+    x, y = dataset.x_train[:config.batch_size], dataset.y_train[:config.batch_size]
+    selector = get_selector(config.default_selector or "topk")
+    k = k_for(replica.numel, config.density)
+    ef = ErrorFeedback(replica.numel, rule=config.residual_rule, device=dev)
+
+    def now() -> float:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            return _time.perf_counter()
+        return _time.process_time()
+
+    compute, selection = [], []
+    for i in range(warmup + repeats):
+        t0 = now()
+        replica.forward_backward(x, y)
+        replica.optimizer.step()
+        t1 = now()
+        acc = ef.compensate(replica.grad)
+        selector(acc, k)
+        t2 = now()
+        if i >= warmup:
+            compute.append(t1 - t0)
+            selection.append(t2 - t1)
+    return {"compute_time_s": statistics.median(compute), "selection_time_s": statistics.median(selection),
+            "compute_samples_s": compute, "selection_samples_s": selection, "numel": replica.numel,
+            "k": k, "threads": torch.get_num_threads()}

@@ -1,0 +1,115 @@
+"""Metric rows and the run summary (docs/architecture.md schemas), shared by real ranks and
+the simulator, and the buffer that hands rows to the sink in batches."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from gtopk_lab.config import RunConfig, k_for
+from gtopk_lab.training.replica import network_of
+
+Sink = Callable[[list[dict]], None]
+
+__all__ = ["Sink", "iter_row", "epoch_row", "build_summary", "RowBuffer"]
+
+
+def iter_row(config: RunConfig, rank: int, world: int, iteration: int, epoch: float, density: float,
+             k: int, loss: float, lr: float, t: dict[str, float], stats: Any, comm_model_s: float,
+             wall_time_s: float, virtual_time_s: float) -> dict[str, Any]:
+    """One ``kind="iter"`` row in the docs/architecture.md schema."""
+    return {
+        "kind": "iter", "rank": rank, "iteration": iteration, "epoch": epoch,
+        "method": config.method, "workers": world, "density": density, "k": k,
+        "train_loss": loss, "lr": lr, "compute_s": t["compute"], "selection_s": t["selection"],
+        "comm_s": t["comm"], "update_s": t["update"], "comm_model_s": comm_model_s,
+        "bytes_sent": int(getattr(stats, "bytes_sent", 0)), "bytes_recv": int(getattr(stats, "bytes_recv", 0)),
+        "wall_time_s": wall_time_s, "virtual_time_s": virtual_time_s,
+    }
+
+
+def epoch_row(config: RunConfig, rank: int, world: int, iteration: int, epoch: float, density: float,
+              k: int, train_loss: float, test: dict[str, float] | None, wall_time_s: float,
+              virtual_time_s: float) -> dict[str, Any]:
+    """One ``kind="epoch"`` row (test metrics NaN on ranks that do not evaluate)."""
+    test = test or {}
+    return {
+        "kind": "epoch", "rank": rank, "iteration": iteration, "epoch": epoch,
+        "method": config.method, "workers": world, "density": density, "k": k,
+        "train_loss": train_loss, "test_loss": test.get("test_loss", math.nan),
+        "test_accuracy": test.get("test_accuracy", math.nan),
+        "test_perplexity": test.get("test_perplexity", math.nan),
+        "wall_time_s": wall_time_s, "virtual_time_s": virtual_time_s,
+    }
+
+
+def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int, iterations: int,
+                  iterations_per_epoch: int, train_wall_s: float, wall_time_s: float,
+                  virtual_time_s: float, status: str = "completed", error: str | None = None,
+                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run summary (docs/architecture.md) from one rank's rows and its clocks.
+
+    Throughputs count samples of all ranks: ``iterations * batch_size * P / time``, with
+    wall time excluding evaluation. ``time_breakdown_s`` holds mean seconds per
+    iteration (wall) of compute, selection, communication and update, plus the mean
+    modelled communication ``communication_model``.
+    """
+    network = network_of(config)
+    it_rows = [r for r in rows if r["kind"] == "iter"]
+    ep_rows = [r for r in rows if r["kind"] == "epoch" and not math.isnan(r["test_accuracy"])]
+    n = max(len(it_rows), 1)
+
+    def mean(key: str) -> float:
+        return sum(r[key] for r in it_rows) / n if it_rows else 0.0
+
+    samples = iterations * config.batch_size * world
+    last_ep = ep_rows[-1] if ep_rows else {}
+    summary = {
+        "run_id": config.run_id, "method": config.method, "workers": world,
+        "density": config.density, "k": k_for(numel, config.density), "numel": numel,
+        "bandwidth_bps": None if network.unthrottled else network.bandwidth_bps,
+        "latency_s": network.latency_s, "network": str(network),
+        "epochs": iterations / max(iterations_per_epoch, 1), "iterations": iterations,
+        "iterations_per_epoch": iterations_per_epoch,
+        "final_train_loss": it_rows[-1]["train_loss"] if it_rows else math.nan,
+        "final_test_loss": last_ep.get("test_loss", math.nan),
+        "final_test_accuracy": last_ep.get("test_accuracy", math.nan),
+        "final_test_perplexity": last_ep.get("test_perplexity", math.nan),
+        "wall_time_s": wall_time_s, "virtual_time_s": virtual_time_s,
+        "samples_per_s_wall": samples / train_wall_s if train_wall_s > 0 else math.nan,
+        "samples_per_s_virtual": samples / virtual_time_s if virtual_time_s > 0 else math.nan,
+        "bytes_sent_per_rank_per_iter": mean("bytes_sent"),
+        "time_breakdown_s": {"compute": mean("compute_s"), "selection": mean("selection_s"),
+                             "communication": mean("comm_s"), "update": mean("update_s"),
+                             "communication_model": mean("comm_model_s")},
+        "model": config.model, "dataset": config.dataset, "algorithm": config.algorithm,
+        "residual_rule": config.residual_rule, "batch_size": config.batch_size,
+        "status": status, "error": error,
+    }
+    if extra:
+        summary.update(extra)
+    return summary
+
+
+class RowBuffer:
+    """Keeps every row and hands them to ``sink`` in batches."""
+
+    def __init__(self, sink: Sink | None, every: int) -> None:
+        self.sink, self.every = sink, every
+        self.rows: list[dict] = []
+        self._pending: list[dict] = []
+        self._iters = 0
+
+    def add(self, row: dict, count_iteration: bool = True) -> None:
+        self.rows.append(row)
+        self._pending.append(row)
+        if count_iteration:
+            self._iters += 1
+            if self._iters % self.every == 0:
+                self.flush()
+
+    def flush(self) -> None:
+        if self.sink is not None and self._pending:
+            self.sink(self._pending)
+        self._pending = []

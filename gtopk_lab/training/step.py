@@ -1,0 +1,205 @@
+"""The one training step of a method on one rank: compensate, select, communicate, update.
+
+Used by real ranks (:func:`~gtopk_lab.training.loop.train_rank`), the simulator (P
+:class:`RankStep` s, one in-process collective), the DDP hook and wait-free overlap
+(:mod:`gtopk_lab.integrations`). One iteration of rank i of P:
+
+1. ``g`` = the flat gradient; optional local clipping (``g *= min(1, clip / ||g||)``) and,
+   with ``momentum_correction`` (DGC), local velocity ``u = m u + g`` replacing ``g``
+2. ``acc = memory.compensate(g)`` (error feedback: ``g + residual``; no memory: ``g``)
+3. ``values, indices = selector(acc, k)`` for sparse collectives (a :class:`Contribution`)
+4. the method's collective: ``Collective.run`` on real ranks, ``Collective.simulate`` for
+   virtual ranks (:func:`communicate` / :func:`communicate_simulated`), giving the sum G
+5. ``memory.update(acc, values, indices, result)``; the velocity is zeroed at the rank's own
+   selection (DGC's momentum factor masking)
+6. the caller writes ``G / P`` into the gradient buffer and steps its optimiser
+   (:meth:`RankStep.aggregate` gives G; a memory may map it, e.g. EF21's running mean)
+
+Infrequent synchronisation (``Method.sync_every`` = H > 1, DiLoCo-shaped) wraps this in
+:class:`LocalSteps`: H local optimiser steps on the rank's own gradient, then steps 1-5 on
+the pseudo-gradient ``anchor - w`` and an outer optimiser step from the anchor.
+
+Cost: O(d) for compensation and update, plus the selector's and the collective's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from gtopk_lab.comm.stats import CollectiveResult
+from gtopk_lab.compression.residual import ErrorFeedback
+from gtopk_lab.compression.selection import get_selector, selects_exactly_k
+from gtopk_lab.methods.base import CommCall, Contribution, Method
+
+__all__ = ["RankStep", "LocalSteps", "communicate", "communicate_simulated", "aggregate_dense"]
+
+
+class RankStep:
+    """What one (real or virtual) rank keeps between iterations for its method, and steps 1-5.
+
+    ``selector``: a registered selector name overriding the method's (``RunConfig.selector``).
+    ``layout``: parameter shapes in flat-buffer order (handed to the collective).
+    """
+
+    def __init__(self, method: Method, numel: int, device: torch.device, *, rank: int = 0,
+                 residual_rule: str = "mass", selector: str | None = None, grad_clip: float | None = None,
+                 momentum_correction: bool = False, momentum: float = 0.0, algorithm: str | None = None,
+                 layout: Sequence[tuple[int, ...]] = ()) -> None:
+        self.method, self.numel, self.rank = method, numel, rank
+        if method.sparse and selector is not None:
+            self.select, self.exact_k = get_selector(selector), selects_exactly_k(selector)
+        else:
+            self.select, self.exact_k = method.select, method.exact_k
+        if method.sparse and method.comm.needs_exact_k and not self.exact_k:
+            raise ValueError(f"selector={selector!r} is invalid with method {method.name!r}: its collective "
+                             "needs exactly k pairs per rank")
+        self.algorithm = method.comm.algorithm_for(method.algorithm or algorithm)
+        self.grad_clip, self.momentum = grad_clip, momentum
+        memory = method.memory
+        if memory == "residual":
+            self.memory: Any = ErrorFeedback(numel, rule=residual_rule, device=device)
+        elif memory is None:
+            self.memory = None
+        else:
+            self.memory = memory(numel, residual_rule, device)
+        # DGC momentum correction means something only where entries stay behind
+        self.velocity = torch.zeros(numel, device=device) if momentum_correction and method.sparse else None
+        make_state = method.comm.make_state
+        self.collective_state = make_state() if make_state is not None else None
+        self.layout = tuple(tuple(s) for s in layout)
+
+    def prepare(self, g: torch.Tensor, k: int) -> Contribution:
+        """Steps 1-3: clip, momentum correction, compensation, selection."""
+        if self.grad_clip is not None:
+            norm = float(torch.linalg.vector_norm(g))
+            if norm > self.grad_clip:
+                g = g * (self.grad_clip / (norm + 1e-12))
+        if self.velocity is not None:
+            self.velocity.mul_(self.momentum).add_(g)
+            g = self.velocity
+        acc = self.memory.compensate(g) if self.memory is not None else g
+        if not self.method.sparse:
+            return Contribution(gradient=g, acc=acc)
+        values, indices = self.select(acc, k)
+        return Contribution(gradient=g, acc=acc, values=values, indices=indices)
+
+    def call(self, k: int, iteration: int = 0, group: Any = None) -> CommCall:
+        """The :class:`CommCall` of this rank's next collective."""
+        return CommCall(numel=self.numel, k=k, exact_k=self.exact_k, algorithm=self.algorithm,
+                        state=self.collective_state, iteration=iteration, layout=self.layout, group=group)
+
+    def finish(self, contribution: Contribution, result: CollectiveResult) -> None:
+        """Step 5: memory update and momentum factor masking at the local selection S_i.
+
+        Masking at the global index set instead would zero the velocity of entries this
+        rank never sent (their mass still sits in its residual) whenever another rank's
+        selection reached the global set.
+        """
+        if self.memory is not None:
+            self.memory.update(contribution.acc, contribution.values, contribution.indices, result)
+        if self.velocity is not None and contribution.indices is not None:
+            self.velocity[contribution.indices.long()] = 0.0
+
+    def aggregate(self, result: CollectiveResult, device: torch.device) -> torch.Tensor:
+        """The dense sum G the update divides by P. A memory with ``aggregate(G) -> G'`` maps it
+        first (EF21-shaped memories keep the running sum of the compressed differences)."""
+        dense = aggregate_dense(result, self.numel, device)
+        hook = getattr(self.memory, "aggregate", None)
+        return hook(dense) if hook is not None else dense
+
+    # --- checkpoints --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Memory, velocity and collective state (what a checkpoint keeps of this step)."""
+        st = self.collective_state
+        return {"memory": self.memory.state_dict() if self.memory is not None else None,
+                "velocity": self.velocity.detach().cpu().clone() if self.velocity is not None else None,
+                "collective_state": dataclasses.asdict(st) if dataclasses.is_dataclass(st) else st}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        if self.memory is not None and saved.get("memory") is not None:
+            self.memory.load_state_dict(saved["memory"])
+        if self.velocity is not None and saved.get("velocity") is not None:
+            self.velocity.copy_(saved["velocity"].to(self.velocity.device))
+        st = saved.get("collective_state")
+        if st is not None and dataclasses.is_dataclass(self.collective_state):
+            self.collective_state = type(self.collective_state)(**st)
+        elif st is not None:
+            self.collective_state = st
+
+
+def communicate(method: Method, contribution: Contribution, call: CommCall) -> CollectiveResult:
+    """Step 4 on a real rank (torch.distributed)."""
+    return method.comm.run(contribution, call)
+
+
+def communicate_simulated(method: Method, contributions: list[Contribution], call: CommCall
+                          ) -> list[CollectiveResult]:
+    """Step 4 for P virtual ranks in this process: one result per rank, bitwise as real ranks."""
+    return method.comm.simulate(contributions, call)
+
+
+def aggregate_dense(result: CollectiveResult, numel: int, device: torch.device) -> torch.Tensor:
+    """The collective's result as a dense model-sized tensor G (sum over ranks)."""
+    if result.indices is None:
+        return result.values.reshape(-1)
+    dense = torch.zeros(numel, dtype=result.values.dtype, device=device)
+    dense[result.indices.long()] = result.values
+    return dense
+
+
+class LocalSteps:
+    """Infrequent synchronisation (DiLoCo-shaped): the anchor and the outer optimiser.
+
+    ``params`` are the model's parameters (the weights the outer step moves); ``anchor`` is
+    their flat value after the last synchronisation. :meth:`due` says whether iteration
+    ``it`` ends a round of ``sync_every`` local steps; :meth:`pseudo_gradient` is
+    ``anchor - w``; :meth:`outer_step` resets the weights to the anchor, writes
+    ``aggregate / P`` into the parameters' gradients, steps the outer optimiser and takes
+    the new anchor.
+    """
+
+    def __init__(self, method: Method, params: list[torch.nn.Parameter], config: Any) -> None:
+        self.sync_every = method.sync_every
+        self.params = params
+        factory = method.outer_optimizer
+        self.outer = (factory(params, config) if factory is not None
+                      else torch.optim.SGD(params, lr=1.0, momentum=0.0))
+        self.anchor = self.flat().clone()
+
+    def flat(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.params])
+
+    def due(self, iteration: int) -> bool:
+        return (iteration + 1) % self.sync_every == 0
+
+    def pseudo_gradient(self) -> torch.Tensor:
+        return self.anchor - self.flat()
+
+    def load_flat(self, flat: torch.Tensor) -> None:
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.copy_(flat[offset:offset + n].view_as(p))
+                offset += n
+
+    def outer_step(self, aggregate: torch.Tensor, world: int) -> None:
+        self.load_flat(self.anchor)
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad.copy_((aggregate[offset:offset + n] / world).view_as(p))
+            offset += n
+        self.outer.step()
+        self.anchor = self.flat().clone()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"anchor": self.anchor.detach().cpu().clone(), "outer": self.outer.state_dict()}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.anchor = saved["anchor"].to(self.anchor.device).clone()
+        self.outer.load_state_dict(saved["outer"])

@@ -1,0 +1,49 @@
+"""Method plugins on Dask workers: the same ``$GTOPK_LAB_METHODS`` modules as the client.
+
+Workers of an embedded LocalCluster inherit the client's environment; workers of a remote
+cluster do not. :class:`MethodPlugins` is a Dask ``WorkerPlugin`` that the client's
+:class:`~gtopk_lab.orchestration.lab.Lab` registers (``Client.register_plugin``) before any
+rank starts: on every worker, present and future, it sets ``GTOPK_LAB_METHODS`` and imports
+the modules, so ranks and simulated runs there see the client's methods. A single-file
+plugin that the workers cannot import is shipped first with ``Client.upload_file``
+(:func:`single_file_plugins` names them).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from gtopk_lab.methods.registry import PLUGINS_ENV, load_plugins, plugin_modules
+
+__all__ = ["MethodPlugins", "single_file_plugins"]
+
+
+class MethodPlugins(WorkerPlugin):
+    """Import the method plugin ``modules`` on every worker (see the module docstring)."""
+
+    name = "gtopk-lab-method-plugins"
+
+    def __init__(self, modules: list[str]) -> None:
+        self.modules = list(modules)
+
+    def setup(self, worker: Any) -> None:
+        known = plugin_modules()
+        os.environ[PLUGINS_ENV] = ",".join(known + [m for m in self.modules if m not in known])
+        load_plugins()
+
+
+def single_file_plugins(modules: list[str]) -> list[str]:
+    """Paths of the plugin ``modules`` that are one ``.py`` file outside site-packages (those a
+    remote worker is unlikely to have installed: upload them)."""
+    paths = []
+    for module in modules:
+        spec = importlib.util.find_spec(module)
+        origin = getattr(spec, "origin", None) if spec is not None else None
+        if (origin and origin.endswith(".py") and not spec.submodule_search_locations  # type: ignore[union-attr]
+                and "site-packages" not in origin):
+            paths.append(origin)
+    return paths
