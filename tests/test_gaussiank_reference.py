@@ -110,7 +110,7 @@ def test_shifted_and_sparse_inputs_match() -> None:
 
 
 def test_zero_std_follows_the_reference() -> None:
-    """No top-k fallback on zero std: t = mu and the loop runs (a positive constant ends at all d)."""
+    """No top-k fallback on zero std: t = mu and the loop runs (a constant ends at all d)."""
     for value in (2.0, -2.0):
         x = np.full(1_000, value)
         _check_same(x, 10)
