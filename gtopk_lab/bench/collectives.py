@@ -13,8 +13,9 @@ repeats, bytes sent per rank (max over ranks) and both as a ratio to dense. With
 that needs it. The table adds the alpha-beta time of the slowest rank's rounds and the
 closed-form alpha-beta-gamma time, each with measured/modelled.
 
-``selection``: on one thread, the median time of torch.topk versus each registered
-selector on a N(0,1) vector of the largest ``--numel``, the count selected and the speed-up.
+``selection``: on one thread, for every ``--numel``, the median time of torch.topk versus
+each registered selector on a N(0,1) vector, the count selected and the speed-up; a comment
+line per size gives ``x.sum()`` (one read pass) and ``x.abs().sum()`` as references.
 
 Speed numbers depend on the machine; when ranks outnumber cores a note says so, since
 ranks then time-share cores and wall times mostly measure the scheduler. With
@@ -26,7 +27,7 @@ exchanges that stall over 3 ms, which the model does not include (JSON:
 Example::
 
     python benchmarks/collectives.py collectives --workers 2,4 --numel 1M --repeats 3
-    gtopk-lab bench selection --numel 25M --repeats 3
+    gtopk-lab bench selection --numel 1M,25M,100M --repeats 3
 """
 
 from __future__ import annotations
@@ -110,6 +111,16 @@ def bench_selection(numel: int, density: float, repeats: int) -> list[dict[str, 
         x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
         k = k_for(numel, density)
         rows = []
+        # references: x.sum() is one read pass; x.abs().sum() also writes and re-reads a
+        # temporary of numel elements (and pays its page faults)
+        ref: dict[str, list[float]] = {"sum": [], "abs_sum": []}
+        for _ in range(repeats + 1):
+            for key, fn in (("sum", torch.sum), ("abs_sum", lambda t: t.abs().sum())):
+                t0 = time.perf_counter()
+                fn(x)
+                ref[key].append(time.perf_counter() - t0)
+        one_pass_s = statistics.median(ref["sum"][1:])
+        abs_sum_s = statistics.median(ref["abs_sum"][1:])
         for name in available_selectors():
             sel = get_selector(name)
             sel(x, k)  # warm-up
@@ -120,7 +131,8 @@ def bench_selection(numel: int, density: float, repeats: int) -> list[dict[str, 
                 times.append(time.perf_counter() - t0)
                 count = idx.numel()
             rows.append({"selector": name, "numel": numel, "k": k, "count": count,
-                         "median_s": statistics.median(times)})
+                         "median_s": statistics.median(times), "one_pass_s": one_pass_s,
+                         "abs_sum_s": abs_sum_s})
         base = next(r["median_s"] for r in rows if r["selector"] == "topk")
         for r in rows:
             r["speedup_vs_topk"] = base / r["median_s"]
@@ -327,6 +339,10 @@ def _print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
 
 
 def _print_selection(rows: list[dict[str, Any]]) -> None:
+    for numel in dict.fromkeys(r["numel"] for r in rows):
+        r = next(r for r in rows if r["numel"] == numel)
+        print(f"# {_fmt_count(numel)}: one read pass x.sum() {r['one_pass_s'] * 1e3:.1f} ms, "
+              f"x.abs().sum() {r['abs_sum_s'] * 1e3:.1f} ms")
     print(f"{'selector':<18} {'numel':>6} {'k':>7} {'count':>7} {'median ms':>10} {'vs topk':>8}")
     for r in rows:
         print(f"{r['selector']:<18} {_fmt_count(r['numel']):>6} {r['k']:>7} {r['count']:>7} "
@@ -420,7 +436,7 @@ def run(args: argparse.Namespace) -> int:
                       + ("; abg models the time-shared merges" if bandwidth else ""))
             _print_collectives(rows, bandwidth is not None)
     if args.what in ("selection", "all"):
-        rows = bench_selection(max(numels), args.density, args.repeats)
+        rows = [row for n in numels for row in bench_selection(n, args.density, args.repeats)]
         report["selection"] = rows
         if not args.json:
             print(f"# selection: one thread, N(0,1), density {args.density}, median of {args.repeats}")

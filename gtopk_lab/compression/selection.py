@@ -38,6 +38,11 @@ Registry (``get_selector(name)``, ``available_selectors()``):
   (lowered until at least k survive), then exact top-k among the candidates. O(d) with a
   small constant (one fused abs/compare/nonzero pass, numpy on CPU) + O(c log k) on c ~ 2k
   candidates.
+- ``"topk-fast"``: exact top-k, the index set of a stable sort on (-|x|, index) (ties to the
+  lowest index), ascending indices. On CPU float32/float16/bfloat16 two streaming passes
+  (bit-pattern histogram of block maxima, candidate compaction) + radix select on ~k
+  candidates, JIT-compiled with numba; otherwise a torch path with the same result. See
+  :mod:`gtopk_lab.compression.fast_topk` (imported on first use).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ __all__ = [
     "Selector", "SELECTORS", "EXACT_K_SELECTORS", "register_selector", "get_selector",
     "available_selectors", "selects_exactly_k",
     "topk_select", "gaussiank_select", "randomk_select", "exactk_threshold_select",
+    "topk_fast_select",
 ]
 
 Selector = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
@@ -346,3 +352,15 @@ def _indices_abs_ge(x: torch.Tensor, threshold: float) -> torch.Tensor:
         xn = x.detach().contiguous().numpy()
         return torch.from_numpy(np.flatnonzero(np.abs(xn) >= threshold))
     return torch.nonzero(x.abs() >= threshold).flatten()
+
+
+@register_selector("topk-fast", exact_k=True)
+def topk_fast_select(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k, stable on (-|x|, index), ascending indices; see :mod:`.fast_topk`.
+
+    The module (and numba, which it uses when installed) is imported on the first call, so
+    importing the registry stays cheap.
+    """
+    from gtopk_lab.compression.fast_topk import fast_topk_select
+
+    return fast_topk_select(x, k)
