@@ -200,6 +200,7 @@ def test_cli_sweep_resume_reruns_a_damaged_point(tmp_path):
     assert len(names) == 2 and any(n.startswith(f"{run.name}.damaged-") for n in names)
     summaries = store.load_summaries(out)
     assert list(summaries["status"]) == ["completed"] and summaries["run_id"].iloc[0] != run.name
+    assert summaries["provenance"].iloc[0]["device"] == "cpu"  # a real run's resolved device
 
 
 CHILD = textwrap.dedent("""

@@ -5,7 +5,7 @@ Layout::
     <out>/<run_id>/config.json      RunConfig.to_dict() (+ "config_hash")
     <out>/<run_id>/metrics.parquet  every metric row of every rank (docs/architecture.md)
     <out>/<run_id>/summary.json     run summary (docs/architecture.md) + status, error,
-                                    config_hash, started_at, finished_at
+                                    config_hash, started_at, finished_at, provenance
 
 Every file is written to a temporary name in the same folder and moved into place
 with ``os.replace``, so a reader never sees a half-written file, and a crash leaves
@@ -52,6 +52,7 @@ import pandas as pd
 from gtopk_lab.atomic_io import atomic_path, atomic_write_bytes
 from gtopk_lab.config import RunConfig
 from gtopk_lab.network.model import portable_bandwidth
+from gtopk_lab.provenance import provenance
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.parquet"
@@ -224,7 +225,9 @@ def build_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, st
     Keys missing from rank 0's summary (for example when the run failed before rank 0
     finished) are filled from the config where known, else None. Beyond the contract
     keys it records ``config_hash`` and the config's ``algorithm, bandwidth, latency,
-    model, dataset, selector, residual_rule`` (so tables need not open config.json).
+    model, dataset, selector, residual_rule`` (so tables need not open config.json) and
+    ``provenance`` (:func:`gtopk_lab.provenance.provenance`: versions, git commit, host,
+    device, network calibration).
     """
     summary: dict[str, Any] = {key: None for key in SUMMARY_KEYS}
     summary.update({"method": config.method, "workers": config.workers, "density": config.density,
@@ -239,6 +242,8 @@ def build_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, st
         summary.setdefault(key, getattr(config, key))
     if extra:
         summary.update(extra)
+    device = summary.get("device")
+    summary["provenance"] = provenance(config, device=device if isinstance(device, str) else None)
     return summary
 
 
