@@ -203,6 +203,21 @@ def test_cli_sweep_resume_reruns_a_damaged_point(tmp_path):
     assert summaries["provenance"].iloc[0]["device"] == "cpu"  # a real run's resolved device
 
 
+@pytest.mark.timeout(30)
+def test_cli_resume_of_a_damaged_run_says_which_file(tmp_path, capsys):
+    from gtopk_lab.cli import main
+
+    _store(tmp_path, "cfg", status="failed")
+    _truncate(tmp_path / "cfg" / "config.json", 10)
+    _store(tmp_path, "met", status="failed")
+    _truncate(tmp_path / "met" / "metrics.parquet", 7)
+    assert main(["run", "--resume", "cfg", "--simulate", "--out", str(tmp_path)]) == 2
+    assert "config.json (damaged" in capsys.readouterr().err
+    # without a checkpoint no stored row is kept: the rerun writes a whole metrics.parquet
+    assert main(["run", "--resume", "met", "--simulate", "--out", str(tmp_path)]) == 0
+    assert store.read_run(tmp_path / "met").status == "completed"
+
+
 CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
