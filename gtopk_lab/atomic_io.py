@@ -19,8 +19,9 @@ __all__ = ["atomic_path", "atomic_write_bytes"]
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path`` (os.replace).
 
-    The temporary file is removed if the body raises. Writers that take a file name
-    (``DataFrame.to_parquet``, ``torch.save``) write to the yielded path.
+    The temporary file is fsynced before the rename (so a power loss cannot leave a
+    renamed but empty or truncated file) and removed if the body raises. Writers that
+    take a file name (``DataFrame.to_parquet``, ``torch.save``) write to the yielded path.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -28,6 +29,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -42,5 +45,3 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())

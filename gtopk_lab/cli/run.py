@@ -311,7 +311,8 @@ def _resume_config(args: argparse.Namespace) -> RunConfig:
     store = RunStore(args.out, args.resume)
     data = store.read_config()
     if data is None:
-        raise UsageError(f"--resume={args.resume!r} is invalid: no {store.path}/config.json")
+        damaged = " (damaged: not a JSON object)" if (store.path / "config.json").exists() else ""
+        raise UsageError(f"--resume={args.resume!r} is invalid: no {store.path}/config.json{damaged}")
     summary = store.read_summary() or {}
     if summary.get("status") == "completed":
         raise UsageError(f"--resume={args.resume!r} is invalid: that run already completed")

@@ -7,7 +7,8 @@ computed both on the virtual clock (modelled network, ``--bandwidth``) and on th
 When dense is among ``--methods`` the grid always holds dense at P=1 (the baseline), even if
 ``--workers`` leaves 1 out; without it each method falls back to its own P=1 run and the
 table's ``baseline`` column says so. The sweep is resumable: configs that already completed in
-``--out`` are not run again.
+``--out`` are not run again; a damaged run folder there is renamed ``<run>.damaged-<UTC stamp>``
+(with a warning) and its config runs again.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ def execute_sweep(args: argparse.Namespace, configs: list[RunConfig], progress: 
     from gtopk_lab.orchestration import results as store
 
     if args.simulate:
-        done = {} if args.no_skip else store.completed_runs(args.out)
+        done = {} if args.no_skip else store.completed_runs(args.out, move_damaged=True)
         summaries = []
         for config in configs:
             digest = store.config_hash(config)

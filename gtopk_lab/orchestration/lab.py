@@ -810,10 +810,10 @@ class Lab:
 
         With ``skip_completed`` a config whose hash already has a completed run under
         ``out`` is not run again (the stored summary is returned): an interrupted sweep
-        resumes where it stopped.
+        resumes where it stopped. A damaged run there is moved aside (``results.read_run``).
         """
         configs = list(configs)
-        done = _results.completed_runs(self.out) if skip_completed else {}
+        done = _results.completed_runs(self.out, move_damaged=True) if skip_completed else {}
         show = self.progress if progress is None else progress
         bar = None
         if show:
