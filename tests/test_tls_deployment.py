@@ -162,7 +162,7 @@ def test_workers_join_over_tls_with_their_rank_slot(tls_cluster: dict) -> None:
 
 @pytest.mark.timeout(240)
 def test_gtopk_job_runs_through_the_cli_over_tls(tls_cluster: dict) -> None:
-    pytest.importorskip("gtopk_lab.cli.run", reason="`gtopk-lab run` (gtopk_lab/commands/run.py) "
+    pytest.importorskip("gtopk_lab.cli.run", reason="`gtopk-lab run` (gtopk_lab/cli/run.py) "
                         "is not in this tree yet")
     certs = tls_cluster["certs"]
     out = tls_cluster["root"] / "results"

@@ -10,6 +10,9 @@ name           source
 ``cifar10``    a local ``cifar-10-batches-py`` folder (torchvision's pickles)
 ``mnist``      a local folder of MNIST idx files (``.gz`` or not; torchvision's ``MNIST/raw``)
 ``ptb``        a local folder holding ``ptb.train.txt``, ``ptb.valid.txt``, ``ptb.test.txt``
+``text``       bytes of 32 pinned CPython 3.11 stdlib modules (SHA-256 checked), or a local
+               text file / folder of ``.txt`` files; last 10% validation
+               (:mod:`gtopk_lab.training.text_data`)
 =============  ============================================================================
 
 Sizes: ``config.train_samples`` / ``config.test_samples`` cap the number of samples
@@ -41,7 +44,7 @@ import torch
 
 from gtopk_lab.training.models import ModelSpec, get_model_spec
 
-DATASETS: tuple[str, ...] = ("digits", "mnist1d", "synthetic", "cifar10", "mnist", "ptb")
+DATASETS: tuple[str, ...] = ("digits", "mnist1d", "synthetic", "cifar10", "mnist", "ptb", "text")
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -308,12 +311,14 @@ def load_ptb_dataset(data_dir: str | None, train_samples: int, test_samples: int
 
 
 def load_dataset(name: str, *, model: str, train_samples: int, test_samples: int, seed: int = 0,
-                 data_dir: str | None = None, num_classes: int | None = None) -> Dataset:
+                 data_dir: str | None = None, num_classes: int | None = None,
+                 seq_len: int | None = None, tokenizer: str = "byte") -> Dataset:
     """Load dataset ``name`` for ``model`` (whose spec gives the synthetic input shape).
 
     Unknown names raise ``ValueError`` listing :data:`DATASETS`. ``seed`` drives the
     digits split and the synthetic values; mnist1d always uses its own seed (42) so
-    that the published split is reproduced.
+    that the published split is reproduced. ``seq_len`` and ``tokenizer`` apply to
+    ``text`` only (``seq_len`` None: the model's ``input_shape[0]``).
     """
     if name not in DATASETS:
         raise ValueError(f"dataset={name!r} is invalid: expected one of {', '.join(DATASETS)}")
@@ -328,6 +333,13 @@ def load_dataset(name: str, *, model: str, train_samples: int, test_samples: int
         return load_cifar10_dataset(data_dir, train_samples, test_samples)
     if name == "mnist":
         return load_mnist_dataset(data_dir, train_samples, test_samples)
+    if name == "text":
+        from gtopk_lab.training.text_data import load_text_dataset
+
+        spec = get_model_spec(model)
+        return load_text_dataset(data_dir, train_samples, test_samples,
+                                 seq_len=seq_len if seq_len is not None else int(spec.input_shape[0]),
+                                 tokenizer=tokenizer, num_classes=num_classes)
     return load_ptb_dataset(data_dir, train_samples, test_samples)
 
 
@@ -335,7 +347,10 @@ def check_model_fits(model: str, dataset: Dataset) -> None:
     """Raise ``ValueError`` when the model's input shape does not match the dataset's samples."""
     spec = get_model_spec(model)
     sample_shape = tuple(dataset.x_train.shape[1:])
-    if dataset.name != "synthetic" and int(np.prod(sample_shape)) != int(np.prod(spec.input_shape)):
+    # Variable-length LMs (the GPTs) take any [T] sequence; the model checks T <= block_size.
+    any_length = spec.variable_length and len(sample_shape) == 1
+    if (dataset.name != "synthetic" and not any_length
+            and int(np.prod(sample_shape)) != int(np.prod(spec.input_shape))):
         raise ValueError(f"model={model!r} (input {spec.input_shape}) does not fit dataset="
                          f"{dataset.name!r} (samples {sample_shape}): models for it are "
                          f"{[m.name for m in _models_for(dataset.name)]}")

@@ -15,6 +15,8 @@ name           fits                   architecture                params (d)
 ``resnet20``   cifar10 (3x32x32)      He et al. 2016, option A     ~0.27 M
 ``vgg16``      cifar10 (3x32x32)      VGG-16 with BN, 1 linear     ~14.7 M
 ``lstm``       ptb (token ids)        2-layer LSTM language model  vocab-dependent
+``gpt``        text (bytes, T=128)    4-layer GPT, n_embd 192      ~1.85 M
+``gpt_tiny``   text (bytes, T=64)     2-layer GPT, n_embd 48 (CI)  72,000
 ``resnet50``   imagenet (3x224x224)   torchvision, when importable ~25.6 M
 ``alexnet``    imagenet (3x224x224)   torchvision, when importable ~61 M
 =============  =====================  ==========================  ============
@@ -37,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gtopk_lab.training.gpt import GPT, GPT_DEFAULT, GPT_KWARGS, GPT_TINY, gpt_tiny
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -55,6 +59,9 @@ class ModelSpec:
     description: str = ""
     #: Keyword arguments accepted by the factory (from ``RunConfig.extra["model_kwargs"]``).
     kwargs: tuple[str, ...] = field(default_factory=tuple)
+    #: Language models that take any sequence length up to their context (the GPTs):
+    #: ``input_shape`` is then the default length, and datasets may use another one.
+    variable_length: bool = False
 
     @property
     def input_dtype(self) -> torch.dtype:
@@ -270,6 +277,12 @@ MODELS: dict[str, ModelSpec] = {
     "lstm": ModelSpec("lstm", LSTMLanguageModel, (35,), 10000, ("ptb", "synthetic"),
                       task="language_model", description="2-layer LSTM LM (PTB, bptt 35)",
                       kwargs=("vocab_size", "embedding_size", "hidden_size", "num_layers", "dropout")),
+    "gpt": ModelSpec("gpt", GPT, (GPT_DEFAULT["block_size"],), 256, ("text", "synthetic"),
+                     task="language_model", variable_length=True, kwargs=GPT_KWARGS,
+                     description="byte-level GPT, 4 layers x 4 heads, n_embd 192, context 128, tied head"),
+    "gpt_tiny": ModelSpec("gpt_tiny", gpt_tiny, (GPT_TINY["block_size"],), 256, ("text", "synthetic"),
+                          task="language_model", variable_length=True, kwargs=GPT_KWARGS,
+                          description="CI-size byte-level GPT, 2 layers x 2 heads, n_embd 48, context 64"),
 }
 
 if importlib.util.find_spec("torchvision") is not None:  # optional ImageNet models

@@ -95,15 +95,65 @@ def density_at(config: RunConfig, epoch: float) -> float:
     return config.density
 
 
-def make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.SGD:
-    """SGD over the model's parameters.
+#: Optimisers ``make_optimizer`` builds, chosen by ``config.extra["optimizer"]`` (default "sgd").
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
+#: AdamW defaults (nanoGPT's betas); override with ``extra["betas"]`` / ``extra["eps"]``.
+ADAMW_BETAS: tuple[float, float] = (0.9, 0.95)
+ADAMW_EPS = 1e-8
 
-    With ``momentum_correction`` the velocity is kept per worker *before* sparsification
+
+def optimizer_name(config: RunConfig) -> str:
+    """``config.extra["optimizer"]`` ("sgd" when absent); anything else raises ``ValueError``."""
+    name = config.extra.get("optimizer", "sgd")
+    if name not in OPTIMIZERS:
+        raise ValueError(f"extra optimizer={name!r} is invalid: expected one of {', '.join(OPTIMIZERS)}")
+    return name
+
+
+def _adamw_hyper(config: RunConfig) -> tuple[tuple[float, float], float]:
+    betas = config.extra.get("betas", ADAMW_BETAS)
+    try:
+        b1, b2 = (float(b) for b in betas)
+        ok = 0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"extra betas={betas!r} is invalid for optimizer 'adamw': expected two numbers "
+                         "in [0, 1), e.g. [0.9, 0.95]")
+    eps = config.extra.get("eps", ADAMW_EPS)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"extra eps={eps!r} is invalid for optimizer 'adamw': expected a number > 0")
+    return (b1, b2), float(eps)
+
+
+def make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.Optimizer:
+    """SGD (default) or AdamW over the model's parameters, from ``config.extra["optimizer"]``.
+
+    SGD: with ``momentum_correction`` the velocity is kept per worker *before* sparsification
     (see :mod:`gtopk_lab.training.loop`), so the optimiser itself runs without momentum
     (dense runs ignore ``momentum_correction``: with nothing left out it would cancel momentum).
     Weight decay is applied by the optimiser to the aggregated update (identical on
     every rank). The learning rate is overwritten each iteration from :func:`lr_at`.
+
+    AdamW (``extra={"optimizer": "adamw"}``): ``lr`` and ``weight_decay`` from the config,
+    ``betas`` (default (0.9, 0.95)) and ``eps`` (default 1e-8) from ``extra``; ``momentum``
+    is unused. As in nanoGPT, decoupled weight decay applies to parameters with >= 2
+    dimensions (weight matrices, embeddings) and not to biases or LayerNorm gains. Like SGD
+    it steps on the aggregated (sparse-summed) gradient, identically on every rank.
+    ``momentum_correction`` is rejected: DGC's local velocity belongs to SGD momentum.
     """
+    if optimizer_name(config) == "adamw":
+        if config.momentum_correction and get_method(config.method).sparse:
+            raise ValueError("momentum_correction=True is invalid with extra optimizer='adamw': DGC's "
+                             "local velocity is an SGD-momentum scheme; expected momentum_correction=False")
+        betas, eps = _adamw_hyper(config)
+        params = [p for p in model.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": config.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=betas,
+                                 eps=eps)
     local_velocity = config.momentum_correction and get_method(config.method).sparse
     momentum = 0.0 if local_velocity else config.momentum
     return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=momentum,

@@ -7,7 +7,7 @@ One run of P ranks is P calls of :func:`run_rank`, one per Dask worker:
 
 1. **Rendezvous.** Rank 0 starts a ``torch.distributed.TCPStore`` on its own host,
    bound to port 0 so the OS picks a free port (no race between "pick" and "bind") and
-   listening on the worker's own address only (``distributed_utils.master_store``), and
+   listening on the worker's own address only (``comm.launch.master_store``), and
    publishes ``host:port`` in the Dask ``Variable`` ``gtopk-rdv-<run_id>``.
    Ranks 1..P-1 read that variable (waiting at most ``timeout_s``) and connect.
    One variable per run id, so two runs never share a rendezvous.
