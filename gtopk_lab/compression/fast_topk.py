@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from gtopk_lab.compression.merge import index_dtype
-from gtopk_lab.compression.selection import _check, _result
+from gtopk_lab.compression.checks import check_selection as _check, selection_result as _result
 
 try:
     import numba

@@ -53,6 +53,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from gtopk_lab.compression.checks import check_selection as _check, selection_result as _result
 from gtopk_lab.compression.merge import index_dtype
 
 __all__ = [
@@ -105,24 +106,6 @@ def get_selector(name: str) -> Selector:
     except KeyError:
         raise ValueError(f"selector={name!r} is invalid: expected one of "
                          f"{', '.join(available_selectors())}") from None
-
-
-def _check(x: torch.Tensor, k: int) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x has type {type(x).__name__}: expected torch.Tensor")
-    if x.dim() != 1:
-        raise ValueError(f"x has shape {tuple(x.shape)}: expected a flat 1-D tensor")
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"x dtype {x.dtype} is invalid: expected a floating dtype")
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"k={k!r} has type {type(k).__name__}: expected int")
-    if not 1 <= k <= x.numel():
-        raise ValueError(f"k={k!r} is invalid: expected 1 <= k <= numel={x.numel()}")
-
-
-def _result(x: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    idx = idx.to(index_dtype(x.numel()))
-    return x[idx], idx
 
 
 @register_selector("topk", exact_k=True)

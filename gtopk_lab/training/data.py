@@ -42,7 +42,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from gtopk_lab.training.dataset import Dataset
 from gtopk_lab.training.models import ModelSpec, get_model_spec
+from gtopk_lab.training.text_data import load_text_dataset
 
 DATASETS: tuple[str, ...] = ("digits", "mnist1d", "synthetic", "cifar10", "mnist", "ptb", "text")
 
@@ -52,29 +54,6 @@ CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 PTB_BPTT = 35
 
 
-@dataclass
-class Dataset:
-    """A train and a test split as tensors (inputs ``x``, targets ``y``)."""
-
-    name: str
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    #: Number of classes (vocabulary size for language modelling).
-    num_classes: int
-    task: str = "classification"
-
-    @property
-    def train_samples(self) -> int:
-        return int(self.x_train.shape[0])
-
-    @property
-    def test_samples(self) -> int:
-        return int(self.x_test.shape[0])
-
-
-# --------------------------------------------------------------------------- helpers
 def cache_dir() -> Path:
     """Where generated arrays are cached: ``$GTOPK_LAB_CACHE`` or ``~/.cache/gtopk-lab``."""
     return Path(os.environ.get("GTOPK_LAB_CACHE", Path.home() / ".cache" / "gtopk-lab"))
@@ -334,8 +313,6 @@ def load_dataset(name: str, *, model: str, train_samples: int, test_samples: int
     if name == "mnist":
         return load_mnist_dataset(data_dir, train_samples, test_samples)
     if name == "text":
-        from gtopk_lab.training.text_data import load_text_dataset
-
         spec = get_model_spec(model)
         return load_text_dataset(data_dir, train_samples, test_samples,
                                  seq_len=seq_len if seq_len is not None else int(spec.input_shape[0]),

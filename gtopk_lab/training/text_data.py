@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gtopk_lab.training.data import Dataset
+from gtopk_lab.training.dataset import Dataset
 
 TOKENIZERS: tuple[str, ...] = ("byte", "char")
 #: Fraction of the corpus (its last bytes) used for validation.
