@@ -17,8 +17,9 @@ from typing import Any
 
 from gtopk_lab.comm.schedules import SPARSE_ALGORITHMS as ALGORITHMS
 from gtopk_lab.compression.residual import RESIDUAL_RULES
-from gtopk_lab.compression.selection import available_selectors, selects_exactly_k
+from gtopk_lab.compression.selection import available_selectors
 from gtopk_lab.methods import available_methods, get_method
+from gtopk_lab.methods.registry import selector_for
 from gtopk_lab.network.model import NetworkModel
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
@@ -107,9 +108,7 @@ class RunConfig:
         if self.selector is not None:
             if self.selector not in available_selectors():
                 raise _fail("selector", self.selector, f"one of {', '.join(available_selectors())} or None")
-            if method.sparse and method.comm.needs_exact_k and not selects_exactly_k(self.selector):
-                raise _fail("selector", self.selector, f"a selector that returns exactly k entries: method "
-                                                       f"{self.method!r} needs it")
+            selector_for(method, self.selector)
         if self.algorithm not in ALGORITHMS:
             raise _fail("algorithm", self.algorithm, f"one of {', '.join(ALGORITHMS)}")
         if self.residual_rule not in RESIDUAL_RULES:

@@ -83,6 +83,7 @@ import torch
 import torch.distributed as dist
 
 from gtopk_lab.comm.inprocess import check_lists, run_programs
+from gtopk_lab.comm.programs import drive
 from gtopk_lab.comm.schedules import butterfly_schedule
 from gtopk_lab.comm.stats import HEADER_BYTES, CollectiveResult, CommStats, check_k, check_numel, wire
 from gtopk_lab.comm.torch_dist import comm_device, global_rank, rank_world
@@ -489,11 +490,7 @@ def oktopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k:
                          st.bins_per_region, st.threshold_probes)
     transport = _ByteTransport(group, device)
     try:
-        request = next(gen)
-        while True:
-            request = gen.send(transport.run(*request))
-    except StopIteration as stop:
-        result, bounds, phase_bytes = stop.value
+        result, bounds, phase_bytes = drive(gen, transport.run)
     finally:
         transport.finish()
     st.advance(bounds, numel, world, rebalance)

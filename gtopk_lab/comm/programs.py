@@ -10,7 +10,8 @@ one process, so results and byte counts agree by construction.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from typing import Any
 
 import torch
 
@@ -20,7 +21,18 @@ from gtopk_lab.comm.stats import (
 )
 from gtopk_lab.compression.merge import coalesce_sparse, merge_sparse, sort_by_index
 
-__all__ = ["gtopk_program", "dense_stats", "allgather_steps", "allgather_assemble"]
+__all__ = ["drive", "gtopk_program", "dense_stats", "allgather_steps", "allgather_assemble"]
+
+
+def drive(program: Generator[Any, Any, Any], run: Callable[..., Any]) -> Any:
+    """Run one rank's ``program`` to completion, carrying out each request ``(op, peer,
+    payload)`` with ``run(op, peer, payload)`` (a transport); returns the program's result."""
+    try:
+        request = next(program)
+        while True:
+            request = program.send(run(*request))
+    except StopIteration as stop:
+        return stop.value
 
 
 Payload = tuple[torch.Tensor, torch.Tensor]

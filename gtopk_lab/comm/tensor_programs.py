@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from gtopk_lab.comm.inprocess import run_programs
+from gtopk_lab.comm.programs import drive
 from gtopk_lab.comm.stats import CollectiveResult, CommStats
 from gtopk_lab.comm.torch_dist import comm_device, global_rank, rank_world
 
@@ -113,14 +114,9 @@ def run_tensor_program(make_program: Callable[[int, int], TensorProgram], name: 
     transport = _TensorTransport(group, device)
     gen = _recorded(make_program(rank, world), name)
     try:
-        request = next(gen)
-        while True:
-            request = gen.send(transport.run(*request))
-    except StopIteration as stop:
-        result: CollectiveResult = stop.value
+        return drive(gen, transport.run)
     finally:
         transport.finish()
-    return result
 
 
 def simulate_tensor_programs(make_program: Callable[[int, int], TensorProgram], name: str,

@@ -33,7 +33,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from gtopk_lab.comm.programs import allgather_assemble, allgather_steps, dense_stats, gtopk_program
+from gtopk_lab.comm.programs import allgather_assemble, allgather_steps, dense_stats, drive, gtopk_program
 from gtopk_lab.comm.stats import (
     HEADER_BYTES, CollectiveResult, Payload, check_algorithm, check_exact_k, check_k, check_numel,
     sparse_message_bytes, wire,
@@ -287,12 +287,7 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     check_exact_k(exact_k, {"this rank": values.numel()}, k)
     transport = _P2P(group, device, values.dtype, indices.dtype, fixed_count=k if exact_k else None)
     gen = gtopk_program(rank, world, values, indices, numel, k, algorithm, header=not exact_k)
-    try:
-        request = next(gen)
-        while True:
-            request = gen.send(transport.run(*request))
-    except StopIteration as stop:
-        result: CollectiveResult = stop.value
+    result: CollectiveResult = drive(gen, transport.run)
     st = result.stats
     st.drops_to(out_device)
     return CollectiveResult(result.values.to(out_device), result.indices.to(out_device), st)

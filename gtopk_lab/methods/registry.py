@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from gtopk_lab.compression.selection import available_selectors, get_selector, selects_exactly_k
 from gtopk_lab.methods.base import Collective, Method
 
-__all__ = ["register_collective", "get_collective", "available_collectives", "register_method",
+__all__ = ["register_collective", "get_collective", "available_collectives", "register_method", "selector_for",
            "get_method", "available_methods", "unregister_method", "load_plugins", "plugin_modules",
            "PLUGINS_ENV", "ENTRY_POINT_GROUP"]
 
@@ -33,6 +33,9 @@ _ALIASES: dict[str, str] = {}
 _METHODS: dict[str, Method] = {}
 _loaded_plugins: set[str] = set()
 _loading = False
+#: entry points are read from the installed distributions once per process (a scan of every
+#: package's metadata: too slow for each registry read, which hooks and configs do often)
+_entry_points_done = False
 
 
 # =========================================================================== collectives
@@ -100,6 +103,20 @@ def _resolve(method: Method) -> Method:
     return method.with_parts(collective=collective, selector=select, exact_k=exact_k)
 
 
+def selector_for(method: Method, selector: str | None = None) -> tuple[object, bool]:
+    """``(select, exact_k)`` of ``method`` with an optional registered ``selector`` name in
+    place of its own (``RunConfig.selector``); ``ValueError`` naming the selector when its
+    collective needs exactly k and the override does not promise it. Dense-input methods
+    ignore the override (nothing is selected)."""
+    if not method.sparse or selector is None:
+        return method.select, method.exact_k
+    select, exact_k = get_selector(selector), selects_exactly_k(selector)
+    if method.comm.needs_exact_k and not exact_k:
+        raise ValueError(f"selector={selector!r} is invalid with method {method.name!r}: its collective "
+                         "needs exactly k pairs per rank and this selector does not promise that")
+    return select, exact_k
+
+
 def _label(selector: object) -> str:
     return selector if isinstance(selector, str) else getattr(selector, "__name__", repr(selector))
 
@@ -157,7 +174,7 @@ def _entry_point_modules() -> Iterable[tuple[str, object]]:
 
 def load_plugins() -> None:
     """Import every plugin module not imported yet in this process (see the module docstring)."""
-    global _loading
+    global _loading, _entry_points_done
     if _loading:  # a plugin reading the registry while it registers
         return
     _loading = True
@@ -165,6 +182,9 @@ def load_plugins() -> None:
         for module in plugin_modules():
             if module not in _loaded_plugins:
                 _import_plugin(module, f"{PLUGINS_ENV} names")
+        if _entry_points_done:
+            return
+        _entry_points_done = True
         for module, ep in _entry_point_modules():
             if module not in _loaded_plugins:
                 try:

@@ -26,7 +26,7 @@ from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.training.data import Dataset, Shard, check_model_fits, eval_batches, load_dataset
 from gtopk_lab.training.models import build_model, count_parameters, get_model_spec
 from gtopk_lab.training.optim import make_optimizer, set_lr
-from gtopk_lab.training.step import LocalSteps, RankStep
+from gtopk_lab.training.step import LocalSteps, RankStep, flat_params, load_flat_params
 
 __all__ = ["RankResult", "Replica", "RankState", "resolve_device", "sync_device", "limit_threads",
            "network_of", "run_dataset", "rank_checkpoint_state", "restore_rank_state"]
@@ -113,7 +113,7 @@ class Replica:
 
     def flat_weights(self) -> torch.Tensor:
         """A copy of all parameters as one flat tensor (tests compare these)."""
-        return torch.cat([p.detach().reshape(-1) for p in self.params])
+        return flat_params(self.params)
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if self.language_model:
@@ -130,14 +130,9 @@ class Replica:
         loss.backward()
         return float(loss.detach())
 
-    @torch.no_grad()
     def load_flat(self, flat: torch.Tensor) -> None:
         """Copy a flat tensor into the parameters in place (they keep their ``.grad`` views)."""
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
+        load_flat_params(self.params, flat)
 
     def local_step(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
         """One optimiser step on this rank's own gradient (local steps between syncs)."""

@@ -32,10 +32,26 @@ import torch
 
 from gtopk_lab.comm.stats import CollectiveResult
 from gtopk_lab.compression.residual import ErrorFeedback
-from gtopk_lab.compression.selection import get_selector, selects_exactly_k
 from gtopk_lab.methods.base import CommCall, Contribution, Method
+from gtopk_lab.methods.registry import selector_for
 
-__all__ = ["RankStep", "LocalSteps", "communicate", "communicate_simulated", "aggregate_dense"]
+__all__ = ["RankStep", "LocalSteps", "communicate", "communicate_simulated", "aggregate_dense",
+           "flat_params", "load_flat_params"]
+
+
+def flat_params(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A copy of ``params`` as one flat tensor, in order."""
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+@torch.no_grad()
+def load_flat_params(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``flat`` into ``params`` in place (so parameters keep their ``.grad`` views)."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.copy_(flat[offset:offset + n].view_as(p))
+        offset += n
 
 
 class RankStep:
@@ -50,13 +66,7 @@ class RankStep:
                  momentum_correction: bool = False, momentum: float = 0.0, algorithm: str | None = None,
                  layout: Sequence[tuple[int, ...]] = ()) -> None:
         self.method, self.numel, self.rank = method, numel, rank
-        if method.sparse and selector is not None:
-            self.select, self.exact_k = get_selector(selector), selects_exactly_k(selector)
-        else:
-            self.select, self.exact_k = method.select, method.exact_k
-        if method.sparse and method.comm.needs_exact_k and not self.exact_k:
-            raise ValueError(f"selector={selector!r} is invalid with method {method.name!r}: its collective "
-                             "needs exactly k pairs per rank")
+        self.select, self.exact_k = selector_for(method, selector)
         self.algorithm = method.comm.algorithm_for(method.algorithm or algorithm)
         self.grad_clip, self.momentum = grad_clip, momentum
         memory = method.memory
@@ -168,10 +178,10 @@ class LocalSteps:
         factory = method.outer_optimizer
         self.outer = (factory(params, config) if factory is not None
                       else torch.optim.SGD(params, lr=1.0, momentum=0.0))
-        self.anchor = self.flat().clone()
+        self.anchor = self.flat()  # torch.cat already copies
 
     def flat(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self.params])
+        return flat_params(self.params)
 
     def due(self, iteration: int) -> bool:
         return (iteration + 1) % self.sync_every == 0
@@ -179,23 +189,15 @@ class LocalSteps:
     def pseudo_gradient(self) -> torch.Tensor:
         return self.anchor - self.flat()
 
-    def load_flat(self, flat: torch.Tensor) -> None:
-        offset = 0
-        with torch.no_grad():
-            for p in self.params:
-                n = p.numel()
-                p.copy_(flat[offset:offset + n].view_as(p))
-                offset += n
-
     def outer_step(self, aggregate: torch.Tensor, world: int) -> None:
-        self.load_flat(self.anchor)
+        load_flat_params(self.params, self.anchor)
         offset = 0
         for p in self.params:
             n = p.numel()
             p.grad.copy_((aggregate[offset:offset + n] / world).view_as(p))
             offset += n
         self.outer.step()
-        self.anchor = self.flat().clone()
+        self.anchor = self.flat()  # torch.cat already copies
 
     def state_dict(self) -> dict[str, Any]:
         return {"anchor": self.anchor.detach().cpu().clone(), "outer": self.outer.state_dict()}
