@@ -51,15 +51,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gtopk_lab.config import RunConfig, k_for
+from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
-from gtopk_lab.training.optim import density_at, lr_at
 from gtopk_lab.training.replica import (
     RankResult, RankState, Replica, limit_threads, network_of, rank_checkpoint_state, resolve_device,
     restore_rank_state, run_dataset, sync_device,
 )
 from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row
+from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
 from gtopk_lab.training.step import communicate, communicate_simulated
 
 __all__ = ["RankResult", "train_rank", "resolve_device", "gloo_rank_entry", "gloo_checkpoint_entry"]
@@ -90,10 +90,88 @@ def _all_mean(value: float, has_group: bool, world: int) -> float:
 
 
 
-def _barrier(has_group: bool) -> None:
-    if has_group:
-        dist.barrier()
+class _RealRank:
+    """The :class:`~gtopk_lab.training.skeleton.IterationDriver` of this process's one rank."""
 
+    def __init__(self, config: RunConfig, rank: int, world: int, has_group: bool,
+                 dev: torch.device, dataset: Any, replica: Replica, state: RankState,
+                 clock: VirtualClock, buffer: RowBuffer) -> None:
+        self.config, self.rank, self.world, self.has_group = config, rank, world, has_group
+        self.dev, self.dataset, self.replica, self.state = dev, dataset, replica, state
+        self.clock, self.buffer = clock, buffer
+        self.ipe = state.shard.iterations_per_epoch
+        self.coordinator = rank == 0
+
+    def iteration(self, point: Point, timeline: Timeline) -> None:
+        replica, state, dev, clock = self.replica, self.state, self.dev, self.clock
+        it, lr, k = point.iteration, point.lr, point.k
+        x, y = state.next_batch(point.epoch_index, point.first_of_epoch)
+        t0 = time.perf_counter()
+        with state.active(replica, swap_buffers=False):
+            loss = replica.forward_backward(x, y)
+        sync_device(dev)
+        t1 = time.perf_counter()
+        result = None
+        if state.local is not None:  # local steps; the pseudo-gradient is synchronised
+            replica.local_step(state.optimizer, lr)
+            g = state.local.pseudo_gradient() if state.local.due(it) else None
+        else:
+            g = replica.grad
+        if g is not None:
+            local = state.step.prepare(g, k)
+            sync_device(dev)
+            t2 = time.perf_counter()
+            call = state.step.call(k, it)
+            if self.has_group:
+                result = clock.collective(communicate, state.method, local, call)
+            else:
+                result = clock.collective(lambda: communicate_simulated(state.method, [local], call)[0])
+            sync_device(dev)
+            t3 = time.perf_counter()
+            state.step.finish(local, result)
+            aggregate = state.step.aggregate(result, dev)
+            if state.local is not None:
+                state.local.outer_step(aggregate, self.world)
+            else:
+                replica.apply(aggregate, lr)
+        else:
+            t2 = t3 = time.perf_counter()
+        sync_device(dev)
+        t4 = time.perf_counter()
+        t = {"compute": t1 - t0, "selection": t2 - t1, "comm": t3 - t2, "update": t4 - t3}
+        state.epoch_loss_sum += loss
+        state.epoch_loss_count += 1
+        stats = result.stats if result is not None else None
+        comm_model_s = clock.last_comm_model_s if result is not None else 0.0
+        self.buffer.add(iter_row(self.config, self.rank, self.world, it, point.epoch, point.density,
+                                 k, loss, lr, t, stats, comm_model_s, t4 - timeline.wall_start,
+                                 clock.virtual_time_s))
+
+    def end_epoch(self, boundary: Boundary, point: Point, timeline: Timeline) -> None:
+        state = self.state
+        mean_loss = _all_mean(state.epoch_loss_sum / max(state.epoch_loss_count, 1),
+                              self.has_group, self.world)
+        state.epoch_loss_sum, state.epoch_loss_count = 0.0, 0
+        test = self.replica.evaluate(self.dataset) if (boundary.evaluate and self.rank == 0) else None
+        self.buffer.add(epoch_row(self.config, self.rank, self.world, boundary.iteration,
+                                  boundary.epochs_done, point.density, point.k, mean_loss, test,
+                                  timeline.elapsed_s(), self.clock.virtual_time_s),
+                        count_iteration=False)
+
+    def save(self, checkpoint_dir: str, epoch: int, iteration: int, timeline: Timeline) -> None:
+        ckpt.save_rank_state(checkpoint_dir, epoch, self.rank, rank_checkpoint_state(
+            self.replica, self.state, virtual_time_s=self.clock.virtual_time_s, iteration=iteration,
+            epoch=epoch, wall_time_s=timeline.elapsed_s(), eval_wall_s=timeline.eval_wall_s))
+
+    def barrier(self) -> None:
+        if self.has_group:
+            dist.barrier()
+
+    def restore(self, resume_from: str, epoch: int) -> Resumed:
+        saved = ckpt.load_rank_state(resume_from, epoch, self.rank)
+        restore_rank_state(saved, self.replica, self.state)
+        return Resumed(iteration=int(saved["iteration"]), virtual_time_s=float(saved["virtual_time_s"]),
+                       wall_time_s=float(saved["wall_time_s"]), eval_wall_s=float(saved["eval_wall_s"]))
 
 
 def train_rank(config: RunConfig, sink: Sink | None = None,
@@ -104,7 +182,8 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
     Requires an initialised default process group of ``config.workers`` ranks, except for
     ``workers=1``, which also runs without one. Rows go to ``sink(rows)`` every
     ``config.sink_every`` iterations and at the end; exceptions propagate (after the
-    rows produced so far were flushed).
+    rows produced so far were flushed). Epochs, evaluation, checkpoints and resume are
+    :func:`~gtopk_lab.training.skeleton.run_iterations`, shared with the simulator.
 
     Checkpoints (:mod:`gtopk_lab.training.checkpoint`): with ``config.checkpoint`` and a
     ``checkpoint_dir``, every rank saves its state at the end of every epoch, then (after
@@ -127,121 +206,30 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
     state = RankState(config, rank, world, replica, dataset)
     if dev.type == "cuda":  # CUDA dropout masks differ between ranks, as on CPU
         torch.cuda.manual_seed(config.seed + 1 + rank)
-    ipe = state.shard.iterations_per_epoch
-    total = config.epochs * ipe if config.max_iterations is None else min(config.max_iterations,
-                                                                          config.epochs * ipe)
     clock = VirtualClock(network_of(config), throttle=config.throttle,
                          include_merge_cpu=config.virtual_merge_cpu)
     buffer = RowBuffer(sink, config.sink_every)
-    eval_wall_s = 0.0
-    k = k_for(replica.numel, config.density)
-    density = config.density
-    start_iteration = 0
-    # Wall time counts training from here: building the dataset and the replica (seconds
-    # for MNIST-1D on a fresh worker) is reported as setup_wall_s, not as training time,
-    # so a short run's throughput does not depend on whether its worker was fresh.
-    wall_start = time.perf_counter()
-    setup_wall_s = wall_start - setup_start
-    if resume_from is not None:
-        latest = ckpt.resume_point(resume_from, world)
-        if latest is not None:
-            saved = ckpt.load_rank_state(resume_from, latest["epoch"], rank)
-            restore_rank_state(saved, replica, state)
-            clock.advance(float(saved["virtual_time_s"]))  # continue the virtual timeline
-            start_iteration = int(saved["iteration"])
-            wall_start -= float(saved["wall_time_s"])
-            eval_wall_s = float(saved["eval_wall_s"])
-    save_checkpoints = bool(config.checkpoint) and checkpoint_dir is not None
+    ranks = _RealRank(config, rank, world, has_group, dev, dataset, replica, state, clock, buffer)
     try:
-        clock.mark()
-        for it in range(start_iteration, total):
-            epoch_index, pos = divmod(it, ipe)
-            progress = it / ipe
-            lr = lr_at(config, progress, world)
-            density = density_at(config, progress)
-            k = k_for(replica.numel, density)
-            x, y = state.next_batch(epoch_index, pos == 0)
-            t: dict[str, float] = {}
-
-            t0 = time.perf_counter()
-            with state.active(replica, swap_buffers=False):
-                loss = replica.forward_backward(x, y)
-            sync_device(dev)
-            t1 = time.perf_counter()
-            result = None
-            if state.local is not None:  # local steps; the pseudo-gradient is synchronised
-                replica.local_step(state.optimizer, lr)
-                g = state.local.pseudo_gradient() if state.local.due(it) else None
-            else:
-                g = replica.grad
-            if g is not None:
-                local = state.step.prepare(g, k)
-                sync_device(dev)
-                t2 = time.perf_counter()
-                call = state.step.call(k, it)
-                if has_group:
-                    result = clock.collective(communicate, state.method, local, call)
-                else:
-                    result = clock.collective(lambda: communicate_simulated(state.method, [local], call)[0])
-                sync_device(dev)
-                t3 = time.perf_counter()
-                state.step.finish(local, result)
-                aggregate = state.step.aggregate(result, dev)
-                if state.local is not None:
-                    state.local.outer_step(aggregate, world)
-                else:
-                    replica.apply(aggregate, lr)
-            else:
-                t2 = t3 = time.perf_counter()
-            sync_device(dev)
-            t4 = time.perf_counter()
-            t = {"compute": t1 - t0, "selection": t2 - t1, "comm": t3 - t2, "update": t4 - t3}
-            state.epoch_loss_sum += loss
-            state.epoch_loss_count += 1
-            stats = result.stats if result is not None else None
-            comm_model_s = clock.last_comm_model_s if result is not None else 0.0
-            buffer.add(iter_row(config, rank, world, it, (it + 1) / ipe, density, k, loss, lr, t,
-                                stats, comm_model_s, t4 - wall_start, clock.virtual_time_s))
-
-            end_of_epoch = (it + 1) % ipe == 0
-            if end_of_epoch or it + 1 == total:
-                done_epochs = (it + 1) / ipe
-                is_eval = (it + 1 == total) or (end_of_epoch and round(done_epochs) % config.eval_every_epochs == 0)
-                e0 = time.perf_counter()
-                with clock.paused():
-                    mean_loss = _all_mean(state.epoch_loss_sum / max(state.epoch_loss_count, 1),
-                                          has_group, world)
-                    state.epoch_loss_sum, state.epoch_loss_count = 0.0, 0
-                    test = replica.evaluate(dataset) if (is_eval and rank == 0) else None
-                    if end_of_epoch or is_eval:
-                        buffer.add(epoch_row(config, rank, world, it + 1, done_epochs, density, k,
-                                             mean_loss, test, time.perf_counter() - wall_start,
-                                             clock.virtual_time_s), count_iteration=False)
-                eval_wall_s += time.perf_counter() - e0
-                if save_checkpoints and end_of_epoch:
-                    with clock.paused():
-                        done = (it + 1) // ipe
-                        ckpt.save_rank_state(checkpoint_dir, done, rank, rank_checkpoint_state(
-                            replica, state, virtual_time_s=clock.virtual_time_s, iteration=it + 1,
-                            epoch=done, wall_time_s=time.perf_counter() - wall_start,
-                            eval_wall_s=eval_wall_s))
-                        _barrier(has_group)
-                        if rank == 0:
-                            ckpt.write_latest(checkpoint_dir, done, it + 1, world)
-                            ckpt.prune_older(checkpoint_dir, done)
-        wall_time_s = time.perf_counter() - wall_start
-        summary = build_summary(config, buffer.rows, numel=replica.numel, world=world, iterations=total,
-                                iterations_per_epoch=ipe, train_wall_s=wall_time_s - eval_wall_s,
-                                wall_time_s=wall_time_s, virtual_time_s=clock.virtual_time_s,
+        # Wall time counts training from run_iterations on: building the dataset and the
+        # replica (seconds for MNIST-1D on a fresh worker) is reported as setup_wall_s, so a
+        # short run's throughput does not depend on whether its worker was fresh.
+        timeline = run_iterations(config, ranks, numel=replica.numel, world=world,
+                                  iterations_per_epoch=ranks.ipe, clock=clock,
+                                  checkpoint_dir=checkpoint_dir, resume_from=resume_from,
+                                  on_start=clock.mark)
+        summary = build_summary(config, buffer.rows, numel=replica.numel, world=world,
+                                iterations=timeline.total, iterations_per_epoch=ranks.ipe,
+                                train_wall_s=timeline.train_wall_s, wall_time_s=timeline.wall_time_s,
+                                virtual_time_s=clock.virtual_time_s,
                                 extra={"rank": rank, "device": str(dev),
                                        "merge_cpu_s": clock.total_merge_cpu_s,
                                        "virtual_merge_cpu": clock.include_merge_cpu,
-                                       "setup_wall_s": setup_wall_s})
+                                       "setup_wall_s": timeline.started_at - setup_start})
         weights = replica.flat_weights().cpu() if config.extra.get("return_weights") else None
         return RankResult(rows=buffer.rows, summary=summary, final_weights=weights)
     finally:  # rows produced before an exception still reach the sink
         buffer.flush()
-
 
 
 def gloo_rank_entry(rank: int, world_size: int, config_dict: dict[str, Any]) -> RankResult:

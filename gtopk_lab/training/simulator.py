@@ -1,11 +1,13 @@
 """Single-process simulator: P virtual workers through the same code paths as ``train_rank``.
 
 ``simulate(config, sink=None) -> RankResult`` runs ``config.workers`` virtual ranks (32,
-64, 256 ... on one laptop) one after the other in one process. Per iteration:
+64, 256 ... on one laptop) one after the other in one process. Epochs, evaluation,
+checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, the skeleton
+``train_rank`` runs too; per iteration:
 
 1. for each virtual rank r (its RNG state and BatchNorm buffers swapped into the shared
-   replica): forward/backward on r's shard, then :func:`~gtopk_lab.training.loop.prepare_local`
-   (clipping, momentum correction, error feedback, selection) -- the code ``train_rank`` runs;
+   replica): forward/backward on r's shard, then :meth:`~gtopk_lab.training.step.RankStep.prepare`
+   (clipping, momentum correction, error feedback, selection) -- the step ``train_rank`` runs;
    rank r's CPU time for this is measured with ``time.process_time`` (wall time on CUDA)
 2. the method's in-process collective (``Collective.simulate``: the real per-rank message
    programs without transport; identical ``CommStats``)
@@ -68,16 +70,16 @@ from typing import Any
 
 import torch
 
-from gtopk_lab.config import RunConfig, k_for
+from gtopk_lab.config import RunConfig
+from gtopk_lab.methods import get_method
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
-from gtopk_lab.methods import get_method
-from gtopk_lab.training.optim import density_at, lr_at
 from gtopk_lab.training.replica import (
     RankResult, RankState, Replica, network_of, rank_checkpoint_state, resolve_device, restore_rank_state,
     run_dataset,
 )
 from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row
+from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
 from gtopk_lab.training.step import communicate_simulated
 
 __all__ = ["simulate", "ALL_ROWS_MAX_WORKERS"]
@@ -138,7 +140,6 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
         raise ValueError(f"selection_time_s={fixed_selection_s!r} is invalid without compute_time_s: "
                          "expected both fixed, or compute_time_s alone (selection then measured)")
     method = get_method(config.method)
-    sparse = method.sparse
     rows = rows or config.extra.get("sim_rows")
     if rows is None:
         rows = "all" if config.workers <= ALL_ROWS_MAX_WORKERS else "rank0"
@@ -149,162 +150,31 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     setup_start = time.perf_counter()
     dataset = run_dataset(config)
     replica = Replica(config, world, dev)
-    # a local-steps method's virtual ranks hold their own weights and inner optimisers
-    states = [RankState(config, r, world, replica, dataset, own_optimizer=method.local_steps)
-              for r in range(world)]
-    swap_buffers = len(states[0].buffers) > 0
-    ipe = states[0].shard.iterations_per_epoch
-    total = config.epochs * ipe if config.max_iterations is None else min(config.max_iterations,
-                                                                          config.epochs * ipe)
     # Fixed compute removes CPU noise from virtual time; charging measured merges would
     # bring it back, so merges count only when compute is measured too.
     clock = VirtualClock(network_of(config), throttle=False,
                          include_merge_cpu=config.virtual_merge_cpu and fixed_compute_s is None)
     buffer = RowBuffer(sink, config.sink_every)
-    emit = range(world) if rows == "all" else range(1)
-    eval_wall_s = 0.0
-    density, k = config.density, k_for(replica.numel, config.density)
-    wall_start = time.perf_counter()  # training only: setup is setup_wall_s (as train_rank)
-    setup_wall_s = wall_start - setup_start
-    start_iteration = 0
-    if resume_from is not None:
-        latest = ckpt.resume_point(resume_from, world)
-        if latest is not None:
-            for state in states:
-                saved = ckpt.load_rank_state(resume_from, latest["epoch"], state.rank)
-                restore_rank_state(saved, replica, state)
-                if state.rank == 0:
-                    clock.advance(float(saved["virtual_time_s"]))
-                    start_iteration = int(saved["iteration"])
-                    wall_start -= float(saved["wall_time_s"])
-                    eval_wall_s = float(saved["eval_wall_s"])
-    save_checkpoints = bool(config.checkpoint) and checkpoint_dir is not None
+    ranks = _VirtualRanks(config, method, dev, dataset, replica, clock, buffer,
+                          emit=range(world) if rows == "all" else range(1),
+                          fixed_compute_s=fixed_compute_s, fixed_selection_s=fixed_selection_s)
     try:
-        for it in range(start_iteration, total):
-            epoch_index, pos = divmod(it, ipe)
-            progress = it / ipe
-            lr = lr_at(config, progress, world)
-            density = density_at(config, progress)
-            k = k_for(replica.numel, density)
-            locals_, losses, compute_s, selection_cpu_s, timings = [], [], [], [], []
-            sync_now = states[0].local is None or states[0].local.due(it)
-            for state in states:
-                x, y = state.next_batch(epoch_index, pos == 0)
-                c0, w0 = _timer(dev), time.perf_counter()
-                with state.active(replica, swap_buffers):
-                    loss = replica.forward_backward(x, y)
-                    if state.local is not None:
-                        replica.local_step(state.optimizer, lr)
-                c_mid, w1 = _timer(dev), time.perf_counter()
-                if sync_now:
-                    if state.local is not None:
-                        with state.active(replica, swap_buffers=False):
-                            g = state.local.pseudo_gradient()
-                    else:
-                        g = replica.grad
-                    local = state.step.prepare(g, k)
-                    if local.gradient is replica.grad:  # the next rank's backward reuses the buffer
-                        local.gradient = replica.grad.clone()
-                        local.acc = local.gradient if local.acc is replica.grad else local.acc
-                    locals_.append(local)
-                c1, w2 = _timer(dev), time.perf_counter()
-                losses.append(loss)
-                compute_s.append(c1 - c0)
-                selection_cpu_s.append(c1 - c_mid)
-                timings.append((w1 - w0, w2 - w1))
-            if fixed_compute_s is not None:
-                # Every rank is charged the same: the clock then only sees method differences.
-                if not sparse:
-                    charged_selection_s = 0.0
-                elif fixed_selection_s is not None:
-                    charged_selection_s = fixed_selection_s
-                else:
-                    charged_selection_s = statistics.median(selection_cpu_s)
-                compute_s = [fixed_compute_s + charged_selection_s] * world
-                timings = [(fixed_compute_s, charged_selection_s)] * world
-            u0, uw0 = _timer(dev), time.perf_counter()
-            u_mid = u0
-            results: list[Any] = [None] * world
-            if sync_now:
-                # one collective state for the whole group: every real rank would hold the same
-                results = communicate_simulated(method, locals_, states[0].step.call(k, it))
-                clock.simulate_collective(compute_s, [r.stats for r in results])
-                u0, uw0 = _timer(dev), time.perf_counter()
-                for state, local, result in zip(states, locals_, results):
-                    state.step.finish(local, result)
-                u_mid = _timer(dev)
-                aggregate = states[0].step.aggregate(results[0], dev)
-                if hasattr(states[0].step.memory, "aggregate"):  # memories that track G too
-                    for state, result in zip(states[1:], results[1:]):
-                        state.step.aggregate(result, dev)
-                if states[0].local is not None:
-                    with states[0].active(replica, swap_buffers=False):
-                        states[0].local.outer_step(aggregate, world)
-                    for state in states[1:]:  # after the sync every rank holds the new weights
-                        state.weights = states[0].weights.clone()
-                        state.local.anchor = states[0].local.anchor.clone()
-                else:
-                    replica.apply(aggregate, lr)
-            else:
-                clock.advance(max(compute_s))
-            u1, uw1 = _timer(dev), time.perf_counter()
-            if fixed_compute_s is None and sync_now:
-                # Real ranks update their residuals in parallel (one P-th of the loop each) and
-                # each takes the same optimiser step (counted once).
-                clock.advance((u_mid - u0) / world + (u1 - u_mid))
-            wall_now = time.perf_counter() - wall_start
-            comm_model_s = clock.last_comm_model_s if sync_now else 0.0
-            for r in emit:
-                t = {"compute": timings[r][0], "selection": timings[r][1],
-                     "comm": comm_model_s, "update": uw1 - uw0}
-                stats = results[r].stats if sync_now else None
-                buffer.add(iter_row(config, r, world, it, (it + 1) / ipe, density, k, losses[r], lr, t,
-                                    stats, comm_model_s, wall_now, clock.synced_time_s),
-                           count_iteration=(r == 0))
-            for state, loss in zip(states, losses):
-                state.epoch_loss_sum += loss
-                state.epoch_loss_count += 1
-
-            end_of_epoch = (it + 1) % ipe == 0
-            if end_of_epoch or it + 1 == total:
-                done_epochs = (it + 1) / ipe
-                is_eval = (it + 1 == total) or (end_of_epoch and round(done_epochs) % config.eval_every_epochs == 0)
-                e0 = time.perf_counter()
-                mean_loss = sum(s.epoch_loss_sum / max(s.epoch_loss_count, 1) for s in states) / world
-                for s in states:
-                    s.epoch_loss_sum, s.epoch_loss_count = 0.0, 0
-                test = None
-                if is_eval:
-                    with states[0].active(replica, swap_buffers):  # rank 0's BN statistics
-                        test = replica.evaluate(dataset)
-                for r in emit:
-                    buffer.add(epoch_row(config, r, world, it + 1, done_epochs, density, k, mean_loss,
-                                         test if r == 0 else None, time.perf_counter() - wall_start,
-                                         clock.synced_time_s), count_iteration=False)
-                eval_wall_s += time.perf_counter() - e0
-                if save_checkpoints and end_of_epoch:
-                    done = (it + 1) // ipe
-                    wall_s = time.perf_counter() - wall_start
-                    for state in states:
-                        with state.active(replica, swap_buffers):  # this rank's BN buffers
-                            ckpt.save_rank_state(checkpoint_dir, done, state.rank, rank_checkpoint_state(
-                                replica, state, virtual_time_s=clock.synced_time_s, iteration=it + 1,
-                                epoch=done, wall_time_s=wall_s, eval_wall_s=eval_wall_s))
-                    ckpt.write_latest(checkpoint_dir, done, it + 1, world)
-                    ckpt.prune_older(checkpoint_dir, done)
-        wall_time_s = time.perf_counter() - wall_start
+        timeline = run_iterations(config, ranks, numel=replica.numel, world=world,
+                                  iterations_per_epoch=ranks.ipe, clock=clock,
+                                  checkpoint_dir=checkpoint_dir, resume_from=resume_from)
         rank0_rows = [r for r in buffer.rows if r["rank"] == 0]
-        summary = build_summary(config, rank0_rows, numel=replica.numel, world=world, iterations=total,
-                                iterations_per_epoch=ipe, train_wall_s=wall_time_s - eval_wall_s,
-                                wall_time_s=wall_time_s, virtual_time_s=clock.synced_time_s,
+        summary = build_summary(config, rank0_rows, numel=replica.numel, world=world,
+                                iterations=timeline.total, iterations_per_epoch=ranks.ipe,
+                                train_wall_s=timeline.train_wall_s, wall_time_s=timeline.wall_time_s,
+                                virtual_time_s=clock.synced_time_s,
                                 extra={"rank": 0, "device": str(dev), "simulated": True,
-                                       "setup_wall_s": setup_wall_s,
+                                       "setup_wall_s": timeline.started_at - setup_start,
                                        "merge_cpu_s": clock.total_merge_cpu_s,
                                        "virtual_merge_cpu": clock.include_merge_cpu,
                                        # per iteration this call ran (a resumed run's clock
                                        # totals start at its checkpoint)
-                                       "compute_s_virtual": (clock.total_compute_s
-                                                             / max(total - start_iteration, 1)),
+                                       "compute_s_virtual": (clock.total_compute_s / max(
+                                           timeline.total - timeline.start_iteration, 1)),
                                        "compute_time_source": ("measured" if fixed_compute_s is None
                                                                else "fixed"),
                                        "fixed_compute_time_s": fixed_compute_s,
@@ -315,3 +185,144 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
         return RankResult(rows=buffer.rows, summary=summary, final_weights=weights)
     finally:
         buffer.flush()
+
+
+class _VirtualRanks:
+    """The :class:`~gtopk_lab.training.skeleton.IterationDriver` of P virtual ranks
+    (steps 1-4 of the module docstring per iteration)."""
+
+    coordinator = True
+
+    def __init__(self, config: RunConfig, method: Any, dev: torch.device, dataset: Any,
+                 replica: Replica, clock: VirtualClock, buffer: RowBuffer, *, emit: range,
+                 fixed_compute_s: float | None, fixed_selection_s: float | None) -> None:
+        self.config, self.method, self.dev, self.dataset = config, method, dev, dataset
+        self.replica, self.clock, self.buffer, self.emit = replica, clock, buffer, emit
+        self.fixed_compute_s, self.fixed_selection_s = fixed_compute_s, fixed_selection_s
+        self.world = config.workers
+        # a local-steps method's virtual ranks hold their own weights and inner optimisers
+        self.states = [RankState(config, r, self.world, replica, dataset, own_optimizer=method.local_steps)
+                       for r in range(self.world)]
+        self.swap_buffers = len(self.states[0].buffers) > 0
+        self.ipe = self.states[0].shard.iterations_per_epoch
+
+    def iteration(self, point: Point, timeline: Timeline) -> None:
+        config, replica, dev, clock, states = self.config, self.replica, self.dev, self.clock, self.states
+        world, swap_buffers, it, lr, k = self.world, self.swap_buffers, point.iteration, point.lr, point.k
+        locals_, losses, compute_s, selection_cpu_s, timings = [], [], [], [], []
+        sync_now = states[0].local is None or states[0].local.due(it)
+        for state in states:
+            x, y = state.next_batch(point.epoch_index, point.first_of_epoch)
+            c0, w0 = _timer(dev), time.perf_counter()
+            with state.active(replica, swap_buffers):
+                loss = replica.forward_backward(x, y)
+                if state.local is not None:
+                    replica.local_step(state.optimizer, lr)
+            c_mid, w1 = _timer(dev), time.perf_counter()
+            if sync_now:
+                if state.local is not None:
+                    with state.active(replica, swap_buffers=False):
+                        g = state.local.pseudo_gradient()
+                else:
+                    g = replica.grad
+                local = state.step.prepare(g, k)
+                if local.gradient is replica.grad:  # the next rank's backward reuses the buffer
+                    local.gradient = replica.grad.clone()
+                    local.acc = local.gradient if local.acc is replica.grad else local.acc
+                locals_.append(local)
+            c1, w2 = _timer(dev), time.perf_counter()
+            losses.append(loss)
+            compute_s.append(c1 - c0)
+            selection_cpu_s.append(c1 - c_mid)
+            timings.append((w1 - w0, w2 - w1))
+        if self.fixed_compute_s is not None:
+            # Every rank is charged the same: the clock then only sees method differences.
+            if not self.method.sparse:
+                charged_selection_s = 0.0
+            elif self.fixed_selection_s is not None:
+                charged_selection_s = self.fixed_selection_s
+            else:
+                charged_selection_s = statistics.median(selection_cpu_s)
+            compute_s = [self.fixed_compute_s + charged_selection_s] * world
+            timings = [(self.fixed_compute_s, charged_selection_s)] * world
+        u0, uw0 = _timer(dev), time.perf_counter()
+        u_mid = u0
+        results: list[Any] = [None] * world
+        if sync_now:
+            # one collective state for the whole group: every real rank would hold the same
+            results = communicate_simulated(self.method, locals_, states[0].step.call(k, it))
+            clock.simulate_collective(compute_s, [r.stats for r in results])
+            u0, uw0 = _timer(dev), time.perf_counter()
+            for state, local, result in zip(states, locals_, results):
+                state.step.finish(local, result)
+            u_mid = _timer(dev)
+            aggregate = states[0].step.aggregate(results[0], dev)
+            if hasattr(states[0].step.memory, "aggregate"):  # memories that track G too
+                for state, result in zip(states[1:], results[1:]):
+                    state.step.aggregate(result, dev)
+            if states[0].local is not None:
+                with states[0].active(replica, swap_buffers=False):
+                    states[0].local.outer_step(aggregate, world)
+                for state in states[1:]:  # after the sync every rank holds the new weights
+                    state.weights = states[0].weights.clone()
+                    state.local.anchor = states[0].local.anchor.clone()
+            else:
+                replica.apply(aggregate, lr)
+        else:
+            clock.advance(max(compute_s))
+        u1, uw1 = _timer(dev), time.perf_counter()
+        if self.fixed_compute_s is None and sync_now:
+            # Real ranks update their residuals in parallel (one P-th of the loop each) and
+            # each takes the same optimiser step (counted once).
+            clock.advance((u_mid - u0) / world + (u1 - u_mid))
+        wall_now = timeline.elapsed_s()
+        comm_model_s = clock.last_comm_model_s if sync_now else 0.0
+        for r in self.emit:
+            t = {"compute": timings[r][0], "selection": timings[r][1],
+                 "comm": comm_model_s, "update": uw1 - uw0}
+            stats = results[r].stats if sync_now else None
+            self.buffer.add(iter_row(config, r, world, it, point.epoch, point.density, k, losses[r],
+                                     lr, t, stats, comm_model_s, wall_now, clock.synced_time_s),
+                            count_iteration=(r == 0))
+        for state, loss in zip(states, losses):
+            state.epoch_loss_sum += loss
+            state.epoch_loss_count += 1
+
+    def end_epoch(self, boundary: Boundary, point: Point, timeline: Timeline) -> None:
+        states = self.states
+        mean_loss = sum(s.epoch_loss_sum / max(s.epoch_loss_count, 1) for s in states) / self.world
+        for s in states:
+            s.epoch_loss_sum, s.epoch_loss_count = 0.0, 0
+        test = None
+        if boundary.evaluate:
+            with states[0].active(self.replica, self.swap_buffers):  # rank 0's BN statistics
+                test = self.replica.evaluate(self.dataset)
+        for r in self.emit:
+            self.buffer.add(epoch_row(self.config, r, self.world, boundary.iteration, boundary.epochs_done,
+                                      point.density, point.k, mean_loss, test if r == 0 else None,
+                                      timeline.elapsed_s(), self.clock.synced_time_s),
+                            count_iteration=False)
+
+    def save(self, checkpoint_dir: str, epoch: int, iteration: int, timeline: Timeline) -> None:
+        wall_s = timeline.elapsed_s()
+        for state in self.states:
+            with state.active(self.replica, self.swap_buffers):  # this rank's BN buffers
+                ckpt.save_rank_state(checkpoint_dir, epoch, state.rank, rank_checkpoint_state(
+                    self.replica, state, virtual_time_s=self.clock.synced_time_s, iteration=iteration,
+                    epoch=epoch, wall_time_s=wall_s, eval_wall_s=timeline.eval_wall_s))
+
+    def barrier(self) -> None:
+        """All virtual ranks live in this process: nothing to wait for."""
+
+    def restore(self, resume_from: str, epoch: int) -> Resumed:
+        resumed = None
+        for state in self.states:
+            saved = ckpt.load_rank_state(resume_from, epoch, state.rank)
+            restore_rank_state(saved, self.replica, state)
+            if state.rank == 0:
+                resumed = Resumed(iteration=int(saved["iteration"]),
+                                  virtual_time_s=float(saved["virtual_time_s"]),
+                                  wall_time_s=float(saved["wall_time_s"]),
+                                  eval_wall_s=float(saved["eval_wall_s"]))
+        assert resumed is not None
+        return resumed
