@@ -185,18 +185,39 @@ def test_plugin_methods_are_listed_and_a_broken_plugin_is_one_line() -> None:
     assert unknown.returncode == 2 and "test-ring" in unknown.stderr and "gtopk" in unknown.stderr
 
 
+def _extending_example(folder: Path) -> Path:
+    """docs/extending.md's worked example, written to ``folder/my_methods.py`` as a user would."""
+    text = (ROOT / "docs" / "extending.md").read_text()
+    blocks = [b.split("\n", 1)[1] for b in text.split("```python")[1:]]
+    code = next(b.split("```", 1)[0] for b in blocks if b.startswith("# my_methods.py"))
+    path = folder / "my_methods.py"
+    path.write_text(code)
+    return path
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_plugin_method_runs_on_dask_launched_ranks_and_simulated(tmp_path: Path) -> None:
-    flags = ["--method", "test-ring", "--workers", "2", "--model", "mlp", "--dataset", "mnist1d",
-             "--train-samples", "160", "--test-samples", "50",
-             "--max-iterations", "6", "--epochs", "1", "--out", str(tmp_path)]
-    real = _cli("run", *flags, "--run-id", "ring-real", timeout=200)
+def test_docs_worked_example_runs_on_dask_launched_ranks_and_simulated(tmp_path: Path) -> None:
+    plugin_dir = tmp_path / "plugin"
+    plugin_dir.mkdir()
+    _extending_example(plugin_dir)
+    env = {"GTOPK_LAB_METHODS": "my_methods",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(plugin_dir), os.environ.get("PYTHONPATH")) if p)}
+    listed = _cli("methods", env=env)
+    assert listed.returncode == 0 and "ring-topk" in listed.stdout, listed.stderr
+    flags = ["--method", "ring-topk", "--workers", "2", "--model", "mlp", "--dataset", "mnist1d",
+             "--train-samples", "160", "--test-samples", "50", "--density", "0.05",
+             "--max-iterations", "6", "--epochs", "1", "--out", str(tmp_path / "runs")]
+    real = _cli("run", *flags, "--run-id", "ring-real", env=env, timeout=200)
     assert real.returncode == 0, real.stderr[-2000:]
-    sim = _cli("run", *flags, "--run-id", "ring-sim", "--simulate", timeout=200)
+    sim = _cli("run", *flags, "--run-id", "ring-sim", "--simulate", env=env, timeout=200)
     assert sim.returncode == 0, sim.stderr[-2000:]
     import json
 
-    for run_id in ("ring-real", "ring-sim"):
-        summary = json.loads((tmp_path / run_id / "summary.json").read_text())
-        assert summary["status"] == "completed" and summary["method"] == "test-ring"
+    summaries = [json.loads((tmp_path / "runs" / run_id / "summary.json").read_text())
+                 for run_id in ("ring-real", "ring-sim")]
+    for summary in summaries:
+        assert summary["status"] == "completed" and summary["method"] == "ring-topk"
+    # the ring sends (P-1) k pairs of 8 bytes plus headers on both paths alike
+    assert summaries[0]["bytes_sent_per_rank_per_iter"] == summaries[1]["bytes_sent_per_rank_per_iter"] > 0
+    assert summaries[0]["final_train_loss"] == pytest.approx(summaries[1]["final_train_loss"], rel=1e-5)

@@ -375,7 +375,9 @@ class Lab:
         if not modules:
             return
         for path in single_file_plugins(modules):
-            self.client.upload_file(path)
+            # load=False: MethodPlugins imports it once; upload_file's own import would run
+            # a module that is already imported again, and its register_method refuse the name
+            self.client.upload_file(path, load=False)
         self.client.register_plugin(MethodPlugins(modules))
 
     # --- context manager ---------------------------------------------------------------
