@@ -108,7 +108,7 @@ def build_grid(args: argparse.Namespace) -> list[RunConfig]:
     return configs
 
 
-def scaling_table(summaries: pd.DataFrame) -> pd.DataFrame:
+def sweep_table(summaries: pd.DataFrame) -> pd.DataFrame:
     """One row per completed run: throughput and scaling efficiency.
 
     Efficiency follows the project's rule (``add_scaling_efficiency``): against dense S-SGD
@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         run_cmd.validate_cluster_args(args)
     progress = not args.no_progress and not args.json
     summaries = execute_sweep(args, configs, progress)
-    table = scaling_table(summaries)
+    table = sweep_table(summaries)
     failed = int((summaries.get("status") != "completed").sum()) if len(summaries) else 0
     if args.json:
         print(json.dumps(json_safe(table.to_dict(orient="records")), separators=(",", ":")))
