@@ -31,17 +31,12 @@ from gtopk_lab.analysis.predict import collective_time_s
 from gtopk_lab.comm.inprocess import sim_gtopk_allreduce, sim_topk_allgather
 from gtopk_lab.compression.selection import get_selector
 from gtopk_lab.config import k_for
+from gtopk_lab.counts import parse_count
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.comm.oktopk import OkTopkState, sim_oktopk_allreduce
 from gtopk_lab.methods.formulas import oktopk_model_time_s
 
 REBALANCE_EVERY = 16
-
-
-def _size(text: str) -> int:
-    text = text.strip().upper()
-    mult = {"K": 10**3, "M": 10**6, "G": 10**9}.get(text[-1], 1)
-    return int(float(text[:-1] if text[-1] in "KMG" else text) * mult)
 
 
 def make_selections(world: int, numel: int, k: int, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -64,7 +59,7 @@ def modelled_s(results: list, net: NetworkModel) -> float:
 
 def cmd_scaling(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
-    numel = _size(args.numel)
+    numel = parse_count(args.numel, "--numel")
     k = k_for(numel, args.density)
     nets = [NetworkModel.from_strings(b, lat) for b, lat in
             (("1Gbps", None), ("1Gbps", "50us"), ("1GbE", None))]
@@ -150,7 +145,7 @@ def _real_job(rank: int, world: int, numel: int, k: int, bandwidth: str, repeats
 def cmd_real(args: argparse.Namespace) -> int:
     from gtopk_lab.comm.launch import run_gloo
 
-    numel = _size(args.numel)
+    numel = parse_count(args.numel, "--numel")
     k = k_for(numel, args.density)
     net = NetworkModel.from_strings(args.bandwidth)
     res = run_gloo(_real_job, args.workers, numel, k, args.bandwidth, args.repeats, timeout_s=600)[0]

@@ -20,7 +20,7 @@ from gtopk_lab.compression.residual import RESIDUAL_RULES
 from gtopk_lab.compression.selection import available_selectors
 from gtopk_lab.methods import available_methods, get_method
 from gtopk_lab.methods.registry import selector_for
-from gtopk_lab.network.model import NetworkModel
+from gtopk_lab.network.model import network_model
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 
@@ -137,8 +137,9 @@ class RunConfig:
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise _fail("grad_clip", self.grad_clip, "a number > 0 or None")
         self.lr_milestones = tuple(int(m) for m in self.lr_milestones)
-        # Network strings are parsed here so that a typo fails before anything starts.
-        NetworkModel.from_strings(self.bandwidth, self.latency)
+        # Network strings are parsed here so that a typo fails before anything starts; the
+        # parse is cached, so the loops' network_of(config) does not repeat it.
+        network_model(self.bandwidth, self.latency)
 
     def _check_types(self) -> None:
         for f in dataclasses.fields(self):

@@ -55,7 +55,7 @@ def versions() -> dict[str, str | None]:
 def network(bandwidth: str, latency: str | None) -> dict[str, Any]:
     """The network calibration a run used: its strings, the calibration file (when
     ``bandwidth`` names one) and the parsed model's constants (alpha/beta/...)."""
-    from gtopk_lab.network.model import _PRESET_ALIASES, NetworkModel, _is_calibration_path
+    from gtopk_lab.network.model import _PRESET_ALIASES, _is_calibration_path, network_model
 
     info: dict[str, Any] = {"bandwidth": bandwidth, "latency": latency, "calibration_file": None,
                             "model": None}
@@ -64,7 +64,7 @@ def network(bandwidth: str, latency: str | None) -> dict[str, Any]:
             and _is_calibration_path(text):
         info["calibration_file"] = os.path.abspath(text)
     try:
-        info["model"] = NetworkModel.from_strings(bandwidth, latency).to_dict()
+        info["model"] = network_model(bandwidth, latency).to_dict()
     except (TypeError, ValueError) as exc:  # an unreadable file: say so, do not fail the run
         info["error"] = str(exc)
     return info

@@ -120,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from distributed import Client
 
     from gtopk_lab.config import RunConfig
+    from gtopk_lab.jsonsafe import json_safe
     from gtopk_lab.orchestration.lab import Lab
 
     config = RunConfig(method=args.method, density=args.density, workers=args.workers,
@@ -137,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _metrics, summary = lab.run(config)
             finally:
                 lab.close()
-        print(json.dumps(summary, indent=2, default=str))
+        print(json.dumps(json_safe(summary), indent=2))  # NaN (no evaluation) -> null
         return 0 if summary.get("status") == "completed" else 1
     finally:
         cluster.close()

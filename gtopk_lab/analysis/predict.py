@@ -23,6 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from gtopk_lab import counts
 from gtopk_lab.methods import formulas as F
 from gtopk_lab.methods.registry import available_methods, get_collective, get_method
 from gtopk_lab.network.formulas import check_sizes
@@ -82,20 +83,11 @@ SCALING_METHODS: tuple[tuple[str, str, str | None], ...] = (
     ("oktopk", "oktopk", None),
     ("lower-bound", "lower_bound", None),
 )
-_COUNT_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9}
 
 
 def parse_count(text: str, field_name: str = "model_size") -> int:
-    """"25M" -> 25_000_000, "1.5K" -> 1500, "138357544" -> 138357544 (decimal multiples)."""
-    s = str(text).strip().upper()
-    number, suffix = (s[:-1], s[-1]) if s and s[-1] in _COUNT_SUFFIX else (s, "")
-    try:
-        value = float(number) * _COUNT_SUFFIX[suffix]
-    except ValueError:
-        raise ValueError(f"{field_name}={text!r} is invalid: expected a count like 25M, 1.5K or 270000") from None
-    if not (value >= 1 and math.isfinite(value)):
-        raise ValueError(f"{field_name}={text!r} is invalid: expected a count >= 1")
-    return int(round(value))
+    """A model size as typed ("25M" -> 25_000_000): :func:`gtopk_lab.counts.parse_count`."""
+    return counts.parse_count(text, field_name)
 
 
 def parse_workers(text: str) -> list[int]:

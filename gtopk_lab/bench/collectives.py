@@ -51,6 +51,7 @@ from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.comm.torch_dist import dense_allreduce, gtopk_allreduce, topk_allgather
 from gtopk_lab.compression.selection import available_selectors, get_selector
 from gtopk_lab.config import k_for
+from gtopk_lab.counts import parse_count_list  # the one count parser; re-exported here
 from gtopk_lab.network.calibrate import measure_gamma_s_per_element
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.pacing import throttled_call
@@ -62,29 +63,6 @@ COLLECTIVES: tuple[tuple[str, str], ...] = (
     ("dense_allreduce", "ring"), ("topk_allgather", "ring"),
     ("gtopk_allreduce", "butterfly"), ("gtopk_allreduce", "tree"),
 )
-_SUFFIX = {"K": 10**3, "M": 10**6, "G": 10**9}
-
-
-def parse_count_list(text: str, name: str) -> list[int]:
-    """'1M,25M' -> [1_000_000, 25_000_000] (decimal K/M/G suffixes); ValueError names ``name``."""
-    out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        mult = _SUFFIX.get(part[-1].upper(), 1)
-        digits = part[:-1] if mult != 1 else part
-        try:
-            value = int(float(digits) * mult)
-        except ValueError:
-            raise ValueError(f"{name}={text!r} is invalid: expected comma-separated integers "
-                             f"with optional K/M/G suffix, e.g. 1M,25M") from None
-        if value < 1:
-            raise ValueError(f"{name}={text!r} is invalid: every entry must be >= 1")
-        out.append(value)
-    if not out:
-        raise ValueError(f"{name}={text!r} is invalid: expected at least one value")
-    return out
 
 
 def _cores() -> int:

@@ -29,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gtopk_lab.analysis.predict import parse_count, parse_workers, predict_scaling
-    from gtopk_lab.network.model import NetworkModel
+    from gtopk_lab.network.model import network_model
 
-    net = NetworkModel.from_strings(args.bandwidth, args.latency)
+    net = network_model(args.bandwidth, args.latency)
     numel = parse_count(args.model_size, "--model-size")
     workers = parse_workers(args.workers)
     if not (0.0 < args.density <= 1.0):

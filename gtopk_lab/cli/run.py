@@ -1,27 +1,27 @@
 """``gtopk-lab run``: one training run on a Dask cluster (embedded or remote) or simulated.
 
-Every ``RunConfig`` field is a flag, generated from the dataclass (``--max-iterations``,
-``--throttle/--no-throttle``, ``--lr-milestones 80,120``, ``--extra key=json`` ...).
+Every ``RunConfig`` field is a flag, generated from the dataclass by
+:mod:`gtopk_lab.config_flags` (``--max-iterations``, ``--throttle/--no-throttle``,
+``--lr-milestones 80,120``, ``--extra key=json`` ...), the same flags as the torchrun entry's.
 Everything is validated before any folder, cluster or connection is made, so bad input
 ends with exit code 2, one line and no files written.
 
-This module also holds the helpers ``sweep`` and ``demo`` share: flag generation,
-deep validation (model, dataset folder) and opening a :class:`~gtopk_lab.orchestration.Lab`.
+This module also holds the helpers ``sweep`` and ``demo`` share: deep validation (model,
+dataset folder) and opening a :class:`~gtopk_lab.orchestration.Lab`.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
-import typing
 from pathlib import Path
 from typing import Any
 
 from gtopk_lab.cli.errors import UsageError
 from gtopk_lab.config import RunConfig
-from gtopk_lab.methods import available_methods
+from gtopk_lab.config_flags import add_config_flags, config_kwargs
+from gtopk_lab.jsonsafe import json_safe
 
 NAME = "run"
 HELP = "run one training run on a Dask cluster (embedded, tcp:// or tls://) or simulated"
@@ -30,102 +30,11 @@ HELP = "run one training run on a Dask cluster (embedded, tcp:// or tls://) or s
 FOLDER_DATASETS: tuple[str, ...] = ("cifar10", "mnist", "ptb", "imagenet")
 
 
-# ------------------------------------------------------------------------------------------
-# flags generated from RunConfig
-def _optional(parse: Any) -> Any:
-    def convert(text: str) -> Any:
-        if text.strip().lower() in ("none", "null", ""):
-            return None
-        return parse(text)
-
-    convert.__name__ = getattr(parse, "__name__", "value")
-    return convert
-
-
-def _int_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(t) for t in text.split(",") if t.strip())
-
-
-def _density_warmup(text: str) -> tuple[float, int]:
-    parts = text.split(",")
-    if len(parts) != 2:
-        raise ValueError(text)
-    return float(parts[0]), int(parts[1])
-
-
-def _field_kind(f: dataclasses.Field) -> tuple[str, Any]:
-    """(kind, converter) of a RunConfig field from its annotation."""
-    hints = typing.get_type_hints(RunConfig)
-    hint = hints[f.name]
-    args = typing.get_args(hint)
-    optional = type(None) in args
-    base = next((a for a in args if a is not type(None)), hint) if args and optional else hint
-    origin = typing.get_origin(base)
-    if base is bool:
-        return "bool", None
-    if f.name == "density_warmup":
-        return "value", _optional(_density_warmup)
-    if origin is tuple:
-        return "value", _int_tuple
-    if origin is dict or base is dict:
-        return "extra", None
-    conv = {int: int, float: float, str: str}.get(base, str)
-    return "value", (_optional(conv) if optional else conv)
-
-
-def add_config_arguments(parser: argparse.ArgumentParser, exclude: set[str] = frozenset()) -> None:
-    """Add one flag per RunConfig field (defaults suppressed: unset flags keep RunConfig's)."""
-    group = parser.add_argument_group("run configuration (RunConfig fields)")
-    for f in dataclasses.fields(RunConfig):
-        if f.name in exclude:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else None
-        kind, conv = _field_kind(f)
-        if kind == "bool":
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                               default=argparse.SUPPRESS, help=f"(default {default})")
-        elif kind == "extra":
-            group.add_argument(flag, dest=f.name, action="append", default=argparse.SUPPRESS,
-                               metavar="KEY=JSON", help="extra settings, repeatable (value parsed as JSON)")
-        elif f.name == "method":
-            group.add_argument(flag, dest=f.name, type=conv, default=argparse.SUPPRESS, metavar="METHOD",
-                               help=f"one of {', '.join(available_methods())} (default {default!r}; "
-                                    "'gtopk-lab methods' lists them)")
-        else:
-            group.add_argument(flag, dest=f.name, type=conv, default=argparse.SUPPRESS,
-                               metavar=f.name.upper(), help=f"(default {default!r})")
-
-
-def _parse_extra(items: list[str]) -> dict[str, Any]:
-    extra: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--extra={item!r} is invalid: expected KEY=VALUE")
-        try:
-            extra[key] = json.loads(value)
-        except json.JSONDecodeError:
-            extra[key] = value
-    return extra
-
-
-def config_kwargs(args: argparse.Namespace, exclude: set[str] = frozenset()) -> dict[str, Any]:
-    """The RunConfig keyword arguments given on the command line."""
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(RunConfig):
-        if f.name in exclude or not hasattr(args, f.name):
-            continue
-        value = getattr(args, f.name)
-        kwargs[f.name] = _parse_extra(value) if f.name == "extra" else value
-    return kwargs
-
-
 def validate_config(config: RunConfig) -> None:
     """Checks RunConfig cannot do alone: known model that fits the dataset, dataset folder.
 
     (``k = max(1, floor(density * numel))`` never exceeds ``numel`` because RunConfig
-    keeps density in (0, 1].)
+    keeps density in (0, 1]; the selector is checked against the registry by RunConfig.)
     """
     from gtopk_lab.training.data import DATASETS
     from gtopk_lab.training.models import get_model_spec
@@ -141,12 +50,6 @@ def validate_config(config: RunConfig) -> None:
     if config.dataset in FOLDER_DATASETS and config.data_dir is None:
         raise ValueError(f"data_dir=None is invalid for dataset={config.dataset!r}: "
                          "pass --data-dir pointing at the local dataset folder")
-    if config.selector is not None:
-        from gtopk_lab.compression import selection
-
-        known = getattr(selection, "SELECTORS", None) or getattr(selection, "REGISTRY", None)
-        if isinstance(known, dict) and config.selector not in known:
-            raise ValueError(f"selector={config.selector!r} is invalid: expected one of {', '.join(known)}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -275,10 +178,8 @@ def simulate_run(config: RunConfig, out: str, resume_at: dict[str, int] | None =
 
 
 def print_summary(summary: dict[str, Any], as_json: bool) -> None:
-    from gtopk_lab.orchestration.results import _jsonable
-
     if as_json:
-        print(json.dumps(_jsonable(summary), separators=(",", ":")))
+        print(json.dumps(json_safe(summary), separators=(",", ":")))
         return
     keys = ("run_id", "status", "method", "workers", "density", "k", "iterations",
             "final_train_loss", "final_test_accuracy", "wall_time_s", "virtual_time_s",
@@ -293,7 +194,7 @@ def print_summary(summary: dict[str, Any], as_json: bool) -> None:
 
 # ------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_flags(parser)
     add_cluster_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
     parser.add_argument("--simulate", action="store_true",

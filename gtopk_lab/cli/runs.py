@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from gtopk_lab.cli.errors import UsageError
+from gtopk_lab.jsonsafe import json_safe
 
 NAME = "runs"
 HELP = "list stored runs (status, method, P, density, accuracy, throughput) of a results folder"
@@ -25,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gtopk_lab.orchestration.results import STATUSES, _jsonable, load_summaries
+    from gtopk_lab.orchestration.results import STATUSES, load_summaries
 
     if not Path(args.out).is_dir():
         raise UsageError(f"--out={args.out!r} is invalid: no such folder")
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         summaries = summaries[summaries["status"] == args.status]
     if args.json:
         records = summaries.drop(columns=["path"], errors="ignore").to_dict(orient="records")
-        print(json.dumps(_jsonable(records), separators=(",", ":")))
+        print(json.dumps(json_safe(records), separators=(",", ":")))
         return 0
     if summaries.empty:
         print(f"no runs in {args.out}")

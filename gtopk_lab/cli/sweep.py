@@ -25,6 +25,8 @@ import pandas as pd
 from gtopk_lab.cli.errors import UsageError
 from gtopk_lab.cli import run as run_cmd
 from gtopk_lab.config import RunConfig
+from gtopk_lab.config_flags import add_config_flags, config_kwargs
+from gtopk_lab.jsonsafe import json_safe
 from gtopk_lab.methods import BASELINE_METHOD, get_method
 from gtopk_lab.network.model import bandwidth_label
 from gtopk_lab.analysis.scaling import add_scaling_efficiency, baseline_note
@@ -65,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--density", default="0.01", help="densities rho (default 0.01; dense ignores it)")
     grid.add_argument("--bandwidth", default="1Gbps", help="modelled link rates (default 1Gbps)")
     grid.add_argument("--algorithms", default="butterfly", help="gTop-k patterns (default butterfly)")
-    run_cmd.add_config_arguments(parser, exclude=GRID_FIELDS | {"run_id"})
+    add_config_flags(parser, exclude=GRID_FIELDS | {"run_id"})
     run_cmd.add_cluster_arguments(parser)
     parser.add_argument("--simulate", action="store_true",
                         help="single-process simulator: P may exceed the cluster")
@@ -85,7 +87,7 @@ def build_grid(args: argparse.Namespace) -> list[RunConfig]:
     densities = _floats(args.density, "--density")
     bandwidths = _split(args.bandwidth, "--bandwidth")
     algorithms = _split(args.algorithms, "--algorithms")
-    base = run_cmd.config_kwargs(args, exclude=GRID_FIELDS | {"run_id"})
+    base = config_kwargs(args, exclude=GRID_FIELDS | {"run_id"})
     configs: list[RunConfig] = []
     seen: set[tuple[Any, ...]] = set()
     for method, bandwidth, density, algorithm, p in itertools.product(
@@ -106,7 +108,7 @@ def build_grid(args: argparse.Namespace) -> list[RunConfig]:
     return configs
 
 
-def scaling_table(summaries: pd.DataFrame) -> pd.DataFrame:
+def sweep_table(summaries: pd.DataFrame) -> pd.DataFrame:
     """One row per completed run: throughput and scaling efficiency.
 
     Efficiency follows the project's rule (``add_scaling_efficiency``): against dense S-SGD
@@ -201,12 +203,10 @@ def run(args: argparse.Namespace) -> int:
         run_cmd.validate_cluster_args(args)
     progress = not args.no_progress and not args.json
     summaries = execute_sweep(args, configs, progress)
-    table = scaling_table(summaries)
+    table = sweep_table(summaries)
     failed = int((summaries.get("status") != "completed").sum()) if len(summaries) else 0
     if args.json:
-        from gtopk_lab.orchestration.results import _jsonable
-
-        print(json.dumps(_jsonable(table.to_dict(orient="records")), separators=(",", ":")))
+        print(json.dumps(json_safe(table.to_dict(orient="records")), separators=(",", ":")))
     else:
         print(format_table(table))
         print(f"\n{len(summaries)} run(s), {failed} not completed; results in {args.out}")

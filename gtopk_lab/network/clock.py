@@ -265,16 +265,3 @@ class VirtualClock:
         self._time_s += max_compute + max_duration
         self.mark()
         return self._time_s
-
-    def summary(self) -> dict[str, float]:
-        """Totals as a flat dict (seconds)."""
-        return {
-            "virtual_time_s": self.virtual_time_s,
-            "collectives": float(self.collectives),
-            "compute_s": self.total_compute_s,
-            "wait_s": self.total_wait_s,
-            "comm_model_s": self.total_comm_model_s,
-            "comm_wall_s": self.total_comm_wall_s,
-            "throttle_sleep_s": self.total_sleep_s,
-            "merge_cpu_s": self.total_merge_cpu_s,
-        }

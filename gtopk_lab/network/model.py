@@ -23,6 +23,7 @@ Worker-side module: imports only the standard library.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -33,6 +34,7 @@ from typing import Any, Sequence
 __all__ = [
     "NetworkModel",
     "PRESETS",
+    "network_model",
     "parse_bandwidth_bps",
     "parse_latency_s",
     "format_bandwidth",
@@ -357,6 +359,38 @@ def portable_bandwidth(bandwidth: str) -> str:
             and _is_calibration_path(text)):
         return NetworkModel.from_json(text).to_inline()
     return bandwidth
+
+
+def network_model(bandwidth: str, latency: str | None = None) -> NetworkModel:
+    """:meth:`NetworkModel.from_strings`, parsed once per process for each input.
+
+    ``RunConfig`` validation, the training loops (``training.replica.network_of``), the
+    metric rows and the provenance record all ask for the run's link model; they share
+    this cache instead of parsing the same string each time. A calibration file is keyed
+    by its modification time and size too, so recalibrating into the same path (a
+    notebook session) is read again. Errors are not cached: they raise every time.
+    """
+    if not isinstance(bandwidth, str) or (latency is not None and not isinstance(latency, str)):
+        return NetworkModel.from_strings(bandwidth, latency)  # its TypeError names the field
+    return _cached_network(bandwidth, latency, _file_stamp(bandwidth))
+
+
+def _file_stamp(bandwidth: str) -> tuple[int, int] | None:
+    """(mtime_ns, size) of the calibration file ``bandwidth`` names; None for anything else."""
+    text = bandwidth.strip()
+    if text.startswith("{") or text.lower() in _PRESET_ALIASES or not _is_calibration_path(text):
+        return None
+    try:
+        st = os.stat(text)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_network(bandwidth: str, latency: str | None, stamp: tuple[int, int] | None) -> NetworkModel:
+    # NetworkModel is frozen, so every caller can share one instance.
+    return NetworkModel.from_strings(bandwidth, latency)
 
 
 def _is_calibration_path(text: str) -> bool:

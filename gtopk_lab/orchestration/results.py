@@ -40,7 +40,6 @@ import datetime as _dt
 import hashlib
 import json
 import logging
-import math
 import os
 import secrets
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ import pandas as pd
 
 from gtopk_lab.atomic_io import atomic_path, atomic_write_bytes
 from gtopk_lab.config import RunConfig
+from gtopk_lab.jsonsafe import json_safe as _jsonable  # the one sanitiser; old name kept for callers
 from gtopk_lab.network.model import portable_bandwidth
 from gtopk_lab.provenance import provenance
 
@@ -108,25 +108,6 @@ def utc_now() -> str:
 
 # ------------------------------------------------------------------------------------------
 # atomic writes
-def _jsonable(value: Any) -> Any:
-    """NaN/inf become None (JSON has no NaN); tuples become lists; numpy scalars unwrap."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    item = getattr(value, "item", None)
-    if callable(item):
-        try:
-            return _jsonable(item())
-        except (ValueError, RuntimeError):
-            pass
-    return str(value)
-
-
 def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     """Write ``data`` as indented JSON via temp file + ``os.replace``."""
     atomic_write_bytes(Path(path), (json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n").encode())

@@ -8,7 +8,6 @@ loops need (device, threads, network, dataset).
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from torch import nn
 
 from gtopk_lab.config import RunConfig
 from gtopk_lab.methods import get_method
-from gtopk_lab.network.model import NetworkModel
+from gtopk_lab.network.model import NetworkModel, network_model
 from gtopk_lab.training.data import Dataset, Shard, check_model_fits, eval_batches, load_dataset
 from gtopk_lab.training.models import build_model, count_parameters, get_model_spec
 from gtopk_lab.training.optim import make_optimizer, set_lr
@@ -73,14 +72,10 @@ def limit_threads(ranks_per_host: int) -> None:
             torch.set_num_threads(threads)
 
 
-@functools.lru_cache(maxsize=64)
-def _network(bandwidth: str, latency: str | None) -> NetworkModel:
-    return NetworkModel.from_strings(bandwidth, latency)
-
-
 def network_of(config: RunConfig) -> NetworkModel:
-    """The configured link model, parsed once per process for each (bandwidth, latency)."""
-    return _network(config.bandwidth, config.latency)
+    """The configured link model: the process-wide cache of :func:`~gtopk_lab.network.model.network_model`
+    (the parse RunConfig's validation already made)."""
+    return network_model(config.bandwidth, config.latency)
 
 
 class Replica:

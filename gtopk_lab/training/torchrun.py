@@ -6,10 +6,12 @@ device is CUDA), runs :func:`gtopk_lab.training.loop.train_rank` and, on rank 0,
 the summary as JSON (and writes it to ``--summary-out`` if given). Without torchrun (no
 WORLD_SIZE) it runs a single rank without a process group (``--workers`` must be 1).
 
-Every ``RunConfig`` field is an option (``--density 0.001``, ``--lr-milestones 81 122``,
-``--density-warmup 0.004 1``, ``--no-momentum-correction``); ``--recipe NAME`` starts
-from a named recipe (gtopk_lab.training.optim.RECIPES). ``--workers`` defaults to
-WORLD_SIZE. Examples::
+Every ``RunConfig`` field is an option, with the same syntax as ``gtopk-lab run``
+(:mod:`gtopk_lab.config_flags`): ``--density 0.001``, ``--lr-milestones 81,122``,
+``--density-warmup 0.004,1``, ``--no-momentum-correction``, ``--extra key=json`` (the
+space-separated ``--lr-milestones 81 122`` still parses); ``--recipe NAME`` starts from a
+named recipe (gtopk_lab.training.optim.RECIPES). ``--workers`` defaults to WORLD_SIZE.
+Examples::
 
     torchrun --standalone --nproc-per-node 4 -m gtopk_lab.training.torchrun --method gtopk --density 0.01 \\
         --model cnn --dataset mnist1d --epochs 5 --bandwidth 1GbE
@@ -21,48 +23,28 @@ WORLD_SIZE. Examples::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
-import math
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from gtopk_lab.config import RunConfig
-
-
-def _arg_type(name: str, default: Any) -> dict[str, Any]:
-    if name in ("lr_milestones",):
-        return {"type": int, "nargs": "*"}
-    if name == "density_warmup":
-        return {"type": float, "nargs": 2, "metavar": ("DENSITY", "EPOCHS")}
-    if isinstance(default, bool):
-        return {"action": argparse.BooleanOptionalAction}
-    if isinstance(default, int):
-        return {"type": int}
-    if isinstance(default, float):
-        return {"type": float}
-    return {"type": str}
+from gtopk_lab.config_flags import add_config_flags, config_kwargs
+from gtopk_lab.jsonsafe import json_safe
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One option per RunConfig field (defaults None = the recipe's / RunConfig's value)."""
+    """One option per RunConfig field, the same flags as ``gtopk-lab run`` (config_flags).
+
+    Options not given are absent from the namespace, so they keep the recipe's or
+    RunConfig's value.
+    """
     parser = argparse.ArgumentParser(prog="python -m gtopk_lab.training.torchrun", description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default=None, help="named recipe to start from")
     parser.add_argument("--summary-out", default=None, help="rank 0 writes the summary JSON here")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout")
-    for f in dataclasses.fields(RunConfig):
-        if f.name == "extra":
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if f.name in ("max_iterations", "grad_clip"):
-            default = 0 if f.name == "max_iterations" else 0.0
-        if f.name in ("selector", "data_dir", "latency", "run_id"):
-            default = ""
-        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=None,
-                            **_arg_type(f.name, default))
+    add_config_flags(parser)
     return parser
 
 
@@ -70,10 +52,7 @@ def config_from_args(args: argparse.Namespace, world_size: int | None) -> RunCon
     """RunConfig from parsed options: recipe, then the options given, then WORLD_SIZE."""
     from gtopk_lab.training.optim import RECIPES, recipe
 
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
-              if f.name != "extra" and getattr(args, f.name, None) is not None}
-    if "density_warmup" in values:
-        values["density_warmup"] = (values["density_warmup"][0], int(values["density_warmup"][1]))
+    values = config_kwargs(args)
     if "workers" not in values and world_size is not None:
         values["workers"] = world_size
     if args.recipe is not None:
@@ -81,14 +60,6 @@ def config_from_args(args: argparse.Namespace, world_size: int | None) -> RunCon
             raise ValueError(f"recipe={args.recipe!r} is invalid: expected one of {', '.join(RECIPES)}")
         return recipe(args.recipe, **values)
     return RunConfig(**values)
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -117,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             initialised = True
         result = train_rank(config, device=device)
         if int(os.environ.get("RANK", "0")) == 0:
-            text = json.dumps(_json_safe(result.summary), indent=2, default=str)
+            text = json.dumps(json_safe(result.summary), indent=2)
             print(text)
             if args.summary_out:
                 with open(args.summary_out, "w", encoding="utf-8") as fh:
