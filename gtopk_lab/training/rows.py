@@ -12,7 +12,45 @@ from gtopk_lab.training.replica import network_of
 
 Sink = Callable[[list[dict]], None]
 
-__all__ = ["Sink", "iter_row", "epoch_row", "build_summary", "RowBuffer"]
+__all__ = ["Sink", "iter_row", "epoch_row", "build_summary", "RowBuffer", "warmup_iterations",
+           "steady_seconds_per_iteration"]
+
+#: At most this many first iterations of a run are warm-up (lazy initialisation, allocator
+#: and cache warm-up), excluded from its steady-state throughput.
+MAX_WARMUP_ITERATIONS = 10
+
+
+def warmup_iterations(config: RunConfig, iterations: int) -> int:
+    """Iterations at the start of this run's rows left out of its steady throughput:
+    ``config.extra["warmup_iterations"]`` or ``min(10, max(1, n // 10))`` of ``n`` rows,
+    never so many that fewer than two steady iterations remain (then none)."""
+    chosen = config.extra.get("warmup_iterations")
+    if chosen is None:
+        chosen = min(MAX_WARMUP_ITERATIONS, max(1, iterations // 10))
+    if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen < 0:
+        raise ValueError(f"warmup_iterations={chosen!r} is invalid: expected an int >= 0")
+    return chosen if iterations - chosen >= 2 else 0
+
+
+def steady_seconds_per_iteration(it_rows: list[dict], warmup: int, time: str,
+                                 iterations_per_epoch: int) -> float:
+    """Mean ``<time>_time_s`` per iteration after ``warmup`` rows (one rank's rows, in order).
+
+    Virtual time stops during evaluation, so its mean is ``(t_last - t_warmup) / n``. Wall
+    time does not: the first iteration of each epoch, whose interval holds the previous
+    epoch's evaluation, is left out (its wall time is then the mean of the others).
+    """
+    rows = it_rows[max(warmup - 1, 0):] if warmup > 0 else it_rows
+    key = f"{time}_time_s"
+    if warmup == 0:
+        first = [rows[0][key]] if rows[0]["iteration"] == 0 else []  # a resumed run's is not
+        spans = first + [b[key] - a[key] for a, b in zip(rows, rows[1:])
+                                  if time == "virtual" or b["iteration"] % iterations_per_epoch]
+        return sum(spans) / len(spans) if spans else math.nan
+    if time == "virtual":
+        return (rows[-1][key] - rows[0][key]) / max(len(rows) - 1, 1)
+    spans = [b[key] - a[key] for a, b in zip(rows, rows[1:]) if b["iteration"] % iterations_per_epoch]
+    return sum(spans) / len(spans) if spans else math.nan
 
 
 def iter_row(config: RunConfig, rank: int, world: int, iteration: int, epoch: float, density: float,
@@ -50,8 +88,10 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run summary (docs/architecture.md) from one rank's rows and its clocks.
 
-    Throughputs count samples of all ranks: ``iterations * batch_size * P / time``, with
-    wall time excluding evaluation. ``time_breakdown_s`` holds mean seconds per
+    Throughputs count samples of all ranks: ``samples_per_s_<time>`` is the steady state,
+    ``batch_size * P / t_iter`` with ``t_iter`` the mean time per iteration after
+    :func:`warmup_iterations` (recorded as ``warmup_iterations``); ``samples_per_s_<time>_all``
+    is the whole run's ``iterations * batch_size * P / time``, wall time excluding evaluation. ``time_breakdown_s`` holds mean seconds per
     iteration (wall) of compute, selection, communication and update, plus the mean
     modelled communication ``communication_model``.
     """
@@ -65,6 +105,18 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
 
     samples = iterations * config.batch_size * world
     last_ep = ep_rows[-1] if ep_rows else {}
+    # Throughputs are steady-state: the first iterations pay one-time costs that a long run
+    # amortises, and a short run's figure must not depend on them (nor on a fresh worker).
+    own_rows = sorted((r for r in it_rows if r["rank"] == it_rows[0]["rank"]),
+                      key=lambda r: r["iteration"]) if it_rows else []
+    warmup = warmup_iterations(config, len(own_rows))
+    per_sample = config.batch_size * world
+
+    def steady(time: str, fallback: float) -> float:
+        if not own_rows:
+            return fallback
+        t_iter = steady_seconds_per_iteration(own_rows, warmup, time, iterations_per_epoch)
+        return per_sample / t_iter if t_iter > 0 else math.nan
     summary = {
         "run_id": config.run_id, "method": config.method, "workers": world,
         "density": config.density, "k": k_for(numel, config.density), "numel": numel,
@@ -77,8 +129,12 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
         "final_test_accuracy": last_ep.get("test_accuracy", math.nan),
         "final_test_perplexity": last_ep.get("test_perplexity", math.nan),
         "wall_time_s": wall_time_s, "virtual_time_s": virtual_time_s,
-        "samples_per_s_wall": samples / train_wall_s if train_wall_s > 0 else math.nan,
-        "samples_per_s_virtual": samples / virtual_time_s if virtual_time_s > 0 else math.nan,
+        "samples_per_s_wall": steady("wall", samples / train_wall_s if train_wall_s > 0 else math.nan),
+        "samples_per_s_virtual": steady("virtual", samples / virtual_time_s if virtual_time_s > 0
+                                        else math.nan),
+        "samples_per_s_wall_all": samples / train_wall_s if train_wall_s > 0 else math.nan,
+        "samples_per_s_virtual_all": samples / virtual_time_s if virtual_time_s > 0 else math.nan,
+        "warmup_iterations": warmup,
         "bytes_sent_per_rank_per_iter": mean("bytes_sent"),
         "time_breakdown_s": {"compute": mean("compute_s"), "selection": mean("selection_s"),
                              "communication": mean("comm_s"), "update": mean("update_s"),

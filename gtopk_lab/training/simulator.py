@@ -12,10 +12,18 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
 2. the method's in-process collective (``Collective.simulate``: the real per-rank message
    programs without transport; identical ``CommStats``)
 3. ``VirtualClock.simulate_collective(compute_s, stats)``: virtual time advances by the
-   slowest rank's compute plus the slowest rank's modelled communication
+   slowest rank's *charged* compute plus the slowest rank's modelled communication. The
+   charge follows ``config.extra["sim_compute"]``
+   (:mod:`~gtopk_lab.training.compute_charge`): by default every rank is charged the median
+   of the P measurements (one process on a shared machine is no cluster of stragglers);
+   ``"straggler"`` draws each rank's charge from the run's measured distribution, ``"max"``
+   charges each its own measurement. The summary names the rule (``compute_charge``) and
+   the measurements' spread (``compute_s_spread``: p10/p50/p90 seconds)
 4. each rank's :meth:`~gtopk_lab.training.step.RankStep.finish` (residual rule), then one SGD
-   step of the shared replica (in synchronous SGD every rank holds the same weights;
-   its CPU time is added to virtual time)
+   step of the shared replica (in synchronous SGD every rank holds the same weights). The
+   clock is charged what one real rank pays: rank 0's residual update, aggregation and the
+   optimiser step; the other P - 1 ranks' copies run here but cost no virtual time, so the
+   charged update does not grow with P
 
 **Fixed compute time** (``compute_time_s=`` / ``config.extra["compute_time_s"]``, and
 optionally ``selection_time_s=`` / ``config.extra["selection_time_s"]``): on a loaded machine
@@ -74,6 +82,7 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.methods import get_method
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
+from gtopk_lab.training.compute_charge import ComputeCharge
 from gtopk_lab.training.replica import (
     RankResult, RankState, Replica, network_of, rank_checkpoint_state, resolve_device, restore_rank_state,
     run_dataset,
@@ -178,7 +187,10 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                        "compute_time_source": ("measured" if fixed_compute_s is None
                                                                else "fixed"),
                                        "fixed_compute_time_s": fixed_compute_s,
-                                       "fixed_selection_time_s": fixed_selection_s})
+                                       "fixed_selection_time_s": fixed_selection_s,
+                                       "compute_charge": (None if fixed_compute_s is not None
+                                                          else ranks.charge.rule),
+                                       "compute_s_spread": ranks.charge.spread()})
         # In a simulation wall throughput is the simulator's own speed, not the cluster's.
         summary["samples_per_s_wall"] = math.nan if world > 1 else summary["samples_per_s_wall"]
         weights = replica.flat_weights().cpu() if config.extra.get("return_weights") else None
@@ -205,6 +217,7 @@ class _VirtualRanks:
                        for r in range(self.world)]
         self.swap_buffers = len(self.states[0].buffers) > 0
         self.ipe = self.states[0].shard.iterations_per_epoch
+        self.charge = ComputeCharge(config.extra.get("sim_compute"), config.seed)
 
     def iteration(self, point: Point, timeline: Timeline) -> None:
         config, replica, dev, clock, states = self.config, self.replica, self.dev, self.clock, self.states
@@ -245,41 +258,50 @@ class _VirtualRanks:
                 charged_selection_s = statistics.median(selection_cpu_s)
             compute_s = [self.fixed_compute_s + charged_selection_s] * world
             timings = [(self.fixed_compute_s, charged_selection_s)] * world
-        u0, uw0 = _timer(dev), time.perf_counter()
-        u_mid = u0
+        else:
+            compute_s = self.charge.charge(compute_s)
+        update_cpu_s = update_wall_s = 0.0
         results: list[Any] = [None] * world
         if sync_now:
             # one collective state for the whole group: every real rank would hold the same
             results = communicate_simulated(self.method, locals_, states[0].step.call(k, it))
             clock.simulate_collective(compute_s, [r.stats for r in results])
+            # A real rank pays its own residual update, aggregation and optimiser step; the
+            # other P - 1 ranks' copies run here one after the other but cost no virtual time,
+            # so the charged update does not grow with P.
             u0, uw0 = _timer(dev), time.perf_counter()
-            for state, local, result in zip(states, locals_, results):
+            states[0].step.finish(locals_[0], results[0])
+            update_cpu_s, update_wall_s = _timer(dev) - u0, time.perf_counter() - uw0
+            for state, local, result in zip(states[1:], locals_[1:], results[1:]):
                 state.step.finish(local, result)
-            u_mid = _timer(dev)
+            u0, uw0 = _timer(dev), time.perf_counter()
             aggregate = states[0].step.aggregate(results[0], dev)
+            update_cpu_s += _timer(dev) - u0
+            update_wall_s += time.perf_counter() - uw0
             if hasattr(states[0].step.memory, "aggregate"):  # memories that track G too
                 for state, result in zip(states[1:], results[1:]):
                     state.step.aggregate(result, dev)
+            u0, uw0 = _timer(dev), time.perf_counter()
             if states[0].local is not None:
                 with states[0].active(replica, swap_buffers=False):
                     states[0].local.outer_step(aggregate, world)
+            else:
+                replica.apply(aggregate, lr)
+            update_cpu_s += _timer(dev) - u0
+            update_wall_s += time.perf_counter() - uw0
+            if states[0].local is not None:
                 for state in states[1:]:  # after the sync every rank holds the new weights
                     state.weights = states[0].weights.clone()
                     state.local.anchor = states[0].local.anchor.clone()
-            else:
-                replica.apply(aggregate, lr)
         else:
             clock.advance(max(compute_s))
-        u1, uw1 = _timer(dev), time.perf_counter()
         if self.fixed_compute_s is None and sync_now:
-            # Real ranks update their residuals in parallel (one P-th of the loop each) and
-            # each takes the same optimiser step (counted once).
-            clock.advance((u_mid - u0) / world + (u1 - u_mid))
+            clock.advance(update_cpu_s)
         wall_now = timeline.elapsed_s()
         comm_model_s = clock.last_comm_model_s if sync_now else 0.0
         for r in self.emit:
             t = {"compute": timings[r][0], "selection": timings[r][1],
-                 "comm": comm_model_s, "update": uw1 - uw0}
+                 "comm": comm_model_s, "update": update_wall_s}
             stats = results[r].stats if sync_now else None
             self.buffer.add(iter_row(config, r, world, it, point.epoch, point.density, k, losses[r],
                                      lr, t, stats, comm_model_s, wall_now, clock.synced_time_s),
