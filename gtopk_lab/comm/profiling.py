@@ -14,8 +14,8 @@ and this thread's CPU time (``time.thread_time``) of each phase:
 and, once per call, ``prep`` (argument checks, wire dtypes, the local sort by index) and
 ``finish`` (stats, moving results and drops to the caller's device). Their sum is the
 call's time less the program's bookkeeping between phases (byte counts, the generator
-hand-offs: tens of µs) and any preemption that falls between two phases (on a loaded
-2-core box 5-15% of a 4-6 ms call).
+hand-offs: tens of µs) and any preemption that falls between two phases (3-18% of
+the call on the 2-core box at load 9, benchmarks/RESULTS.md).
 
 Why thread CPU as well as wall: when ranks outnumber cores (8 ranks on 2 cores), a
 rank's wall time includes the time it waited for a core; its thread CPU does not. The
