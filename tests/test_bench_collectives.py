@@ -43,6 +43,8 @@ def test_bench_rejects_bad_input(capsys) -> None:
     assert "--gamma='fast' is invalid" in capsys.readouterr().err
     assert main(["bench", "collectives", "--latency", "1ms"]) == 2
     assert main(["bench", "collectives", "--workers", "0"]) == 2
+    assert main(["bench", "collectives", "--profile-repeats", "-1"]) == 2
+    assert "--profile-repeats=-1 is invalid" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(60)
