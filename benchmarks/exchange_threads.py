@@ -9,7 +9,7 @@ run-queue delay (runnable, not running) and the CPU time it gained, in ms. The k
 updates these counters at scheduling events, so a thread running when the call starts
 (the main thread after its spin) carries some of the time before the call.
 
-On the 2-vCPU VMs (``benchmarks/runs/2026-11-29-2core-exchange-threads.log``), a stalled
+On the 2-vCPU VMs (``benchmarks/logs/2026-11-29-2core-exchange-threads.log``), a stalled
 call shows the gloo I/O thread (``gloo_tcp_loop``) running 4-5 ms of CPU, against
 0.1-0.3 ms in a fast call, while the main thread waits runnable for about as long.
 Example::

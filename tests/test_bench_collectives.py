@@ -43,6 +43,8 @@ def test_bench_rejects_bad_input(capsys) -> None:
     assert "--gamma='fast' is invalid" in capsys.readouterr().err
     assert main(["bench", "collectives", "--latency", "1ms"]) == 2
     assert main(["bench", "collectives", "--workers", "0"]) == 2
+    assert main(["bench", "collectives", "--profile-repeats", "-1"]) == 2
+    assert "--profile-repeats=-1 is invalid" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(60)
@@ -53,3 +55,91 @@ def test_exchange_probe_refuses_bad_arguments() -> None:
         probe_exchange_stalls(calls=1)
     with pytest.raises(ValueError, match="world_size=3"):
         exchange_times_rank(0, 3, [10], [0.0], 2)
+
+
+@pytest.mark.timeout(120)
+def test_profile_columns_sum_to_the_call_time(capsys) -> None:
+    """Unthrottled P=2: every gTop-k row carries its profile; per rank the phases add up to
+    about the call's wall time (the rest is generator hand-offs), and both tables print."""
+    from gtopk_lab.comm.profiling import PHASES, ROUND_PHASES
+
+    rc = main(["bench", "collectives", "--workers", "2", "--numel", "100K", "--density", "0.01",
+               "--repeats", "2", "--json"])
+    assert rc == 0
+    rows = json.loads(capsys.readouterr().out)["collectives"]
+    assert [("profile" in r) for r in rows] == [False, False, True, True]
+    for r in rows[2:]:
+        prof = r["profile"]
+        assert prof["algorithm"] == r["algorithm"] and prof["workers"] == 2 and prof["calls"] == 2
+        labels = [rnd["label"] for rnd in prof["rounds"]]
+        assert labels == (["butterfly exchange"] if r["algorithm"] == "butterfly"
+                          else ["reduce recv / reduce send", "broadcast send / broadcast recv"])
+        for rnd in prof["rounds"]:
+            assert all(rnd[f"{p}_s"] >= 0 for p in ROUND_PHASES) and rnd["ranks"] == 2
+        assert len(prof["ranks"]) == 2
+        for rank in prof["ranks"]:
+            assert set(rank["phases_s"]) == set(PHASES)
+            assert rank["phases_s"]["sendrecv"] > 0 and rank["phases_s"]["prep"] > 0
+            # loose: the phases cover most of the call and never more than all of it
+            assert 0.5 * rank["wall_s"] <= rank["phases_sum_s"] <= 1.05 * rank["wall_s"] + 1e-4
+            assert 0 < rank["thread_cpu_s"] <= rank["process_cpu_s"] + 1e-3
+        merges = prof["phases_mean_s"]["merge"]
+        assert merges > 0  # rank 0 merges in both patterns at P = 2
+    # the text tables print from the same rows
+    from gtopk_lab.bench.tables import print_profile
+
+    print_profile(rows, cores=2)
+    out = capsys.readouterr().out
+    assert "# where the time goes" in out and "# per-rank CPU vs wall" in out
+    assert "1: butterfly exchange" in out and "sum of phases" in out
+
+
+def _profiled_and_plain_rank(rank: int, world_size: int) -> list[dict]:
+    """Both patterns, with and without the count header: a plain call, then a profiled one."""
+    import torch
+
+    from gtopk_lab.comm.profiling import profiling
+    from gtopk_lab.comm.torch_dist import gtopk_allreduce
+    from gtopk_lab.compression.selection import get_selector
+
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(rank))
+    v, i = get_selector("topk")(x, 50)
+    out = []
+    for algorithm in ("butterfly", "tree"):
+        for exact_k in (True, False):
+            plain = gtopk_allreduce(v, i, 5000, 50, algorithm=algorithm, exact_k=exact_k)
+            with profiling() as prof:
+                profiled = gtopk_allreduce(v, i, 5000, 50, algorithm=algorithm, exact_k=exact_k)
+            out.append({"same": bool(torch.equal(plain.values, profiled.values)
+                                     and torch.equal(plain.indices, profiled.indices)
+                                     and torch.equal(plain.stats.dropped_values, profiled.stats.dropped_values)),
+                        "steps": plain.stats.steps == profiled.stats.steps,
+                        "rounds": len(prof.rounds), "stats_rounds": plain.stats.rounds,
+                        "totals": prof.totals()})
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_profiling_hooks_do_not_change_results() -> None:
+    """Results, drops and steps are the same with the hooks on; one profile round per
+    schedule step, for both patterns and the header path (exact_k=False) too."""
+    from gtopk_lab.comm.launch import run_gloo
+
+    for per_rank in run_gloo(_profiled_and_plain_rank, 2, timeout_s=60):
+        assert len(per_rank) == 4
+        for out in per_rank:
+            assert out["same"] and out["steps"]
+            assert out["rounds"] == out["stats_rounds"]
+            assert out["totals"]["sendrecv"] > 0 and out["totals"]["pack"] > 0
+
+
+def test_no_profile_outside_a_profiling_block() -> None:
+    from gtopk_lab.comm.profiling import RoundProfile, active_profile, profiling
+
+    assert active_profile() is None
+    mine = RoundProfile()
+    with profiling(mine) as prof:
+        assert prof is mine and active_profile() is mine
+        prof.stop("merge", prof.stamp())  # no open round: a per-call entry
+    assert active_profile() is None
+    assert set(mine.call) == {"merge", "merge_cpu"} and mine.totals()["merge"] >= 0

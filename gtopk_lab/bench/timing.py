@@ -1,7 +1,8 @@
-"""A common start instant for timed collectives on ranks of one host."""
+"""A common start instant for timed collectives on ranks of one host, and the host's cores."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -9,7 +10,7 @@ import torch.distributed as dist
 
 from gtopk_lab.network.pacing import wait_until
 
-__all__ = ["START_MARGIN_S", "common_start_s"]
+__all__ = ["START_MARGIN_S", "common_start_s", "host_cores"]
 
 # ---------------------------------------------------------------------------------------
 # collectives
@@ -36,3 +37,12 @@ def common_start_s(margin_s: float = START_MARGIN_S) -> tuple[float, bool]:
     late = time.monotonic() > start
     wait_until(start, clock=time.monotonic, spin_s=_SPIN_S)
     return start, late
+
+
+def host_cores() -> int:
+    """Cores this process may run on (its affinity mask; ``os.cpu_count()`` off Linux):
+    when ranks outnumber them, they time-share and wall times measure the scheduler too."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from gtopk_lab.comm.profiling import RoundProfile
 from gtopk_lab.comm.schedules import ring_allgather_steps, ring_allreduce_steps, sparse_schedule
 from gtopk_lab.comm.stats import (
     HEADER_BYTES, CollectiveResult, CommStats, Payload, Request, sparse_message_bytes, wire,
@@ -40,7 +41,8 @@ Request = tuple[str, int, "Payload | None"]
 
 
 def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: torch.Tensor,
-                  numel: int, k: int, algorithm: str, header: bool = True
+                  numel: int, k: int, algorithm: str, header: bool = True,
+                  profile: RoundProfile | None = None
                   ) -> Generator[Request, Payload | None, CollectiveResult]:
     """gTop-k on one rank as a generator of communication requests.
 
@@ -50,13 +52,19 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
     Merges put the lower rank's operand first so all ranks add in the same order.
     ``header=False`` accounts messages without the 8-byte count header (every message
     holds exactly k pairs: ``gtopk_allreduce(..., exact_k=True)``).
+    ``profile`` (the torch.distributed driver passes the active one): record the local
+    sort as ``prep``, each round's merge as ``merge`` and the stats as ``finish``
+    (:mod:`gtopk_lab.comm.profiling`); the clocks are only read, results are unchanged.
     """
+    stamp = profile.stamp() if profile is not None else None
     values, indices = wire(values, indices, numel)
     # one sort of the local selection by index: every message is then canonical and every
     # merge sees two ascending runs (merge_sparse's fast path); charged as merge CPU
     t0 = time.process_time()
     values, indices = sort_by_index(values, indices)
     merge_cpu_s = time.process_time() - t0
+    if profile is not None:
+        profile.stop("prep", stamp)
     steps: list[tuple[int, int]] = []
     messages = 0
     merged_elements = 0
@@ -72,6 +80,8 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
 
     for step in sparse_schedule(algorithm, rank, world_size):
         mine = (values, indices)
+        if profile is not None:  # the transport adds this round's pack / sendrecv / unpack
+            profile.begin_round(f"{step.phase} {step.op}")
         if step.op == "send":
             yield ("send", step.peer, mine)
             steps.append((msg_bytes(mine), 0))
@@ -88,21 +98,28 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
             values, indices = theirs
             continue
         first, second = (mine, theirs) if rank < step.peer else (theirs, mine)
+        stamp = profile.stamp() if profile is not None else None
         t0 = time.process_time()
         values, indices, d_v, d_i = merge_sparse(first[0], first[1], second[0], second[1], k)
         merge_cpu_s += time.process_time() - t0
+        if profile is not None:
+            profile.stop("merge", stamp)
         merged_elements += first[0].numel() + second[0].numel()
         merged_any = True
         if step.charge_drops:
             dropped.append((d_v, d_i))
     if not merged_any and world_size == 1:
         # No merge happened: canonicalise (sort) and keep k, the single rank owns the drops.
+        stamp = profile.stamp() if profile is not None else None
         t0 = time.process_time()
         empty_v, empty_i = values.new_empty(0), indices.new_empty(0)
         merged_elements += values.numel()
         values, indices, d_v, d_i = merge_sparse(values, indices, empty_v, empty_i, k)
         merge_cpu_s += time.process_time() - t0
         dropped.append((d_v, d_i))
+        if profile is not None:  # no round is open: recorded as a per-call merge
+            profile.stop("merge", stamp)
+    stamp = profile.stamp() if profile is not None else None
     # merge_sparse returns its drops canonical (ascending, unique indices): a single drop is
     # returned as is; several are left as parts, summed only if a reader asks (CommStats).
     drop_v, drop_i = dropped[0] if len(dropped) == 1 else (values.new_empty(0), indices.new_empty(0))
@@ -113,6 +130,8 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
         merged_elements=merged_elements, dropped_values=drop_v, dropped_indices=drop_i,
         library_estimate=False, dropped_parts=dropped if len(dropped) > 1 else None,
     )
+    if profile is not None:
+        profile.stop("finish", stamp)
     return CollectiveResult(values, indices, stats)
 
 

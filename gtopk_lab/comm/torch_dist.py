@@ -33,6 +33,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from gtopk_lab.comm.profiling import RoundProfile, active_profile
 from gtopk_lab.comm.programs import allgather_assemble, allgather_steps, dense_stats, drive, gtopk_program
 from gtopk_lab.comm.stats import (
     HEADER_BYTES, CollectiveResult, Payload, check_algorithm, check_exact_k, check_k, check_numel,
@@ -90,12 +91,16 @@ class _P2P:
     """Runs gtopk_program requests with torch.distributed isend/irecv on ``group``."""
 
     def __init__(self, group: dist.ProcessGroup | None, device: torch.device,
-                 value_dtype: torch.dtype, idx_dtype: torch.dtype, fixed_count: int | None = None) -> None:
+                 value_dtype: torch.dtype, idx_dtype: torch.dtype, fixed_count: int | None = None,
+                 profile: RoundProfile | None = None) -> None:
         self.group, self.device = group, device
         self.value_dtype, self.idx_dtype = value_dtype, idx_dtype
         #: every message holds exactly this many pairs: no count header (one message a way)
         self.fixed_count = fixed_count
         self.pair_bytes = value_dtype.itemsize + idx_dtype.itemsize
+        #: records pack / sendrecv / unpack per round when set (gtopk_lab.comm.profiling);
+        #: None (the default) times nothing
+        self.profile = profile
 
     def _isend(self, t: torch.Tensor, peer: int) -> dist.Work:
         return dist.isend(t, dst=global_rank(self.group, peer), group=self.group)
@@ -107,17 +112,24 @@ class _P2P:
         """One round of fixed-size messages: payload only, posted both ways at once."""
         n = self.fixed_count
         assert n is not None
+        prof = self.profile
         pacer = active_pacer()
         if pacer is not None:
             pacer.begin_round()
         works = []
         sent_bytes = 0
+        send_buf = None
         if payload is not None:
             if payload[0].numel() != n:  # a broken promise would hang the peer: fail here
                 raise ValueError(f"exact_k: this rank would send {payload[0].numel()} pairs, "
                                  f"expected exactly {n}")
+            stamp = prof.stamp() if prof is not None else None
             send_buf = _pack((payload[0].to(self.device), payload[1].to(self.device)))
             sent_bytes = send_buf.numel()
+            if prof is not None:
+                prof.stop("pack", stamp)
+        stamp = prof.stamp() if prof is not None else None
+        if send_buf is not None:
             works.append(self._isend(send_buf, peer))
         recv_buf = None
         if op in ("recv", "exchange"):
@@ -127,14 +139,21 @@ class _P2P:
             w.wait()
         if pacer is not None:
             pacer.end_round(sent_bytes, recv_buf.numel() if recv_buf is not None else 0)
+        if prof is not None:
+            prof.stop("sendrecv", stamp)
         if recv_buf is None:
             return None
-        return _unpack(recv_buf, n, self.value_dtype, self.idx_dtype)
+        stamp = prof.stamp() if prof is not None else None
+        received = _unpack(recv_buf, n, self.value_dtype, self.idx_dtype)
+        if prof is not None:
+            prof.stop("unpack", stamp)
+        return received
 
     def run(self, op: str, peer: int, payload: Payload | None) -> Payload | None:
         """One round: post the header(s), then the payload(s); paced when a pacer is active."""
         if self.fixed_count is not None:
             return self._run_fixed(op, peer, payload)
+        prof = self.profile
         pacer = active_pacer()
         if pacer is not None:
             pacer.begin_round()
@@ -142,11 +161,15 @@ class _P2P:
         send_buf = None
         sent_bytes = 0
         if payload is not None:
+            stamp = prof.stamp() if prof is not None else None
             sent_bytes = HEADER_BYTES + payload[0].numel() * self.pair_bytes
             payload = (payload[0].to(self.device), payload[1].to(self.device))
             header = torch.tensor([payload[0].numel()], dtype=torch.int64, device=self.device)
-            works.append(self._isend(header, peer))
+            works.append(self._isend(header, peer))  # in flight while the payload is packed
             send_buf = _pack(payload) if payload[0].numel() > 0 else None
+            if prof is not None:  # "pack" includes posting the header (microseconds)
+                prof.stop("pack", stamp)
+        stamp = prof.stamp() if prof is not None else None
         recv_header = None
         if op in ("recv", "exchange"):
             recv_header = torch.empty(1, dtype=torch.int64, device=self.device)
@@ -166,12 +189,18 @@ class _P2P:
             w.wait()
         if pacer is not None:
             pacer.end_round(sent_bytes, HEADER_BYTES + n * self.pair_bytes if recv_header is not None else 0)
+        if prof is not None:
+            prof.stop("sendrecv", stamp)
         if recv_header is None:
             return None
         if recv_buf is None:
             return (torch.empty(0, dtype=self.value_dtype, device=self.device),
                     torch.empty(0, dtype=self.idx_dtype, device=self.device))
-        return _unpack(recv_buf, n, self.value_dtype, self.idx_dtype)
+        stamp = prof.stamp() if prof is not None else None
+        received = _unpack(recv_buf, n, self.value_dtype, self.idx_dtype)
+        if prof is not None:
+            prof.stop("unpack", stamp)
+        return received
 
 
 # ---------------------------------------------------------------------------------------
@@ -275,7 +304,12 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     each way without the count header: one latency per round instead of two on a real
     link. All ranks must pass the same value; a rank whose selection is not k entries
     raises ``ValueError`` before sending anything.
+
+    Inside ``gtopk_lab.comm.profiling.profiling()`` the call records where its time goes
+    (prep, per-round pack / sendrecv / unpack / merge, finish); results are the same.
     """
+    prof = active_profile()  # the one read the hooks cost when no profile is active
+    stamp = prof.stamp() if prof is not None else None
     check_numel(numel)
     check_k(k, numel)
     check_algorithm(algorithm)
@@ -285,9 +319,16 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     device = comm_device(values, group) if world > 1 else values.device
     values, indices = wire(values.to(device), indices.to(device), numel)
     check_exact_k(exact_k, {"this rank": values.numel()}, k)
-    transport = _P2P(group, device, values.dtype, indices.dtype, fixed_count=k if exact_k else None)
-    gen = gtopk_program(rank, world, values, indices, numel, k, algorithm, header=not exact_k)
+    transport = _P2P(group, device, values.dtype, indices.dtype, fixed_count=k if exact_k else None,
+                     profile=prof)
+    if prof is not None:  # the program adds its own sort to prep
+        prof.stop("prep", stamp)
+    gen = gtopk_program(rank, world, values, indices, numel, k, algorithm, header=not exact_k, profile=prof)
     result: CollectiveResult = drive(gen, transport.run)
+    stamp = prof.stamp() if prof is not None else None
     st = result.stats
     st.drops_to(out_device)
-    return CollectiveResult(result.values.to(out_device), result.indices.to(out_device), st)
+    out = CollectiveResult(result.values.to(out_device), result.indices.to(out_device), st)
+    if prof is not None:
+        prof.stop("finish", stamp)
+    return out

@@ -1,13 +1,17 @@
 """Where does a throttled sparse collective's time go? (device diagnostic)
 
-Produced benchmarks/device_runs/2026-11-29-h200-diag.log on the 16-core H200 host:
+Produced benchmarks/logs/2026-11-29-h200-diag.log (then benchmarks/device_runs/) on the 16-core H200 host:
 1. merge CPU of two top-k selections (2 x 25k pairs), back to back versus after an idle
    1.6 ms (the paced round before a merge), with P ranks merging at once;
 2. per-phase medians of gtopk_allreduce (butterfly, tree) at P = 2, 4 under
    VirtualClock(1 Gbit/s, throttle=True): _P2P rounds, pacing sleep and overshoot, merge
    wall/CPU, the clock's MAX all_reduce, total.
 
-Run from the repository root: ``PYTHONPATH=. python3 benchmarks/device_runs/diag.py``.
+It ran from the repository root as ``PYTHONPATH=. python3 benchmarks/device_runs/diag.py``
+(that folder is now benchmarks/logs/). Kept beside its log as the record of that run: it
+patches ``gtopk_lab.collectives._P2P`` and ``merge_sparse``, which moved to
+``gtopk_lab.comm`` later, so it no longer runs as is. Its successor is the profile that
+``gtopk-lab bench collectives`` prints (hooks in ``gtopk_lab.comm.profiling``).
 """
 import statistics, sys, time
 import torch
