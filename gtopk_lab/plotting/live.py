@@ -40,6 +40,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -316,7 +317,7 @@ def _copy_into(target: go.Figure, source: go.Figure) -> None:
             target.add_traces(list(source.data))
             target.layout = source.layout
         return
-    batch = target.batch_update() if isinstance(target, go.FigureWidget) else _nullcontext()
+    batch = target.batch_update() if isinstance(target, go.FigureWidget) else contextlib.nullcontext()
     with batch:
         for dst, src in zip(target.data, source.data):
             props = {k: v for k, v in src.to_plotly_json().items() if k not in ("type", "uid")}
@@ -324,14 +325,6 @@ def _copy_into(target: go.Figure, source: go.Figure) -> None:
         new_layout = source.layout.to_plotly_json()
         if target.layout.to_plotly_json() != new_layout:
             target.layout.update(new_layout, overwrite=True)
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def live_convergence(handles: Any | Sequence[Any], x: str = "iteration", *, live: bool | None = None,
