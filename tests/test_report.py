@@ -75,7 +75,7 @@ def test_scaling_tables(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="baseline='best'"):
         measured_scaling_table(summaries, baseline="best")
     # the same numbers as gtopk-lab sweep prints for these runs
-    from gtopk_lab.cli.sweep import scaling_table as sweep_table
+    from gtopk_lab.cli.sweep import sweep_efficiency_table as sweep_table
     swept = sweep_table(summaries).set_index(["method", "workers"]).efficiency_virtual
     for _, r in measured.iterrows():
         assert r.scaling_efficiency == pytest.approx(swept[r.method, r.workers])

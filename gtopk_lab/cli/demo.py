@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     run_cmd.validate_cluster_args(sweep_args)
     print(f"gtopk-lab demo: {len(configs)} runs on an embedded Dask cluster -> {out}", file=sys.stderr)
     summaries = sweep_cmd.execute_sweep(sweep_args, configs, progress=not args.no_progress)
-    table = sweep_cmd.scaling_table(summaries)
+    table = sweep_cmd.sweep_efficiency_table(summaries)
     print(sweep_cmd.format_table(table))
     failed = int((summaries["status"] != "completed").sum()) if len(summaries) else 0
     print(f"\n{len(summaries)} run(s), {failed} not completed; results in {out}")

@@ -106,8 +106,9 @@ def build_grid(args: argparse.Namespace) -> list[RunConfig]:
     return configs
 
 
-def scaling_table(summaries: pd.DataFrame) -> pd.DataFrame:
-    """One row per completed run: throughput and scaling efficiency.
+def sweep_efficiency_table(summaries: pd.DataFrame) -> pd.DataFrame:
+    """One row per completed run of the sweep: throughput and scaling efficiency (the long
+    table the sweep prints; ``analysis.scaling.scaling_table`` is the method x P pivot).
 
     Efficiency follows the project's rule (``add_scaling_efficiency``): against dense S-SGD
     at P=1 of the same model, batch and network, else the method's own P=1 run, as the
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         run_cmd.validate_cluster_args(args)
     progress = not args.no_progress and not args.json
     summaries = execute_sweep(args, configs, progress)
-    table = scaling_table(summaries)
+    table = sweep_efficiency_table(summaries)
     failed = int((summaries.get("status") != "completed").sum()) if len(summaries) else 0
     if args.json:
         from gtopk_lab.orchestration.results import _jsonable
