@@ -504,7 +504,7 @@ class Lab:
                 handle._add_rows(kept.to_dict("records"))
                 handle._undelivered = []
         store.write_config(config)
-        store.write_summary(_results.build_summary(config, None, status="queued",
+        store.write_summary(_results.run_summary(config, None, status="queued",
                                                    extra={"submitted_at": handle.submitted_at}))
         self.client.subscribe_topic(topic_for(handle.run_id), handle._on_event)
         if self.progress if progress is None else progress:
@@ -579,7 +579,7 @@ class Lab:
         handle.status = "running"
         handle.started_at = _results.utc_now()
         self._active.append(handle)
-        _results.RunStore(self.out, handle.run_id).write_summary(_results.build_summary(
+        _results.RunStore(self.out, handle.run_id).write_summary(_results.run_summary(
             handle.config, None, status="running",
             extra={"submitted_at": handle.submitted_at, "started_at": handle.started_at,
                    "dask_workers": handle.workers}))
@@ -754,7 +754,7 @@ class Lab:
                      "device": handle.device}
             if backend:
                 extra["backend"] = backend
-            summary = _results.build_summary(handle.config, rank0_summary, status=status,
+            summary = _results.run_summary(handle.config, rank0_summary, status=status,
                                              error=error, extra=extra)
             try:
                 _results.write_run(self.out, handle.config, handle.metrics, summary)
