@@ -28,7 +28,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from gtopk_lab.config import RunConfig
-from gtopk_lab.orchestration.results import build_summary, rows_to_frame, write_run
+from gtopk_lab.orchestration.results import rows_to_frame, run_summary, write_run
 from gtopk_lab.plotting import figures
 from gtopk_lab.plotting.live import _copy_into
 from gtopk_lab.plotting.report import write_report
@@ -99,7 +99,7 @@ def bench_report(repeats: int) -> None:
                 run_id = f"{method}-p{p}"
                 rows, summary = run_rows(method, p, 1000, density=density, seed=p)
                 config = RunConfig(method=method, workers=p, density=density, run_id=run_id, bandwidth="1Gbps")
-                write_run(out, config, rows_to_frame(rows), build_summary(config, summary, status="completed"))
+                write_run(out, config, rows_to_frame(rows), run_summary(config, summary, status="completed"))
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """Provenance of a stored run: which code, libraries, machine and network model made it.
 
-:func:`provenance` returns the dict that ``results.build_summary`` stores under the
+:func:`provenance` returns the dict that ``orchestration.results.run_summary`` stores under the
 summary's ``provenance`` key. Worker-safe: the standard library only (versions come from
 ``importlib.metadata``, so torch/Dask are never imported here); the git commit costs one
 ``git rev-parse HEAD`` per process (cached), and is None outside a git checkout.

@@ -91,7 +91,7 @@ def _fail_then_resume_via_cli(out: Path, config: RunConfig, rows: list[dict], ca
     run_id = config.run_id
     stray = {**next(r for r in rows if r["kind"] == "iter"), "iteration": 4, "train_loss": -1.0}
     store.write_run(out, config, store.rows_to_frame(rows + [stray]),
-                    store.build_summary(config, None, status="failed", error="worker lost"))
+                    store.run_summary(config, None, status="failed", error="worker lost"))
     rc = main(["run", "--resume", run_id, "--out", str(out), "--json", *flags])
     captured = capsys.readouterr()
     assert rc == 0, captured.err[-2000:]
@@ -131,7 +131,7 @@ def test_cli_resume_without_checkpoint_says_it_restarts(tmp_path: Path, capsys) 
     out = tmp_path / "res"
     config = _config(run_id="no-ckpt", workers=2, epochs=1, extra={})
     store.write_run(out, config, store.rows_to_frame([]),
-                    store.build_summary(config, None, status="failed", error="boom"))
+                    store.run_summary(config, None, status="failed", error="boom"))
     rc = main(["run", "--resume", "no-ckpt", "--out", str(out), "--simulate", "--json"])
     captured = capsys.readouterr()
     assert rc == 0

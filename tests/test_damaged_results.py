@@ -33,7 +33,7 @@ def _store(out: Path, run_id: str, method: str = "topk", workers: int = 2, statu
     config = RunConfig(method=method, workers=workers, max_iterations=3, run_id=run_id)
     rank0 = {"iterations": 3, "final_train_loss": 0.5, "samples_per_s_virtual": 100.0 * workers}
     return store.write_run(out, config, store.rows_to_frame(_rows(config)),
-                           store.build_summary(config, rank0, status=status))
+                           store.run_summary(config, rank0, status=status))
 
 
 def _truncate(path: Path, keep: int) -> None:
@@ -145,7 +145,7 @@ def test_lab_load_and_lab_sweep_resume_skip_and_move_damaged_runs(tmp_path, capl
     config = RunConfig(method="dense", workers=1, max_iterations=3)
     first = config.replace(run_id="first")
     store.write_run(tmp_path, first, store.rows_to_frame(_rows(first)),
-                    store.build_summary(first, {"iterations": 3}, status="completed"))
+                    store.run_summary(first, {"iterations": 3}, status="completed"))
     _store(tmp_path, "other", "topk")
     _truncate(tmp_path / "first" / "summary.json", 25)
 
@@ -163,7 +163,7 @@ def test_lab_load_and_lab_sweep_resume_skip_and_move_damaged_runs(tmp_path, capl
             self.cfg = cfg.replace(run_id="second")
 
         def result(self):
-            summary = store.build_summary(self.cfg, {"iterations": 3}, status="completed")
+            summary = store.run_summary(self.cfg, {"iterations": 3}, status="completed")
             store.write_run(tmp_path, self.cfg, store.rows_to_frame(_rows(self.cfg)), summary)
             return None, summary
 
@@ -232,7 +232,7 @@ CHILD = textwrap.dedent("""
     config = RunConfig(method="topk", workers=2, max_iterations=3, run_id="victim")
     run = store.RunStore(out, "victim")
     run.write_config(config)  # what the Lab writes when a run starts
-    run.write_summary(store.build_summary(config, None, status="running"))
+    run.write_summary(store.run_summary(config, None, status="running"))
     n = 2_000_000 if mode == "big" else 1000
     frame = pd.DataFrame({"kind": "iter", "rank": 0, "iteration": np.arange(n), "epoch": 0.0,
                           "train_loss": np.random.default_rng(0).random(n)})
@@ -258,7 +258,7 @@ CHILD = textwrap.dedent("""
         store.RunStore.write_metrics = pause_after_metrics
     else:
         marker.write_text("writing")
-    summary = store.build_summary(config, {"iterations": 3}, status="completed")
+    summary = store.run_summary(config, {"iterations": 3}, status="completed")
     for _ in range(1000 if mode == "big" else 1):  # "big": rewrite until killed
         store.write_run(out, config, frame, summary)
     time.sleep(60)

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _stored(tmp_path: Path, config: RunConfig, device: str | None = "cpu") -> dict:
-    summary = store.build_summary(config, {"iterations": 1}, status="completed",
+    summary = store.run_summary(config, {"iterations": 1}, status="completed",
                                   extra={"device": device} if device else None)
     path = store.write_run(tmp_path, config, store.rows_to_frame([]), summary)
     return json.loads((path / "summary.json").read_text())["provenance"]
@@ -49,7 +49,7 @@ def test_a_stored_run_records_versions_commit_host_device_and_network(tmp_path):
     assert net["model"]["beta_s_per_byte"] == pytest.approx(8e-9)
     assert net["model"]["alpha_s"] == pytest.approx(50e-6)
     # the queued/running summaries (no device known yet) say what was asked for
-    assert store.build_summary(config, None, status="queued")["provenance"]["device"] == "auto"
+    assert store.run_summary(config, None, status="queued")["provenance"]["device"] == "auto"
 
 
 @pytest.mark.timeout(30)

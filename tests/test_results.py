@@ -36,7 +36,7 @@ def test_write_run_and_load_runs_roundtrip(tmp_path):
     rank0 = {"iterations": 3, "final_train_loss": 0.5, "final_test_accuracy": float("nan"),
              "time_breakdown_s": {"compute": 0.01, "selection": 0.001, "communication": 0.002,
                                   "update": 0.0005}}
-    summary = store.build_summary(cfg, rank0, status="completed")
+    summary = store.run_summary(cfg, rank0, status="completed")
     path = store.write_run(tmp_path, cfg, store.rows_to_frame(_rows(cfg)), summary)
     assert sorted(os.listdir(path)) == ["config.json", "metrics.parquet", "summary.json"]
     on_disk = json.loads((path / "summary.json").read_text())
@@ -49,7 +49,7 @@ def test_write_run_and_load_runs_roundtrip(tmp_path):
 
     failed = RunConfig(method="dense", workers=1, run_id="r2")
     store.write_run(tmp_path, failed, store.rows_to_frame([]),
-                    store.build_summary(failed, None, status="failed", error="boom\nTraceback ..."))
+                    store.run_summary(failed, None, status="failed", error="boom\nTraceback ..."))
     summaries, metrics = store.load_runs(tmp_path)
     assert list(summaries["run_id"]) == ["r1", "r2"]
     assert list(summaries["status"]) == ["completed", "failed"]

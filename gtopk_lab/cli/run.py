@@ -170,9 +170,9 @@ def simulate_run(config: RunConfig, out: str, resume_at: dict[str, int] | None =
     except Exception as exc:  # a failed simulation is a failed run, stored as such
         rows, rank0, status = kept + produced, None, "failed"
         error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-    summary = store.build_summary(config, rank0, status=status, error=error,
-                                  extra={"started_at": started, "finished_at": store.utc_now(),
-                                         "simulated": True})
+    summary = store.run_summary(config, rank0, status=status, error=error,
+                                extra={"started_at": started, "finished_at": store.utc_now(),
+                                       "simulated": True})
     store.write_run(out, config, store.rows_to_frame(rows), summary)
     return summary
 

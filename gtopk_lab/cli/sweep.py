@@ -109,7 +109,8 @@ def build_grid(args: argparse.Namespace) -> list[RunConfig]:
 
 
 def sweep_table(summaries: pd.DataFrame) -> pd.DataFrame:
-    """One row per completed run: throughput and scaling efficiency.
+    """One row per completed run of the sweep: throughput and scaling efficiency (the long
+    table the sweep prints; ``analysis.scaling.scaling_table`` is the method x P pivot).
 
     Efficiency follows the project's rule (``add_scaling_efficiency``): against dense S-SGD
     at P=1 of the same model, batch and network, else the method's own P=1 run, as the

@@ -1,7 +1,10 @@
 """Dask orchestration (client side): ``Lab``, ``RunHandle`` and the results store.
 
-``rank_task`` is the only module the Dask workers import; importing this package
-does not pull in Dask's client machinery until ``Lab``/``RunHandle`` is used.
+The Dask workers never import this package (what they run is ``gtopk_lab.worker``);
+importing it does not pull in Dask's client machinery until ``Lab``/``RunHandle`` is used.
+Modules: ``lab`` (Lab), ``handle`` (RunHandle), ``monitor`` (queue, reservations, watch
+thread), ``cluster`` (connecting, plugins, eligible workers), ``results`` (the store:
+``run_files`` and ``reading`` below it), ``progress`` (tqdm bars).
 """
 
 from __future__ import annotations

@@ -1,0 +1,140 @@
+"""The Dask side of a Lab: connecting, method plugins, and which workers a run may use.
+
+Client side. What ``Lab.__init__`` and the Lab's monitor ask of the cluster:
+
+1. **Connect** (:func:`connect`): an embedded ``LocalCluster`` (one process per worker,
+   one thread each, everything on 127.0.0.1), or a ``Client`` to a scheduler address
+   (``tcp://`` or ``tls://`` with a ``Security`` object or certificate files; an address
+   that does not answer within the connect timeout raises :class:`SchedulerUnreachable`).
+2. **Method plugins** (:func:`install_method_plugins`): the client's
+   ``$GTOPK_LAB_METHODS`` modules are imported here first (a broken one fails on the
+   client, with one line), single-file ones uploaded, and a worker plugin imports them
+   on every worker before any rank starts (``gtopk_lab.worker.plugins``).
+3. **Workers** (:func:`worker_info`): a fresh view of every worker and its resources.
+4. **Eligibility** (:func:`wants_cuda`, :func:`eligible_workers`): a run wants CUDA when
+   its config says so, or with ``device="auto"`` when there are P GPU workers (resource
+   ``GPU >= 1``); CPU runs prefer CPU-only workers, so GPUs stay free for GPU runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from gtopk_lab.config import RunConfig
+from gtopk_lab.methods.registry import load_plugins, plugin_modules
+from gtopk_lab.worker.plugins import MethodPlugins, single_file_plugins
+
+
+class SchedulerUnreachable(ConnectionError):
+    """The scheduler address could not be reached within the connect timeout."""
+
+
+def security_from_files(tls_ca_file: str | None, tls_cert: str | None, tls_key: str | None) -> Any:
+    """A ``Security`` for a ``tls://`` scheduler from the three files (or from the Dask
+    config when it names them and no file is given); ValueError naming a missing one."""
+    import dask.config
+    from distributed.security import Security
+
+    if tls_ca_file is None and tls_cert is None and tls_key is None \
+            and dask.config.get("distributed.comm.tls.ca-file", None):
+        # No files given, but the Dask config (e.g. cluster/dask/client.yaml in
+        # DASK_CONFIG) names them: Security() reads it.
+        return Security()
+    for name, value in (("tls_ca_file", tls_ca_file), ("tls_cert", tls_cert), ("tls_key", tls_key)):
+        if value is None:
+            raise ValueError(f"{name}=None is invalid: a tls:// scheduler needs --tls-ca-file, "
+                             "--tls-cert and --tls-key (or a Security object)")
+        if not Path(value).is_file():
+            raise ValueError(f"{name}={value!r} is invalid: no such file")
+    return Security(tls_ca_file=tls_ca_file, tls_client_cert=tls_cert, tls_client_key=tls_key,
+                    require_encryption=True)
+
+
+def validate_scheduler_address(address: str) -> str:
+    """``tcp://host:port`` / ``tls://host:port`` (``host:port`` means tcp); else ValueError."""
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"scheduler={address!r} is invalid: expected tcp://HOST:PORT or tls://HOST:PORT")
+    address = address.strip()
+    if "://" not in address:
+        address = "tcp://" + address
+    scheme, rest = address.split("://", 1)
+    host, _, port = rest.rpartition(":")
+    if scheme not in ("tcp", "tls") or not host or not port.isdigit() or not (0 < int(port) < 65536):
+        raise ValueError(f"scheduler={address!r} is invalid: expected tcp://HOST:PORT or tls://HOST:PORT")
+    return address
+
+
+def connect(scheduler: str | None, n_workers: int | None, security: Any, *,
+            tls_ca_file: str | None, tls_cert: str | None, tls_key: str | None,
+            resources: dict[str, float] | None, connect_timeout_s: float) -> tuple[Any, Any]:
+    """``(client, cluster)``: to ``scheduler``, or to a new embedded ``LocalCluster`` of
+    ``n_workers`` (default 4) when it is None (``cluster`` is None for a scheduler)."""
+    from distributed import Client
+
+    if scheduler is None:
+        from distributed import LocalCluster
+
+        cluster = LocalCluster(
+            n_workers=n_workers or 4, threads_per_worker=1, processes=True, host="127.0.0.1",
+            dashboard_address="127.0.0.1:0", resources=resources, silence_logs=logging.ERROR,
+            security=security,
+        )
+        return Client(cluster, security=security), cluster
+    address = validate_scheduler_address(scheduler)
+    if address.startswith("tls://") and security is None:
+        security = security_from_files(tls_ca_file, tls_cert, tls_key)
+    try:
+        return Client(address, security=security, timeout=connect_timeout_s), None
+    except (OSError, TimeoutError) as exc:
+        raise SchedulerUnreachable(
+            f"scheduler={address!r} is unreachable within {connect_timeout_s:.0f} s: {exc}"
+        ) from None
+
+
+def install_method_plugins(client: Any) -> None:
+    """Make the client's ``$GTOPK_LAB_METHODS`` plugins importable and imported on every
+    worker before any rank starts (gtopk_lab.worker.plugins)."""
+    load_plugins()  # a broken plugin fails here, on the client, with one line
+    modules = plugin_modules()
+    if not modules:
+        return
+    for path in single_file_plugins(modules):
+        # load=False: MethodPlugins imports it once; upload_file's own import would run a
+        # module the workers already imported again, and its register_method refuse the name
+        client.upload_file(path, load=False)
+    client.register_plugin(MethodPlugins(modules))
+
+
+def worker_info(client: Any) -> dict[str, dict[str, Any]]:
+    """``{address: info}`` of all workers, fetched fresh from the scheduler.
+
+    Not ``client.scheduler_info(n_workers=-1)``: that returns a cache which the
+    client's periodic refresh (``n_workers=0``) may overwrite with an empty worker
+    list between the fetch and the return, so live workers would look gone.
+    """
+    info = client.sync(client.scheduler.identity, n_workers=-1)
+    return dict(info.get("workers", {}))
+
+
+def is_gpu(info: dict[str, Any]) -> bool:
+    """A GPU worker holds resource ``GPU >= 1``."""
+    return float((info.get("resources") or {}).get("GPU", 0)) >= 1
+
+
+def wants_cuda(config: RunConfig, workers: dict[str, dict[str, Any]]) -> bool:
+    """Whether the run goes on GPU workers (``device="auto"``: when there are P of them)."""
+    if config.device == "cuda":
+        return True
+    if config.device == "cpu":
+        return False
+    return sum(is_gpu(i) for i in workers.values()) >= config.workers
+
+
+def eligible_workers(config: RunConfig, workers: dict[str, dict[str, Any]]) -> list[str]:
+    """Workers the run may use, in the order they are picked."""
+    if wants_cuda(config, workers):
+        return sorted(a for a, i in workers.items() if is_gpu(i))
+    # CPU runs prefer CPU-only workers so that GPUs stay free for GPU runs.
+    return sorted(workers, key=lambda a: (is_gpu(workers[a]), a))

@@ -1,0 +1,392 @@
+"""``RunHandle``: one submitted run as the client sees it, from queued to ended.
+
+Client side. The user reads a handle (``status``, ``metrics``, ``result()``), subscribes
+to its new rows and cancels it; the Lab's monitor (:mod:`gtopk_lab.orchestration.monitor`)
+drives it through its life with the methods under "run life", and is the only caller of
+those:
+
+1. **Queued.** Created by ``Lab.submit``; on a resume it is preloaded with the stored rows
+   the run keeps (:meth:`RunHandle.preload_rows`), and a progress bar may be attached.
+2. **Started.** :meth:`RunHandle.mark_started` records its workers and draws the key of
+   its rendezvous and cancel flag; :meth:`RunHandle.attach_futures` the P rank tasks.
+3. **Live rows.** :meth:`RunHandle.on_event` (a ``subscribe_topic`` handler) stores each
+   batch of rows once, keyed by (kind, rank, iteration); :meth:`RunHandle.deliver`, on the
+   monitor thread, hands the new ones to the subscribers.
+4. **Watched.** Every monitor tick :meth:`RunHandle.poll` reads the rank tasks' states
+   and says what the monitor must do next: fail the run (an error, settled for
+   ``FAILURE_SETTLE_S`` so the earliest error is the one reported, or a lost worker;
+   :meth:`RunHandle.failure_report` words it), complete it, end a cancel whose ranks did
+   not stop in time, or release the workers of an ended run once its tasks drained.
+5. **Ended.** :meth:`RunHandle.record_end` writes the run folder and the summary (once);
+   :meth:`RunHandle.mark_done` closes the progress bar and wakes ``wait``/``result``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+import traceback as _tb
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import pandas as pd
+
+from gtopk_lab.config import RunConfig
+from gtopk_lab.orchestration.results import rows_to_frame, run_summary, utc_now, write_run
+from gtopk_lab.worker.rank_task import RankFailed
+
+#: After the first failure is seen, how long to wait for the other ranks' errors so
+#: that the earliest (root-cause) error is the one reported.
+FAILURE_SETTLE_S = 2.0
+#: Task states after which a rank task holds no worker any more.
+_SETTLED = ("finished", "error", "cancelled")
+
+Subscriber = Callable[[pd.DataFrame], None]
+#: What :meth:`RunHandle.poll` asks the monitor to do next.
+Step = Literal["fail", "complete", "cancel-timeout", "release"]
+
+
+class RunFailed(RuntimeError):
+    """Raised by ``RunHandle.result(raise_on_failure=True)`` for a failed/cancelled run."""
+
+
+class HandleOwner(Protocol):
+    """What a handle needs from the Lab that made it (the Lab's monitor does the work)."""
+
+    def _post(self, fn: Callable[[], None]) -> None: ...
+
+    def _cancel(self, handle: RunHandle) -> None: ...
+
+
+@dataclass
+class RankError:
+    """One rank's failure as the client saw it."""
+
+    rank: int
+    worker: str
+    message: str
+    traceback: str
+    failed_at: float
+
+
+def rank_error(rank: int, addr: str, future: Any) -> RankError:
+    """The error of a rank task in state ``error`` (a :class:`RankFailed` carries the
+    rank's own worker, message, traceback and time)."""
+    try:
+        exc = future.exception(timeout=5)
+    except Exception as err:  # pragma: no cover - scheduler gone
+        exc = err
+    if isinstance(exc, RankFailed):
+        return RankError(rank, exc.worker, exc.message, exc.traceback_text,
+                         getattr(exc, "failed_at", time.time()))
+    text = "".join(_tb.format_exception(exc)) if isinstance(exc, BaseException) else repr(exc)
+    return RankError(rank, addr, f"{type(exc).__name__}: {exc}", text, time.time())
+
+
+def safe_call(callback: Callable[..., Any], *args: Any) -> None:
+    """Call a subscriber; an exception becomes a RuntimeWarning."""
+    try:
+        callback(*args)
+    except Exception as exc:  # a broken plot must not stop the run
+        warnings.warn(f"run subscriber {callback!r} raised {type(exc).__name__}: {exc}",
+                      RuntimeWarning, stacklevel=2)
+
+
+# ------------------------------------------------------------------------------------------
+class RunHandle:
+    """A submitted run: status, live metrics, subscribers, cancel and result.
+
+    ``status`` goes ``queued -> running -> completed | failed | cancelled``.
+    ``metrics`` is the DataFrame of rows received so far (all ranks; after completion,
+    every row of every rank). Subscribers are called from the Lab's monitor thread
+    with a DataFrame of the rows that are new since their previous call.
+    """
+
+    def __init__(self, lab: HandleOwner, config: RunConfig, timeout_s: float) -> None:
+        self.lab = lab
+        self.config = config
+        self.run_id: str = str(config.run_id)
+        self.timeout_s = float(timeout_s)
+        self.status: str = "queued"
+        self.error: str | None = None
+        self.summary: dict[str, Any] | None = None
+        self.workers: list[str] = []
+        self.device: str = "cpu"
+        #: Continue from ``<out>/<run_id>/checkpoints`` (set by ``Lab.submit(resume=True)``
+        #: when a checkpoint is there).
+        self.resume = False
+        self.submitted_at = utc_now()
+        self.started_at: str | None = None
+        self.finished_at: str | None = None
+        self._lock = threading.RLock()
+        self._done = threading.Event()
+        self._rows: list[dict[str, Any]] = []
+        self._frame_cache: pd.DataFrame | None = None
+        self._undelivered: list[dict[str, Any]] = []
+        self._seen_keys: set[tuple[Any, Any, Any]] = set()
+        self._subscribers: list[Subscriber] = []
+        # run state, read and written by the Lab's monitor thread only
+        self._futures: list[Any] = []
+        self._key = ""
+        self._errors: dict[int, RankError] = {}
+        self._lost: dict[int, str] = {}
+        self._first_error_at: float | None = None
+        self._cancel_requested = False
+        self._cancel_deadline: float | None = None
+        self._drain_deadline: float | None = None
+        self._released = False
+        self._progress: Any = None
+
+    # --- public ------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return (f"RunHandle(run_id={self.run_id!r}, status={self.status!r}, "
+                f"rows={len(self._rows)}, workers={self.workers})")
+
+    @property
+    def metrics(self) -> pd.DataFrame:
+        """All metric rows received so far, as a DataFrame (a fresh copy-safe frame)."""
+        with self._lock:
+            if self._frame_cache is None or len(self._frame_cache) != len(self._rows):
+                self._frame_cache = rows_to_frame(list(self._rows))
+            return self._frame_cache
+
+    def subscribe(self, callback: Subscriber, replay: bool = True) -> Callable[[], None]:
+        """Call ``callback(new_rows: DataFrame)`` whenever rows arrive.
+
+        With ``replay=True`` the rows already received are delivered first (on the
+        next monitor tick). Returns a function that unsubscribes.
+        """
+        if not callable(callback):
+            raise TypeError(f"callback={callback!r} is not callable")
+        with self._lock:
+            self._subscribers.append(callback)
+            if replay and self._rows:
+                rows = list(self._rows)
+                self.lab._post(lambda: safe_call(callback, rows_to_frame(rows)))
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the run ends; False if ``timeout_s`` passed first."""
+        return self._done.wait(timeout_s)
+
+    def result(self, timeout_s: float | None = None, raise_on_failure: bool = False
+               ) -> tuple[pd.DataFrame, dict[str, Any]]:
+        """``(metrics, summary)`` once the run has ended (any status).
+
+        ``summary["status"]`` tells how it ended; with ``raise_on_failure=True`` a failed
+        or cancelled run raises :class:`RunFailed` with the error instead.
+        """
+        if not self._done.wait(timeout_s):
+            raise TimeoutError(f"run {self.run_id} still {self.status} after {timeout_s} s")
+        assert self.summary is not None
+        if raise_on_failure and self.status != "completed":
+            raise RunFailed(f"run {self.run_id} {self.status}: {self.error}")
+        return self.metrics, dict(self.summary)
+
+    def cancel(self) -> None:
+        """Cancel the run: a queued run ends at once; a running one stops at its ranks'
+        next sink call (or is abandoned after ``timeout_s``)."""
+        self.lab._cancel(self)
+
+    # --- run life: rows ----------------------------------------------------------------
+    def on_event(self, event: Any) -> None:
+        """subscribe_topic handler (runs on the client's event loop: keep it cheap)."""
+        msg = event[1] if isinstance(event, (tuple, list)) and len(event) == 2 else event
+        rows = msg.get("rows") if isinstance(msg, dict) else None
+        if not rows:
+            return
+        with self._lock:
+            if self.done():
+                return
+            self._add_rows(rows)
+
+    def add_rows(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Store rows not seen before (by kind, rank, iteration) and queue them for delivery."""
+        with self._lock:
+            self._add_rows(rows)
+
+    def preload_rows(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Rows a resumed run keeps from its stored metrics: stored, but not delivered as
+        new (subscribers get them through ``replay``)."""
+        with self._lock:
+            self._add_rows(rows)
+            self._undelivered = []
+
+    def _add_rows(self, rows: Iterable[dict[str, Any]]) -> None:
+        for row in rows:
+            key = (row.get("kind"), row.get("rank"), row.get("iteration"))
+            if key in self._seen_keys:
+                continue
+            self._seen_keys.add(key)
+            self._rows.append(row)
+            self._undelivered.append(row)
+
+    def attach_progress(self, bar: Any) -> None:
+        """A progress bar (a subscriber with ``close(status)``), closed when the run ends."""
+        with self._lock:
+            self._progress = bar
+            self._subscribers.append(bar)
+
+    def deliver(self) -> None:
+        """Hand the rows that arrived since the last call to every subscriber."""
+        with self._lock:
+            if not self._undelivered:
+                return
+            rows, self._undelivered = self._undelivered, []
+            subscribers = list(self._subscribers)
+        frame = rows_to_frame(rows)
+        for callback in subscribers:
+            safe_call(callback, frame)
+
+    # --- run life: tasks ---------------------------------------------------------------
+    @property
+    def rendezvous_key(self) -> str:
+        """Key of this start's rendezvous variable and cancel flag ("" before the start)."""
+        return self._key
+
+    def mark_started(self, workers: list[str]) -> None:
+        """The run got ``workers`` (rank r on ``workers[r]``): status ``running``, and a
+        fresh rendezvous key, so a resumed run never meets its earlier start's ranks."""
+        self.workers = list(workers)
+        self._key = f"{self.run_id}.{secrets.token_hex(4)}"
+        self.status = "running"
+        self.started_at = utc_now()
+
+    def attach_futures(self, futures: list[Any]) -> None:
+        """The rank tasks, in rank order."""
+        self._futures = list(futures)
+
+    def task_keys(self) -> set[str]:
+        """Dask keys of this run's rank tasks."""
+        return {f.key for f in self._futures}
+
+    def unfinished_futures(self) -> list[Any]:
+        """Rank tasks that may still hold a worker."""
+        return [f for f in self._futures if f.status not in _SETTLED]
+
+    def lost_futures(self) -> list[Any]:
+        """Rank tasks pinned to a worker that left the cluster."""
+        return [self._futures[r] for r in self._lost]
+
+    def rank_outputs(self, timeout_s: float) -> list[Any]:
+        """Every rank task's return value (call once all are finished)."""
+        return [f.result(timeout=timeout_s) for f in self._futures]
+
+    def request_cancel(self) -> bool:
+        """Flag the run as cancelled (its ranks get ``timeout_s`` to stop); False when it
+        already was."""
+        if self._cancel_requested:
+            return False
+        self._cancel_requested = True
+        self._cancel_deadline = time.monotonic() + self.timeout_s
+        return True
+
+    def drain_by(self, deadline: float) -> None:
+        """Release the workers of this ended run at ``deadline`` (monotonic) at the latest,
+        even if some rank tasks have not stopped."""
+        self._drain_deadline = deadline
+
+    def mark_released(self) -> bool:
+        """Record that the workers were given back; False when they already were."""
+        if self._released:
+            return False
+        self._released = True
+        return True
+
+    def poll(self, alive: set[str], now: float) -> Step | None:
+        """Read the rank tasks' states; what the monitor must do next (None: nothing yet).
+
+        ``alive`` is the set of workers in the cluster, ``now`` ``time.monotonic()``.
+        """
+        if self.done():  # failed/cancelled already reported: drain, then release
+            remaining = [f for r, f in enumerate(self._futures)
+                         if r not in self._lost and f.status not in _SETTLED]
+            if not remaining or (self._drain_deadline is not None and now >= self._drain_deadline):
+                return "release"
+            return None
+        for rank, (addr, future) in enumerate(zip(self.workers, self._futures)):
+            if future.status == "error" and rank not in self._errors:
+                self._errors[rank] = rank_error(rank, addr, future)
+            elif addr not in alive and rank not in self._lost and future.status != "finished":
+                self._lost[rank] = addr
+        if self._errors or self._lost:
+            if self._first_error_at is None:
+                self._first_error_at = now
+            unsettled = [f for r, f in enumerate(self._futures)
+                         if r not in self._lost and r not in self._errors and f.status != "finished"]
+            if self._lost or not unsettled or now - self._first_error_at >= FAILURE_SETTLE_S:
+                return "fail"
+            return None
+        if all(f.status == "finished" for f in self._futures):
+            return "complete"
+        if self._cancel_requested and self._cancel_deadline is not None and now >= self._cancel_deadline:
+            return "cancel-timeout"
+        return None
+
+    def failure_report(self) -> tuple[str, str]:
+        """``(status, error)`` of a run :meth:`poll` found failed.
+
+        A lost worker is named first (the other ranks' errors follow from it); otherwise
+        the earliest error with its traceback, then the later ones. The status is
+        ``cancelled`` when the run was cancelled and no worker was lost.
+        """
+        cancelled = self._cancel_requested or any(
+            "RunCancelled" in e.message for e in self._errors.values())
+        lines: list[str] = []
+        if self._lost:
+            for rank, addr in sorted(self._lost.items()):
+                lines.append(f"rank {rank} lost: Dask worker {addr} left the cluster during the run "
+                             f"(killed or crashed)")
+            for err in sorted(self._errors.values(), key=lambda e: e.failed_at):
+                lines.append(f"rank {err.rank} on {err.worker} then failed: {err.message}")
+        else:
+            ordered = sorted(self._errors.values(), key=lambda e: e.failed_at)
+            first = ordered[0]
+            lines.append(f"rank {first.rank} on {first.worker} failed: {first.message}")
+            lines.append(first.traceback.rstrip())
+            for err in ordered[1:]:
+                lines.append(f"rank {err.rank} on {err.worker} then failed: {err.message}")
+        status = "cancelled" if cancelled and not self._lost else "failed"
+        return status, "\n".join(lines)
+
+    # --- run life: end -----------------------------------------------------------------
+    def record_end(self, out: str, status: str, error: str | None,
+                   rank0_summary: dict[str, Any] | None = None, backend: str | None = None) -> bool:
+        """Write the run folder ``<out>/<run_id>/`` and set status, error and summary;
+        False (nothing written) when the run had already ended."""
+        with self._lock:
+            if self.done():
+                return False
+            self.finished_at = utc_now()
+            extra = {"submitted_at": self.submitted_at, "started_at": self.started_at,
+                     "finished_at": self.finished_at, "dask_workers": self.workers,
+                     "device": self.device}
+            if backend:
+                extra["backend"] = backend
+            summary = run_summary(self.config, rank0_summary, status=status, error=error, extra=extra)
+            try:
+                write_run(out, self.config, self.metrics, summary)
+            except Exception as exc:  # disk full etc.: still end the handle
+                summary["error"] = (error or "") + f"\n(could not write the run folder: {exc!r})"
+            self.status = status
+            self.error = summary.get("error")
+            self.summary = summary
+        return True
+
+    def mark_done(self) -> None:
+        """Close the progress bar and wake every ``wait``/``result``."""
+        if self._progress is not None:
+            self._progress.close(self.status)
+        self._done.set()

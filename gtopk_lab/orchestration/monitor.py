@@ -1,0 +1,280 @@
+"""The Lab's monitor: the run queue, worker reservations, rank tasks and the watch thread.
+
+Client side. One :class:`RunMonitor` per ``Lab``; it places and watches every run the Lab
+submitted, and is what makes a :class:`~gtopk_lab.orchestration.handle.RunHandle` move:
+
+1. **Reservation.** A client-side table of the workers its running runs hold; a worker
+   that is processing any other task (for example a rank of another client's run) is
+   busy too. A run starts on P free, distinct, eligible workers
+   (:func:`~gtopk_lab.orchestration.cluster.eligible_workers`), otherwise it waits in a
+   FIFO queue. Runs therefore never share a worker, and each has its own rendezvous.
+2. **Tasks.** ``client.submit(run_rank, ..., workers=[addr], allow_other_workers=False,
+   pure=False, retries=0)``, one per rank; ``summary.json`` says ``running``.
+3. **Watching.** A daemon thread wakes every ``poll_interval_s`` (or when woken), runs
+   the callbacks posted to it, asks each running handle what comes next
+   (``RunHandle.poll``), hands new rows to subscribers (so slow subscribers never block
+   the client's event loop) and starts queued runs that now fit.
+4. **Failures.** A rank's error fails the run (after the others' errors settled, so the
+   earliest is reported); a reserved worker that leaves the cluster fails it naming the
+   lost rank, and the task pinned to it is cancelled (it would otherwise wait forever);
+   surviving ranks get ``timeout_s`` to notice. A cancelled run whose ranks do not stop
+   within ``timeout_s`` is abandoned. Losing the scheduler for more than ``timeout_s``
+   fails every run.
+5. **End.** The handle writes its run folder (``RunHandle.record_end``), new rows are
+   delivered, the metrics topic unsubscribed and waiters woken; once its rank tasks
+   drained (or their deadline passed) the workers are released and its rendezvous
+   variable deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gtopk_lab.orchestration import results as _results
+from gtopk_lab.orchestration.cluster import eligible_workers, wants_cuda, worker_info
+from gtopk_lab.orchestration.handle import RunHandle
+from gtopk_lab.worker.rank_task import mark_cancelled, rendezvous_name, run_rank, topic_for
+
+logger = logging.getLogger("gtopk_lab.orchestration.lab")  # the Lab's warnings, as before the split
+
+
+class RunMonitor:
+    """Queue, reservations and watch thread of one Lab (see the module docstring)."""
+
+    def __init__(self, client: Any, out: str, *, timeout_s: float, poll_interval_s: float,
+                 train_fn: Callable[..., Any] | None) -> None:
+        self.client = client
+        self.out = out
+        self.timeout_s = timeout_s
+        self.poll_interval_s = poll_interval_s
+        self.train_fn = train_fn
+        self._lock = threading.RLock()
+        self._pending: list[RunHandle] = []
+        self._active: list[RunHandle] = []
+        self._reserved: dict[str, str] = {}
+        self._posted: list[Callable[[], None]] = []
+        self._closed = False
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gtopk-lab-monitor", daemon=True)
+
+    # --- used by the Lab ---------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stop(self, join_timeout_s: float) -> None:
+        """Stop the watch thread (queued and running runs are the Lab's to end first)."""
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=join_timeout_s)
+
+    def handles(self) -> list[RunHandle]:
+        """Queued, then running runs."""
+        with self._lock:
+            return list(self._pending) + list(self._active)
+
+    def enqueue(self, handle: RunHandle) -> None:
+        """Queue ``handle`` and start it at once if its workers are free."""
+        with self._lock:
+            self._pending.append(handle)
+        self._dispatch()
+        self._wake.set()
+
+    def is_active(self, run_id: str) -> bool:
+        """Whether a queued or running run has this run id."""
+        with self._lock:
+            return any(h.run_id == run_id for h in self._pending + self._active)
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the watch thread at its next tick."""
+        with self._lock:
+            self._posted.append(fn)
+        self._wake.set()
+
+    def cancel(self, handle: RunHandle) -> None:
+        with self._lock:
+            if handle.done():
+                return
+            if handle in self._pending:
+                self._pending.remove(handle)
+                self.finish(handle, "cancelled", "cancelled before it started")
+                return
+            if not handle.request_cancel():
+                return
+        try:
+            self.client.run(mark_cancelled, handle.rendezvous_key, workers=list(handle.workers),
+                            on_error="ignore")
+        except Exception as exc:  # the monitor still abandons the run at the deadline
+            logger.warning("could not flag %s as cancelled on its workers: %s", handle.run_id, exc)
+        self._wake.set()
+
+    def finish(self, handle: RunHandle, status: str, error: str | None,
+               rank0_summary: dict[str, Any] | None = None, backend: str | None = None) -> None:
+        """Write the run folder and mark the handle done (once)."""
+        if not handle.record_end(self.out, status, error, rank0_summary=rank0_summary, backend=backend):
+            return
+        handle.deliver()
+        try:
+            self.client.unsubscribe_topic(topic_for(handle.run_id))
+        except Exception:
+            pass
+        handle.mark_done()
+
+    # --- placing -----------------------------------------------------------------------
+    def _busy_elsewhere(self) -> set[str]:
+        """Workers processing any task that is not one of this Lab's rank tasks."""
+        try:
+            processing = self.client.processing()
+        except Exception:
+            return set()
+        own = {key for h in self._active for key in h.task_keys()}
+        return {addr for addr, keys in processing.items() if any(k not in own for k in keys)}
+
+    def _dispatch(self) -> None:
+        """Start queued runs, oldest first, while enough free workers exist."""
+        with self._lock:
+            if not self._pending or self._closed:
+                return
+            workers = worker_info(self.client)
+            busy = set(self._reserved) | self._busy_elsewhere()
+            while self._pending:
+                handle = self._pending[0]
+                free = [a for a in eligible_workers(handle.config, workers) if a not in busy]
+                if len(free) < handle.config.workers:
+                    break
+                chosen = free[: handle.config.workers]
+                self._pending.pop(0)
+                busy.update(chosen)
+                handle.device = "cuda" if wants_cuda(handle.config, workers) else "cpu"
+                self._start(handle, chosen)
+
+    def _start(self, handle: RunHandle, workers: list[str]) -> None:
+        for addr in workers:
+            self._reserved[addr] = handle.run_id
+        handle.mark_started(workers)
+        self._active.append(handle)
+        _results.RunStore(self.out, handle.run_id).write_summary(_results.run_summary(
+            handle.config, None, status="running",
+            extra={"submitted_at": handle.submitted_at, "started_at": handle.started_at,
+                   "dask_workers": handle.workers}))
+        config_dict = handle.config.to_dict()
+        folder = _results.checkpoint_folder(self.out, handle.run_id)
+        ckpt_kwargs = {"checkpoint_dir": folder if handle.config.checkpoint else None,
+                       "resume_from": folder if handle.resume else None}
+        resources = {"GPU": 1} if handle.device == "cuda" else None
+        key = handle.rendezvous_key
+        handle.attach_futures([
+            self.client.submit(
+                run_rank, config_dict, rank, handle.timeout_s, self.train_fn,
+                rendezvous_key=key, device=handle.device, **ckpt_kwargs,
+                key=f"gtopk-rank{rank}-{key}", workers=[addr], allow_other_workers=False,
+                pure=False, retries=0, resources=resources,
+            )
+            for rank, addr in enumerate(workers)
+        ])
+
+    # --- watching ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        last_ok = time.monotonic()
+        while not self._closed:
+            self._wake.wait(self.poll_interval_s)
+            self._wake.clear()
+            try:
+                self._tick()
+                last_ok = time.monotonic()
+            except Exception as exc:  # keep watching: a transient scheduler hiccup
+                if self._closed:
+                    break
+                logger.warning("gtopk-lab monitor: %s: %s", type(exc).__name__, exc)
+                if time.monotonic() - last_ok > self.timeout_s:
+                    self._fail_all(f"lost contact with the Dask scheduler for more than "
+                                   f"{self.timeout_s:.0f} s: {type(exc).__name__}: {exc}")
+                    last_ok = time.monotonic()
+
+    def _fail_all(self, error: str) -> None:
+        """The scheduler is gone: end every queued and running run as failed."""
+        with self._lock:
+            handles = list(self._pending) + list(self._active)
+            self._pending.clear()
+            self._active.clear()
+            self._reserved.clear()
+        for handle in handles:
+            self.finish(handle, "failed", error)
+
+    def _tick(self) -> None:
+        with self._lock:
+            posted, self._posted = self._posted, []
+            active = list(self._active)
+        for fn in posted:
+            fn()
+        if active:
+            alive = set(worker_info(self.client))
+            for handle in active:
+                self._check(handle, alive)
+        for handle in active:
+            handle.deliver()
+        self._dispatch()
+
+    def _check(self, handle: RunHandle, alive: set[str]) -> None:
+        now = time.monotonic()
+        step = handle.poll(alive, now)
+        if step == "release":
+            self._release(handle)
+        elif step == "fail":
+            self._fail(handle)
+        elif step == "complete":
+            self._complete(handle)
+        elif step == "cancel-timeout":
+            self.finish(handle, "cancelled", f"cancelled; ranks did not stop within {handle.timeout_s:.0f} s")
+            handle.drain_by(now)
+            self._release(handle)
+
+    def _fail(self, handle: RunHandle) -> None:
+        status, error = handle.failure_report()
+        self.finish(handle, status, error)
+        # Tasks pinned to a lost worker would wait forever: cancel them now. Surviving
+        # ranks are given timeout_s to notice (gloo usually notices at once).
+        lost_futures = handle.lost_futures()
+        if lost_futures:
+            self.client.cancel(lost_futures)
+        handle.drain_by(time.monotonic() + handle.timeout_s + 5.0)
+
+    def _complete(self, handle: RunHandle) -> None:
+        try:
+            outputs = handle.rank_outputs(timeout_s=30)
+        except Exception as exc:  # pragma: no cover - the futures just reported finished
+            self.finish(handle, "failed", f"could not gather the ranks' results: {exc!r}")
+            self._release(handle)
+            return
+        handle.add_rows([row for out in outputs for row in out.get("rows", [])])
+        rank0 = next((o.get("summary") for o in outputs if o.get("rank") == 0), None)
+        self.finish(handle, "completed", None, rank0_summary=rank0,
+                    backend=outputs[0].get("backend") if outputs else None)
+        self._release(handle)
+
+    def _release(self, handle: RunHandle) -> None:
+        with self._lock:
+            if not handle.mark_released():
+                return
+            pending = handle.unfinished_futures()
+            if pending:
+                self.client.cancel(pending)
+            for addr in handle.workers:
+                if self._reserved.get(addr) == handle.run_id:
+                    del self._reserved[addr]
+            if handle in self._active:
+                self._active.remove(handle)
+        try:  # the rendezvous variable would outlive the run on the scheduler
+            from distributed import Variable
+
+            Variable(rendezvous_name(handle.rendezvous_key), client=self.client).delete()
+        except Exception:
+            pass
+        self._wake.set()

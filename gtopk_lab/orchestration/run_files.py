@@ -1,0 +1,130 @@
+"""The files of a run folder: names, ids and hashes, atomic JSON/parquet writes, row frames.
+
+The lowest layer of the results store (``gtopk_lab.orchestration.results`` documents the
+layout and re-exports every name here). Both the writers (``results.RunStore``,
+``results.write_run``) and the readers (``gtopk_lab.orchestration.reading``) build on it:
+
+1. **Layout**: the three file names of ``<out>/<run_id>/``, the statuses a summary may
+   carry, the contract keys of a run summary and the checkpoint sub-folder.
+2. **Identity**: :func:`config_hash` (a config without its run id, so a resumed sweep
+   recognises a point it already ran), :func:`new_run_id`, :func:`utc_now`.
+3. **Atomic writes**: JSON (NaN/inf as null) and parquet go to a temporary name and are
+   moved into place with ``os.replace`` (:mod:`gtopk_lab.atomic_io`).
+4. **Metric rows**: :func:`rows_to_frame` (the one frame order, by kind, rank, iteration)
+   and :func:`rows_before` (the rows a resumed run keeps).
+
+Client side only (pandas/pyarrow); no torch, no Dask.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gtopk_lab.jsonsafe import json_safe as _jsonable  # the one sanitiser
+from gtopk_lab.atomic_io import atomic_path, atomic_write_bytes
+from gtopk_lab.config import RunConfig
+from gtopk_lab.network.model import portable_bandwidth
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.parquet"
+SUMMARY_FILE = "summary.json"
+STATUSES: tuple[str, ...] = ("queued", "running", "completed", "failed", "cancelled")
+#: Statuses of the final summary.json, written after every other file of the run.
+FINAL_STATUSES: tuple[str, ...] = ("completed", "failed", "cancelled")
+#: ``<run>.damaged-<stamp>``: where a resumed sweep moves a damaged run; never listed.
+DAMAGED_MARK = ".damaged-"
+CHECKPOINT_DIR = "checkpoints"
+
+#: Summary keys of docs/architecture.md, in order; load_runs() always has these columns.
+SUMMARY_KEYS: tuple[str, ...] = (
+    "run_id", "method", "workers", "density", "k", "numel", "bandwidth_bps", "latency_s",
+    "epochs", "iterations", "final_train_loss", "final_test_accuracy", "wall_time_s",
+    "virtual_time_s", "samples_per_s_wall", "samples_per_s_virtual",
+    "bytes_sent_per_rank_per_iter", "time_breakdown_s", "status", "error",
+)
+
+
+# ------------------------------------------------------------------------------------------
+# ids and hashes
+def config_hash(config: RunConfig | dict[str, Any]) -> str:
+    """SHA-256 (first 16 hex digits) of the canonical JSON of a config without its run_id.
+
+    Two configs that differ only in ``run_id`` hash equal; any other field changes it. A
+    calibration-file ``bandwidth`` hashes as the constants in it (the form the Lab
+    stores, :func:`gtopk_lab.network.model.portable_bandwidth`).
+    """
+    data = config.to_dict() if isinstance(config, RunConfig) else dict(config)
+    if isinstance(data.get("bandwidth"), str):
+        try:
+            data["bandwidth"] = portable_bandwidth(data["bandwidth"])
+        except ValueError:  # unreadable file: hash the path; submitting will say what is wrong
+            pass
+    data.pop("run_id", None)
+    data.pop("config_hash", None)
+    text = json.dumps(_jsonable(data), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def new_run_id(config: RunConfig) -> str:
+    """A fresh, sortable, readable run id: ``<UTC time>-<method>-p<P>-<hash8>-<rand4>``."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{config.method}-p{config.workers}-{config_hash(config)[:8]}-{secrets.token_hex(2)}"
+
+
+def utc_now() -> str:
+    """ISO-8601 UTC timestamp with seconds."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# ------------------------------------------------------------------------------------------
+# atomic writes
+def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
+    """Write ``data`` as indented JSON via temp file + ``os.replace``."""
+    atomic_write_bytes(Path(path), (json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n").encode())
+
+
+def write_parquet_atomic(path: str | os.PathLike[str], frame: pd.DataFrame) -> None:
+    """Write ``frame`` as parquet via temp file + ``os.replace``."""
+    with atomic_path(path) as tmp:
+        frame.to_parquet(tmp, index=False)
+
+
+# ------------------------------------------------------------------------------------------
+# metric rows
+def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Metric rows -> DataFrame sorted by (kind, rank, iteration); empty rows -> empty frame."""
+    if not rows:
+        return pd.DataFrame(columns=["kind", "rank", "iteration", "epoch"])
+    frame = pd.DataFrame.from_records(rows)
+    keys = [c for c in ("kind", "rank", "iteration") if c in frame.columns]
+    if keys:
+        frame = frame.sort_values(keys, kind="stable").reset_index(drop=True)
+    return frame
+
+
+def checkpoint_folder(out: str | os.PathLike[str], run_id: str) -> str:
+    """Absolute ``<out>/<run_id>/checkpoints``: where the ranks of a run save epoch checkpoints."""
+    return str((Path(out) / run_id / CHECKPOINT_DIR).resolve())
+
+
+def rows_before(metrics: pd.DataFrame, iteration: int) -> pd.DataFrame:
+    """Stored rows a run resumed at global ``iteration`` keeps.
+
+    ``kind="iter"`` rows with ``iteration < iteration`` and ``kind="epoch"`` rows with
+    ``iteration <= iteration`` (an epoch row carries the iteration that *ends* its
+    epoch, so the checkpointed epoch's own row is kept; the resumed run never re-emits it).
+    """
+    if metrics.empty or "iteration" not in metrics.columns:
+        return metrics.iloc[0:0]
+    it = metrics["iteration"]
+    is_epoch = metrics["kind"] == "epoch"
+    keep = (~is_epoch & (it < iteration)) | (is_epoch & (it <= iteration))
+    return metrics[keep].reset_index(drop=True)
