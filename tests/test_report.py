@@ -9,7 +9,7 @@ import pytest
 
 from gtopk_lab.cli import main
 from gtopk_lab.config import RunConfig
-from gtopk_lab.orchestration.results import build_summary, rows_to_frame, write_run
+from gtopk_lab.orchestration.results import run_summary, rows_to_frame, write_run
 from gtopk_lab.plotting.report import measured_scaling_table, predicted_scaling_table, write_report
 from gtopk_lab.orchestration.results import load_runs
 from test_figures import synthetic_run
@@ -25,9 +25,9 @@ def _write_results(out: Path) -> None:
             rows, summary = synthetic_run(run_id, method, workers, density, seed=workers)
             config = RunConfig(method=method, workers=workers, density=density, run_id=run_id, bandwidth="1Gbps")
             metrics = rows_to_frame([{k: v for k, v in r.items() if k != "run_id"} for r in rows])
-            write_run(out, config, metrics, build_summary(config, summary, status="completed"))
+            write_run(out, config, metrics, run_summary(config, summary, status="completed"))
     config = RunConfig(method="gtopk", workers=2, run_id="broken")
-    write_run(out, config, rows_to_frame([]), build_summary(config, None, status="failed", error="boom"))
+    write_run(out, config, rows_to_frame([]), run_summary(config, None, status="failed", error="boom"))
 
 
 def test_report_is_self_contained_html(tmp_path: Path) -> None:
