@@ -123,8 +123,13 @@ def parse_workers(text: str) -> list[int]:
 def predict_scaling(numel: int, density: float, compute_s: float, network: NetworkModel,
                     workers: Sequence[int], selection_s: float = 0.0,
                     gamma_s_per_element: float | None = None,
-                    methods: Sequence[tuple[str, str, str | None]] = SCALING_METHODS) -> list[dict[str, Any]]:
+                    methods: Sequence[tuple[str, str, str | None]] = SCALING_METHODS,
+                    selection_at_one: bool = False) -> list[dict[str, Any]]:
     """One row per (method, P): predicted times and scaling efficiency (see module doc).
+
+    A sparse method pays ``selection_s`` at P > 1 (the paper: one worker compresses
+    nothing); ``selection_at_one=True`` charges it at P = 1 too, for runs that select there
+    (gtopk-lab's do, so a study's check predicts what it measures).
 
     Row keys: ``method, workers, numel, k, density, compute_s, selection_s, comm_s,
     iteration_s, throughput_ratio`` (t(1)/t(P) * P: speed-up over one worker),
@@ -146,7 +151,7 @@ def predict_scaling(numel: int, density: float, compute_s: float, network: Netwo
         sparse = collective != "dense"
         for p in workers:
             comm_s = collective_time_s(network, collective, numel, k, p, algorithm, gamma_s_per_element)
-            sel_s = selection_s if (sparse and p > 1) else 0.0
+            sel_s = selection_s if (sparse and (p > 1 or selection_at_one)) else 0.0
             iteration_s = compute_s + sel_s + comm_s
             efficiency = compute_s / iteration_s
             rows.append({

@@ -181,7 +181,7 @@ def execute_sweep(args: argparse.Namespace, configs: list[RunConfig], progress: 
         done = {} if args.no_skip else store.completed_runs(args.out, move_damaged=True)
         summaries = []
         for config in configs:
-            digest = store.config_hash(config)
+            digest = store.point_key(store.config_hash(config), "simulated")
             if digest in done:
                 summaries.append(store.RunStore(args.out, done[digest]).read_summary() or {})
                 continue

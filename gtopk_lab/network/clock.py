@@ -6,8 +6,9 @@ Two clocks describe a distributed run:
   figure for benchmarking *this* machine, and for throttled runs that must really last as
   long as the emulated network would make them.
 - **virtual time** is what the run would take on the modelled network with one core per
-  rank: each rank's own compute is measured as *process CPU time* (``time.process_time``)
-  between collectives, so it is not inflated when 8 ranks share 2 cores, and each
+  rank: each rank's own compute is measured as *CPU time* between collectives
+  (``time.process_time``, or the training thread's ``time.thread_time`` when the caller
+  passes ``cpu_timer``, as ranks with one torch thread do), so it is not inflated when 8 ranks share 2 cores, and each
   collective costs its *modelled* duration (``NetworkModel.steps_time_s`` of the
   per-round bytes in ``CommStats.steps``), not its loopback wall time. At every
   collective the ranks synchronise: the collective starts when the last rank arrives and
@@ -90,7 +91,7 @@ class VirtualClock:
     """
 
     def __init__(self, network: NetworkModel, throttle: bool = False, group: Any = None,
-                 include_merge_cpu: bool = False) -> None:
+                 include_merge_cpu: bool = False, cpu_timer: Callable[[], float] | None = None) -> None:
         if not isinstance(network, NetworkModel):
             raise TypeError(f"network={network!r} has type {type(network).__name__}: expected NetworkModel")
         if not isinstance(throttle, bool):
@@ -100,6 +101,10 @@ class VirtualClock:
         self.throttle = throttle
         self.group = group
         self.include_merge_cpu = bool(include_merge_cpu)
+        # The training thread's CPU time (time.thread_time) when the caller computes on one
+        # thread: a Dask worker's own threads (event loop, heartbeats, event streaming) then
+        # do not count as the rank's compute, as they do in the process-wide clock.
+        self.cpu_timer = cpu_timer or time.process_time
         # internal state
         self.reset()
 
@@ -113,7 +118,7 @@ class VirtualClock:
     def reset(self) -> None:
         """Virtual time and all totals back to 0; compute is measured from now on."""
         self._time_s = 0.0            # common virtual time after the last synchronisation
-        self._cpu_mark = time.process_time()
+        self._cpu_mark = self.cpu_timer()
         self._paused_cpu_s = 0.0
         self.collectives = 0
         self.last_compute_s = 0.0     # this rank's CPU time before the last collective
@@ -132,7 +137,7 @@ class VirtualClock:
         self.total_merge_cpu_s = 0.0
 
     def _pending_compute_s(self) -> float:
-        return max(0.0, time.process_time() - self._cpu_mark - self._paused_cpu_s)
+        return max(0.0, self.cpu_timer() - self._cpu_mark - self._paused_cpu_s)
 
     @property
     def virtual_time_s(self) -> float:
@@ -146,17 +151,17 @@ class VirtualClock:
 
     def mark(self) -> None:
         """Forget CPU time spent since the last collective (e.g. set-up before training)."""
-        self._cpu_mark = time.process_time()
+        self._cpu_mark = self.cpu_timer()
         self._paused_cpu_s = 0.0
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """CPU time spent inside this block does not count as compute (evaluation, logging)."""
-        start = time.process_time()
+        start = self.cpu_timer()
         try:
             yield
         finally:
-            self._paused_cpu_s += time.process_time() - start
+            self._paused_cpu_s += self.cpu_timer() - start
 
     def advance(self, seconds: float) -> None:
         """Add modelled time that no collective accounts for (e.g. an emulated I/O stall)."""

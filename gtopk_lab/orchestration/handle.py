@@ -105,9 +105,13 @@ class RunHandle:
     with a DataFrame of the rows that are new since their previous call.
     """
 
-    def __init__(self, lab: HandleOwner, config: RunConfig, timeout_s: float) -> None:
+    def __init__(self, lab: HandleOwner, config: RunConfig, timeout_s: float,
+                 simulated: bool = False) -> None:
         self.lab = lab
         self.config = config
+        #: P virtual ranks in one Dask task (``worker.sim_task.run_simulated``) on one worker,
+        #: instead of P rank tasks on P workers
+        self.simulated = bool(simulated)
         self.run_id: str = str(config.run_id)
         self.timeout_s = float(timeout_s)
         self.status: str = "queued"
@@ -141,6 +145,16 @@ class RunHandle:
         self._progress: Any = None
 
     # --- public ------------------------------------------------------------------------
+    @property
+    def source(self) -> str:
+        """``"real"`` (P Dask-launched ranks) or ``"simulated"`` (one simulator task)."""
+        return "simulated" if self.simulated else "real"
+
+    @property
+    def workers_needed(self) -> int:
+        """Dask workers the run holds while it runs: P, or 1 for a simulated run."""
+        return 1 if self.simulated else self.config.workers
+
     def __repr__(self) -> str:
         return (f"RunHandle(run_id={self.run_id!r}, status={self.status!r}, "
                 f"rows={len(self._rows)}, workers={self.workers})")
@@ -372,7 +386,7 @@ class RunHandle:
             self.finished_at = utc_now()
             extra = {"submitted_at": self.submitted_at, "started_at": self.started_at,
                      "finished_at": self.finished_at, "dask_workers": self.workers,
-                     "device": self.device}
+                     "device": self.device, "source": self.source, "simulated": self.simulated}
             if backend:
                 extra["backend"] = backend
             summary = run_summary(self.config, rank0_summary, status=status, error=error, extra=extra)

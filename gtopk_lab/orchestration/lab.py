@@ -52,8 +52,8 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -72,6 +72,9 @@ from gtopk_lab.orchestration.cluster import (
 from gtopk_lab.orchestration.handle import FAILURE_SETTLE_S, RunFailed, RunHandle, Subscriber
 from gtopk_lab.orchestration.monitor import RunMonitor
 from gtopk_lab.worker.rank_task import topic_for
+
+if TYPE_CHECKING:
+    from gtopk_lab.orchestration.study import Study
 
 __all__ = ["Lab", "RunHandle", "RunFailed", "SchedulerUnreachable", "validate_scheduler_address",
            "DEFAULT_TIMEOUT_S", "FAILURE_SETTLE_S", "Subscriber"]
@@ -201,8 +204,12 @@ class Lab:
     # --- submit ------------------------------------------------------------------------
     def submit(self, config: RunConfig | dict[str, Any], wait_for_workers: bool = False,
                timeout_s: float | None = None, progress: bool | None = None,
-               resume: bool = False) -> RunHandle:
+               resume: bool = False, simulate: bool = False) -> RunHandle:
         """Queue a run and return its :class:`RunHandle` at once.
+
+        ``simulate=True`` runs the P ranks in the simulator, as one Dask task on one free
+        worker (``worker.sim_task``; P may exceed the cluster): same rows, live events,
+        cancel and run folder as a real run, with ``source: "simulated"`` in the summary.
 
         With ``config.checkpoint`` the ranks save epoch checkpoints under
         ``<out>/<run_id>/checkpoints`` (a path the workers must reach: shared or local
@@ -233,9 +240,12 @@ class Lab:
             config = config.replace(bandwidth=bandwidth)
         if self._monitor.is_active(str(config.run_id)):
             raise ValueError(f"run_id={config.run_id!r} is invalid: a run with this id is active")
-        self._check_capacity(config, wait_for_workers, timeout_s)
+        if not isinstance(simulate, bool):
+            raise TypeError(f"simulate={simulate!r} has type {type(simulate).__name__}: expected bool")
+        self._check_capacity(config.replace(workers=1) if simulate else config, wait_for_workers,
+                             timeout_s)
 
-        handle = RunHandle(self, config, timeout_s)
+        handle = RunHandle(self, config, timeout_s, simulated=simulate)
         store = _results.RunStore(self.out, handle.run_id)
         if resume:
             from gtopk_lab.training.checkpoint import read_latest
@@ -291,44 +301,53 @@ class Lab:
         """``(summaries, metrics)`` of every run under ``out``."""
         return _results.load_runs(self.out)
 
-    def sweep(self, configs: Iterable[RunConfig], skip_completed: bool = True,
-              progress: bool | None = None, on_finish: Callable[[RunHandle], None] | None = None
-              ) -> pd.DataFrame:
-        """Run ``configs`` (queued, each on free workers) and return their summaries.
+    def study(self, *, base: RunConfig | dict[str, Any] | None = None,
+              real_max_workers: int | None = None, both_ways: Sequence[int] = (),
+              simulate: bool = False, skip_completed: bool = True, progress: bool | None = None,
+              refresh_s: float = 1.0, **axes: Any) -> "Study":
+        """Launch a grid of runs and return its :class:`~gtopk_lab.orchestration.study.Study`
+        at once (non-blocking).
 
-        With ``skip_completed`` a config whose hash already has a completed run under
-        ``out`` is not run again (the stored summary is returned): an interrupted sweep
-        resumes where it stopped. A damaged run there is moved aside (``results.read_run``).
+        ``axes``: ``RunConfig`` field names (``method``/``methods``, ``workers``, ``density``,
+        ``bandwidth``, ``latency``, ... any field), each a scalar or a list, and ``seeds``
+        (an int n: seeds ``seed .. seed+n-1``; or a list). ``base``: the fields every point
+        shares. P <= ``real_max_workers`` (default: the workers this cluster has) run as
+        real ranks, larger P in the simulator as Dask tasks on the workers; P in
+        ``both_ways`` run both ways (a fidelity check); ``simulate=True`` simulates every
+        point. Dense P = 1 baselines join and run first. Completed points under ``out``
+        are not run again (``skip_completed``). Example::
+
+            study = lab.study(methods=["dense", "topk", "gtopk"], workers=[1, 2, 4, 8, 16],
+                              bandwidth="1GbE", density=0.001, seeds=2, base={"model": "cnn"})
+            live_scaling(study); study.wait(); study.efficiency()
         """
-        configs = list(configs)
-        done = _results.completed_runs(self.out, move_damaged=True) if skip_completed else {}
-        show = self.progress if progress is None else progress
-        bar = None
-        if show:
-            from gtopk_lab.orchestration.progress import SweepProgress
+        from gtopk_lab.orchestration.study import Study
+        from gtopk_lab.orchestration.study_grid import expand_grid
 
-            bar = SweepProgress(len(configs))
-        summaries: list[dict[str, Any]] = []
-        handles: list[RunHandle] = []
-        for config in configs:
-            digest = _results.config_hash(config)
-            if digest in done:
-                stored = _results.RunStore(self.out, done[digest]).read_summary() or {}
-                stored["skipped"] = True
-                summaries.append(stored)
-                if bar is not None:
-                    bar.run_finished("completed")
-                continue
-            handles.append(self.submit(config, progress=False))
-        try:
-            for handle in handles:
-                _, summary = handle.result()
-                summaries.append(summary)
-                if bar is not None:
-                    bar.run_finished(summary["status"])
-                if on_finish is not None:
-                    on_finish(handle)
-        finally:
-            if bar is not None:
-                bar.close()
-        return pd.DataFrame.from_records(summaries)
+        if real_max_workers is None:
+            real_max_workers = len(self.worker_info())
+        points = expand_grid(base, axes, real_max_workers=real_max_workers, both_ways=both_ways,
+                             simulate=simulate)
+        return Study(self, points, skip_completed=skip_completed, progress=progress,
+                     refresh_s=refresh_s)
+
+    def sweep(self, configs: Iterable[RunConfig], skip_completed: bool = True,
+              progress: bool | None = None, simulate: bool = False) -> pd.DataFrame:
+        """Run ``configs`` as one study of real (or, with ``simulate``, simulated) points,
+        wait, and return their summaries (stored ones marked ``skipped``).
+
+        A thin wrapper of :class:`~gtopk_lab.orchestration.study.Study`: with
+        ``skip_completed`` a config whose run already completed under ``out`` is not run
+        again, so an interrupted sweep resumes where it stopped; a damaged run there is
+        moved aside (``results.read_run``).
+        """
+        from gtopk_lab.orchestration.study import Study
+        from gtopk_lab.orchestration.study_grid import StudyPoint
+
+        source = "simulated" if simulate else "real"
+        points = [StudyPoint(config, source) for config in configs]
+        if not points:
+            return pd.DataFrame()
+        study = Study(self, points, skip_completed=skip_completed, progress=progress)
+        study.wait(cancel_on_interrupt=True)
+        return study.summaries()

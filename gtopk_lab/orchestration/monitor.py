@@ -9,7 +9,9 @@ submitted, and is what makes a :class:`~gtopk_lab.orchestration.handle.RunHandle
    (:func:`~gtopk_lab.orchestration.cluster.eligible_workers`), otherwise it waits in a
    FIFO queue. Runs therefore never share a worker, and each has its own rendezvous.
 2. **Tasks.** ``client.submit(run_rank, ..., workers=[addr], allow_other_workers=False,
-   pure=False, retries=0)``, one per rank; ``summary.json`` says ``running``.
+   pure=False, retries=0)``, one per rank; ``summary.json`` says ``running``. A simulated
+   run (``Lab.submit(..., simulate=True)``) is one ``run_simulated`` task on one reserved
+   worker, so it never shares a worker with a real rank.
 3. **Watching.** A daemon thread wakes every ``poll_interval_s`` (or when woken), runs
    the callbacks posted to it, asks each running handle what comes next
    (``RunHandle.poll``), hands new rows to subscribers (so slow subscribers never block
@@ -38,6 +40,7 @@ from gtopk_lab.orchestration import results as _results
 from gtopk_lab.orchestration.cluster import eligible_workers, wants_cuda, worker_info
 from gtopk_lab.orchestration.handle import RunHandle
 from gtopk_lab.worker.rank_task import mark_cancelled, rendezvous_name, run_rank, topic_for
+from gtopk_lab.worker.sim_task import run_simulated
 
 logger = logging.getLogger("gtopk_lab.orchestration.lab")  # the Lab's warnings, as before the split
 
@@ -146,13 +149,14 @@ class RunMonitor:
             busy = set(self._reserved) | self._busy_elsewhere()
             while self._pending:
                 handle = self._pending[0]
-                free = [a for a in eligible_workers(handle.config, workers) if a not in busy]
-                if len(free) < handle.config.workers:
+                placed = handle.config.replace(workers=1) if handle.simulated else handle.config
+                free = [a for a in eligible_workers(placed, workers) if a not in busy]
+                if len(free) < handle.workers_needed:
                     break
-                chosen = free[: handle.config.workers]
+                chosen = free[: handle.workers_needed]
                 self._pending.pop(0)
                 busy.update(chosen)
-                handle.device = "cuda" if wants_cuda(handle.config, workers) else "cpu"
+                handle.device = "cuda" if wants_cuda(placed, workers) else "cpu"
                 self._start(handle, chosen)
 
     def _start(self, handle: RunHandle, workers: list[str]) -> None:
@@ -170,6 +174,12 @@ class RunMonitor:
                        "resume_from": folder if handle.resume else None}
         resources = {"GPU": 1} if handle.device == "cuda" else None
         key = handle.rendezvous_key
+        if handle.simulated:
+            handle.attach_futures([self.client.submit(
+                run_simulated, config_dict, key, **ckpt_kwargs, key=f"gtopk-sim-{key}",
+                workers=workers, allow_other_workers=False, pure=False, retries=0,
+                resources=resources)])
+            return
         handle.attach_futures([
             self.client.submit(
                 run_rank, config_dict, rank, handle.timeout_s, self.train_fn,

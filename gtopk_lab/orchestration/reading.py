@@ -77,6 +77,13 @@ class StoredRun:
         return str(self.summary["status"]) if self.summary is not None else "unknown"
 
     @property
+    def source(self) -> str:
+        """``"simulated"`` for a simulator run (on the cluster or in-process), else ``"real"``."""
+        summary = self.summary or {}
+        return "simulated" if summary.get("source") == "simulated" or summary.get("simulated") is True \
+            else "real"
+
+    @property
     def config_hash(self) -> str | None:
         """The stored config hash (summary first, then config.json, then recomputed)."""
         for data in (self.summary, self.config):
@@ -281,8 +288,16 @@ def load_runs(out: str | os.PathLike[str] = "results") -> tuple[pd.DataFrame, pd
     return _summaries_frame(runs), _metrics_frame(runs)
 
 
+def point_key(digest: str, source: str = "real") -> str:
+    """A point's identity in a results folder: its config hash, plus ``:simulated`` for a
+    simulated run, so that a real and a simulated run of one config never stand in for
+    each other when a sweep or study resumes."""
+    return digest if source == "real" else f"{digest}:{source}"
+
+
 def completed_runs(out: str | os.PathLike[str], move_damaged: bool = False) -> dict[str, str]:
-    """``{config_hash: run_id}`` of the completed runs under ``out`` (for resumable sweeps).
+    """``{point_key(config_hash, source): run_id}`` of the completed runs under ``out`` (for
+    resumable sweeps and studies; a real run's key is its config hash).
 
     Damaged runs are not completed (their metrics are read in full to be sure); with
     ``move_damaged`` (a resuming sweep) each is moved aside to ``<run>.damaged-<stamp>``
@@ -294,5 +309,5 @@ def completed_runs(out: str | os.PathLike[str], move_damaged: bool = False) -> d
             continue
         digest = run.config_hash
         if digest:
-            done[digest] = run.path.name
+            done[point_key(digest, run.source)] = run.path.name
     return done

@@ -79,6 +79,15 @@ def _process_group(config: RunConfig) -> tuple[int, int, bool]:
     return 0, 1, False
 
 
+def rank_cpu_timer(device: torch.device) -> Any:
+    """The clock a rank's compute is measured with: the training thread's CPU time when
+    torch computes on that one thread (a Dask worker's other threads are not the rank's
+    compute), else the process's CPU time (intra-op threads count too)."""
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.process_time
+
+
 def _all_mean(value: float, has_group: bool, world: int) -> float:
     if not has_group or world == 1:
         return value
@@ -207,7 +216,7 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
     if dev.type == "cuda":  # CUDA dropout masks differ between ranks, as on CPU
         torch.cuda.manual_seed(config.seed + 1 + rank)
     clock = VirtualClock(network_of(config), throttle=config.throttle,
-                         include_merge_cpu=config.virtual_merge_cpu)
+                         include_merge_cpu=config.virtual_merge_cpu, cpu_timer=rank_cpu_timer(dev))
     buffer = RowBuffer(sink, config.sink_every)
     ranks = _RealRank(config, rank, world, has_group, dev, dataset, replica, state, clock, buffer)
     try:

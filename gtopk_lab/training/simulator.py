@@ -101,7 +101,9 @@ def _timer(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return time.perf_counter()
-    return time.process_time()
+    # one torch thread (a Dask task, limit_threads): the thread's own CPU time, so the
+    # worker's event loop and heartbeats are not charged as compute
+    return time.thread_time() if torch.get_num_threads() == 1 else time.process_time()
 
 
 def _fixed_time(name: str, value: Any, allow_zero: bool) -> float | None:
