@@ -37,6 +37,11 @@ GTOPK_LAB = str(Path(sys.executable).with_name("gtopk-lab"))
     (["sweep", "--methods", "dense,bogus", "--simulate"], "method='bogus' is invalid"),
     (["sweep", "--workers", "1,two", "--simulate"], "--workers='1,two' is invalid"),
     (["sweep", "--density", "0.01,2", "--simulate"], "density=2.0 is invalid"),
+    (["study", "--methods", ""], "--methods='' is invalid"),
+    (["study", "--workers", "0,2"], "workers=0 is invalid"),
+    (["study", "--methods", "dense,nope"], "method='nope' is invalid"),
+    (["study", "--seeds", "0"], "--seeds=0 is invalid"),
+    (["study", "--density", "0.01,2"], "density=2.0 is invalid"),
     (["runs"], "is invalid: no such folder"),
     (["demo", "--max-iterations", "0"], "--max-iterations=0 is invalid"),
 ])

@@ -158,16 +158,21 @@ def test_lab_load_and_lab_sweep_resume_skip_and_move_damaged_runs(tmp_path, capl
 
     submitted = []
 
-    class Handle:
+    class Handle:  # what a Study reads of a RunHandle; the run "ends" when waited for
         def __init__(self, cfg):
             self.cfg = cfg.replace(run_id="second")
+            self.run_id, self.status, self.summary = "second", "running", None
 
-        def result(self):
-            summary = store.run_summary(self.cfg, {"iterations": 3}, status="completed")
-            store.write_run(tmp_path, self.cfg, store.rows_to_frame(_rows(self.cfg)), summary)
-            return None, summary
+        def wait(self, timeout_s=None):
+            self.summary = store.run_summary(self.cfg, {"iterations": 3}, status="completed")
+            store.write_run(tmp_path, self.cfg, store.rows_to_frame(_rows(self.cfg)), self.summary)
+            self.status = "completed"
+            return True
 
-    def submit(cfg, progress=False):
+        def done(self):
+            return self.summary is not None
+
+    def submit(cfg, progress=False, simulate=False):
         submitted.append(cfg)
         return Handle(cfg)
 

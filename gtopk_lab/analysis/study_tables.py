@@ -54,7 +54,9 @@ def _with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
     # a dense run has no density or pattern of its own: one point whatever the grid says
     dense = frame["method"].map(lambda m: m in available_methods() and not get_method(m).sparse)
     frame.loc[dense, "density"] = math.nan
-    frame.loc[dense, "algorithm"] = None
+    # RunConfig's default pattern rides along on methods whose collective has none
+    no_pattern = frame["method"].map(lambda m: m not in available_methods() or not get_method(m).comm.algorithms)
+    frame.loc[dense | no_pattern, "algorithm"] = None
     return frame
 
 

@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser, exclude=GRID_FIELDS | {"run_id"})
     run_cmd.add_cluster_arguments(parser)
     parser.add_argument("--simulate", action="store_true",
-                        help="single-process simulator: P may exceed the cluster")
+                        help="simulator tasks on the cluster's workers: P may exceed the cluster")
     parser.add_argument("--no-skip", action="store_true", help="rerun configs already completed in --out")
     parser.add_argument("--json", action="store_true", help="print the table as JSON records (last line)")
 
@@ -174,36 +174,29 @@ def clock_note(max_workers: int, cores: int | None = None) -> str:
 
 
 def execute_sweep(args: argparse.Namespace, configs: list[RunConfig], progress: bool) -> pd.DataFrame:
-    """Run (or skip) every config; return the summaries of this sweep."""
-    from gtopk_lab.orchestration import results as store
+    """Run (or skip) every config as one study (real ranks, or with ``--simulate`` simulator
+    tasks on the cluster's workers); return the summaries of this sweep."""
+    from gtopk_lab.cli.study import embedded_workers
 
     if args.simulate:
-        done = {} if args.no_skip else store.completed_runs(args.out, move_damaged=True)
-        summaries = []
-        for config in configs:
-            digest = store.point_key(store.config_hash(config), "simulated")
-            if digest in done:
-                summaries.append(store.RunStore(args.out, done[digest]).read_summary() or {})
-                continue
-            summary = run_cmd.simulate_run(config, args.out)
-            if progress:
-                print(f"{config.method} P={config.workers} rho={config.density} "
-                      f"{config.bandwidth}: {summary['status']}", file=sys.stderr)
-            summaries.append(summary)
-        frame = pd.DataFrame.from_records(summaries)
+        need = embedded_workers(args, len(configs))  # simulations run side by side
     else:
         need = max(c.workers for c in configs)
-        with run_cmd.open_lab(args, need, progress=progress) as lab:
-            frame = lab.sweep(configs, skip_completed=not args.no_skip, progress=progress)
-    return frame
+    with run_cmd.open_lab(args, need, progress=progress) as lab:
+        return lab.sweep(configs, skip_completed=not args.no_skip, progress=progress,
+                         simulate=args.simulate)
 
 
 def run(args: argparse.Namespace) -> int:
     configs = build_grid(args)
-    if not args.simulate:
-        run_cmd.validate_cluster_args(args)
+    run_cmd.validate_cluster_args(args)
     progress = not args.no_progress and not args.json
-    summaries = execute_sweep(args, configs, progress)
+    try:
+        summaries = execute_sweep(args, configs, progress)
+    except KeyboardInterrupt:  # the study cancelled its running runs before re-raising
+        print(f"\ninterrupted: cancelled the running runs; completed points are kept in {args.out}; "
+              "run the same command again to resume", file=sys.stderr)
+        return 130
     table = sweep_table(summaries)
     failed = int((summaries.get("status") != "completed").sum()) if len(summaries) else 0
     if args.json:

@@ -1,0 +1,164 @@
+"""``gtopk-lab study``: a grid of runs on the cluster (methods x P x network x density x seeds)
+and its scaling-efficiency table, mean +- std over seeds, with the model check.
+
+``gtopk-lab study --methods dense,topk,gtopk --workers 1,2,4,8,16 --bandwidth 1GbE,10GbE
+--seeds 3``:
+
+1. the grid (:func:`~gtopk_lab.orchestration.study_grid.expand_grid`) is validated before
+   anything starts: an empty list, a P below 1, an unknown method or seeds < 1 exit 2
+   with one line
+2. an embedded LocalCluster of ``--n-workers`` (default: the largest P, at most this
+   machine's cores) or ``--scheduler``; P up to its workers (``--real-max-workers``) run
+   as real ranks, larger P as simulator tasks on the workers; ``--both-ways 2`` runs P = 2
+   both ways (the fidelity check); ``--simulate`` simulates every point
+3. a progress bar over points; Ctrl-C cancels the running runs within 10 s, keeps the
+   completed points, and the same command afterwards runs only what is missing
+4. the table (efficiency per method, P, source: mean +- std, n), the baseline note and
+   the check against the alpha-beta(-gamma) prediction
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import pandas as pd
+
+from gtopk_lab.cli import run as run_cmd
+from gtopk_lab.cli.errors import UsageError
+from gtopk_lab.config_flags import add_config_flags, config_kwargs
+from gtopk_lab.jsonsafe import json_safe
+from gtopk_lab.network.model import format_bandwidth
+
+NAME = "study"
+HELP = "run a study (methods x workers x network x density x seeds) on the cluster; print efficiency"
+
+#: RunConfig fields the study takes as comma-separated lists.
+GRID_FLAGS: dict[str, str] = {"methods": "method", "workers": "workers", "density": "density",
+                              "bandwidth": "bandwidth", "latency": "latency", "algorithms": "algorithm"}
+#: Exit status after Ctrl-C (128 + SIGINT), as shells report it.
+INTERRUPTED_EXIT = 130
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    grid = parser.add_argument_group("grid (comma-separated lists)")
+    grid.add_argument("--methods", default="dense,topk,gtopk", help="default dense,topk,gtopk")
+    grid.add_argument("--workers", default="1,2,4", help="ranks P (default 1,2,4; dense P=1 always runs)")
+    grid.add_argument("--density", default="0.01", help="densities rho (default 0.01)")
+    grid.add_argument("--bandwidth", default="1GbE", help="modelled links (default 1GbE)")
+    grid.add_argument("--latency", default=None, help="latencies (default: the link's own)")
+    grid.add_argument("--algorithms", default="butterfly", help="gTop-k patterns (default butterfly)")
+    grid.add_argument("--seeds", type=int, default=1, help="seeds per point: seed .. seed+n-1 (default 1)")
+    parser.add_argument("--real-max-workers", type=int, default=None,
+                        help="largest P on real ranks (default: the cluster's workers); larger P simulated")
+    parser.add_argument("--both-ways", default="", help="P values run real and simulated (fidelity check)")
+    parser.add_argument("--simulate", action="store_true", help="simulate every point (on the cluster)")
+    parser.add_argument("--no-skip", action="store_true", help="rerun points already completed in --out")
+    parser.add_argument("--json", action="store_true", help="print the table as JSON records (last line)")
+    add_config_flags(parser, exclude=set(GRID_FLAGS.values()) | {"run_id", "seed"})
+    parser.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    run_cmd.add_cluster_arguments(parser)
+
+
+def _list(text: str | None, flag: str, cast: Any = str) -> list[Any]:
+    items = [t.strip() for t in (text or "").split(",") if t.strip()]
+    if not items:
+        raise UsageError(f"{flag}={text!r} is invalid: expected a comma-separated list")
+    try:
+        return [cast(t) for t in items]
+    except ValueError:
+        raise UsageError(f"{flag}={text!r} is invalid: expected comma-separated "
+                         f"{'integers' if cast is int else 'numbers'}") from None
+
+
+def grid_axes(args: argparse.Namespace) -> dict[str, Any]:
+    """The study's axes from the flags (lists checked here; values by RunConfig)."""
+    axes: dict[str, Any] = {"method": _list(args.methods, "--methods"),
+                            "workers": _list(args.workers, "--workers", int),
+                            "density": _list(args.density, "--density", float),
+                            "bandwidth": _list(args.bandwidth, "--bandwidth"),
+                            "algorithm": _list(args.algorithms, "--algorithms")}
+    if args.latency is not None:
+        axes["latency"] = _list(args.latency, "--latency")
+    if args.seeds < 1:
+        raise UsageError(f"--seeds={args.seeds} is invalid: expected n >= 1")
+    axes["seeds"] = args.seeds
+    return axes
+
+
+def build_points(args: argparse.Namespace, real_max_workers: int) -> list[Any]:
+    """The validated points (exit 2 on bad input, before any cluster starts)."""
+    from gtopk_lab.orchestration.study_grid import expand_grid
+
+    base = config_kwargs(args, exclude=set(GRID_FLAGS.values()) | {"run_id"})
+    try:
+        both = [int(p) for p in args.both_ways.split(",") if p.strip()] if args.both_ways else []
+        points = expand_grid(base, grid_axes(args), real_max_workers=real_max_workers,
+                             both_ways=both, simulate=args.simulate)
+        for point in points:
+            run_cmd.validate_config(point.config)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    return points
+
+
+def embedded_workers(args: argparse.Namespace, largest_p: int) -> int:
+    """Workers of the embedded cluster: ``--n-workers``, else the largest P, at most the cores."""
+    if args.n_workers is not None:
+        return args.n_workers
+    return max(1, min(largest_p, os.cpu_count() or 1))
+
+
+def format_efficiency(table: pd.DataFrame) -> str:
+    """Method x P rows with ``mean +- std (n)`` efficiencies in percent."""
+    if table.empty:
+        return "(no completed points)"
+    shown = table.copy()
+    shown["efficiency"] = [
+        ("" if pd.isna(m) else f"{m:.1%}") + ("" if pd.isna(s) else f" +- {s:.1%}") + f" (n={n})"
+        + (" provisional" if p else "")
+        for m, s, n, p in zip(shown["efficiency_mean"], shown["efficiency_std"], shown["n"],
+                              shown["provisional"])]
+    shown["density"] = shown["density"].map(lambda d: "-" if pd.isna(d) else f"{d:g}")
+    shown["link"] = shown["bandwidth_bps"].map(lambda b: "unthrottled" if b == float("inf") else format_bandwidth(b))
+    return shown[["method", "density", "link", "source", "workers", "efficiency"]].to_string(index=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gtopk_lab.analysis.scaling import baseline_note
+    from gtopk_lab.orchestration.study import Study
+
+    run_cmd.validate_cluster_args(args)
+    if args.real_max_workers is not None and args.real_max_workers < 0:
+        raise UsageError(f"--real-max-workers={args.real_max_workers} is invalid: expected >= 0")
+    largest = max(_list(args.workers, "--workers", int))
+    n_workers = embedded_workers(args, largest) if args.scheduler is None else None
+    real_max = args.real_max_workers if args.real_max_workers is not None else (n_workers or largest)
+    points = build_points(args, real_max)
+    progress = not args.no_progress and not args.json
+    with run_cmd.open_lab(args, n_workers or 1, progress=progress) as lab:
+        if args.scheduler is not None and args.real_max_workers is None:
+            points = build_points(args, len(lab.worker_info()))
+        study = Study(lab, points, skip_completed=not args.no_skip, progress=progress)
+        try:
+            study.wait(cancel_on_interrupt=True)
+        except KeyboardInterrupt:
+            done = int((study.status()["status"].str.startswith("completed")).sum())
+            print(f"\ninterrupted: cancelled the running runs; {done} completed point(s) kept in "
+                  f"{args.out}; run the same command again to resume", file=sys.stderr)
+            return INTERRUPTED_EXIT
+        table = study.efficiency()
+        lines = study.check_lines()
+        failed = int((~study.status()["status"].str.startswith("completed")).sum())
+    if args.json:
+        print(json.dumps(json_safe(table.to_dict(orient="records")), separators=(",", ":")))
+    else:
+        print(format_efficiency(table))
+        print(baseline_note(["dense P=1"]) + " Seeds and sources (real / simulated) have their own baseline.")
+        for line in lines:
+            print(line)
+        print(f"\n{len(points)} point(s), {failed} not completed; results in {args.out}")
+    return 0 if failed == 0 else 1

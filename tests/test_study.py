@@ -1,0 +1,130 @@
+"""Lab.study: grid expansion, the study's tables against hand-computed oracles, and one
+2-worker LocalCluster on which P beyond the cluster runs as simulator tasks on the workers,
+seeds give mean +- std, a study resumes and a cancelled study stops its runs."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import pandas as pd
+import pytest
+
+from gtopk_lab.analysis.study_tables import aggregate_seeds, point_efficiency
+from gtopk_lab.orchestration.study_grid import expand_grid
+
+TINY = dict(model="mlp", max_iterations=10, train_samples=512, test_samples=64, batch_size=16,
+            sink_every=2, bandwidth="1GbE", epochs=5, density=0.05)
+
+
+# ------------------------------------------------------------------------------- the grid
+@pytest.mark.timeout(30)
+def test_grid_adds_dense_baselines_per_source_and_collapses_dense_density() -> None:
+    points = expand_grid(TINY, {"methods": ["dense", "gtopk"], "workers": [2, 8],
+                                "density": [0.1, 0.01], "seeds": 2}, real_max_workers=4)
+    got = sorted((p.config.method, p.config.workers, p.config.density, p.config.seed, p.source)
+                 for p in points)
+    want = []
+    for seed in (0, 1):
+        want += [("dense", 1, 0.1, seed, "real"), ("dense", 1, 0.1, seed, "simulated"),
+                 ("dense", 2, 0.1, seed, "real"), ("dense", 8, 0.1, seed, "simulated")]
+        want += [("gtopk", 2, d, seed, "real") for d in (0.1, 0.01)]
+        want += [("gtopk", 8, d, seed, "simulated") for d in (0.1, 0.01)]
+    assert got == sorted(want)
+    assert all(p.is_baseline for p in points[:4])  # baselines are scheduled first
+    both = expand_grid(TINY, {"method": "gtopk", "workers": [1, 2]}, real_max_workers=4, both_ways=[2])
+    assert sorted((p.config.workers, p.source) for p in both) == [(1, "real"), (2, "real"), (2, "simulated")]
+    assert len({p.key for p in both}) == 3  # the source is part of a point's identity
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("axes, error, field", [
+    ({"workers": []}, ValueError, "workers"),
+    ({"workers": [0, 2]}, ValueError, "workers"),
+    ({"methods": ["nope"]}, ValueError, "nope"),
+    ({"seeds": 0}, ValueError, "seeds"),
+    ({"seeds": True}, TypeError, "seeds"),
+    ({"not_a_field": 3}, TypeError, "not_a_field"),
+    ({"density": [2.0]}, ValueError, "density"),
+])
+def test_grid_rejects_bad_input_naming_the_field(axes: dict, error: type, field: str) -> None:
+    with pytest.raises(error, match=field):
+        expand_grid(TINY, axes, real_max_workers=2)
+
+
+# ------------------------------------------------------------------------------- the tables
+def _point(method: str, workers: int, seed: int, speed: float, source: str = "real",
+           final: bool = True) -> dict:
+    return {"run_id": f"{method}-{workers}-{seed}-{source}", "method": method, "workers": workers,
+            "density": 0.01, "algorithm": None, "model": "mlp", "dataset": "mnist1d", "batch_size": 16,
+            "bandwidth_bps": 1e9, "latency_s": 1e-4, "seed": seed, "source": source, "final": final,
+            "status": "completed", "samples_per_s_virtual": speed}
+
+
+@pytest.mark.timeout(30)
+def test_efficiency_divides_by_its_own_seed_and_source_baseline_and_averages_seeds() -> None:
+    rows = [_point("dense", 1, 0, 100.0), _point("dense", 1, 1, 80.0),
+            _point("dense", 1, 0, 50.0, "simulated"),
+            _point("gtopk", 4, 0, 300.0), _point("gtopk", 4, 1, 288.0),
+            _point("gtopk", 8, 0, 200.0, "simulated", final=False)]
+    table = aggregate_seeds(point_efficiency(pd.DataFrame(rows)))
+    real4 = table[(table.method == "gtopk") & (table.workers == 4)].iloc[0]
+    per_seed = [300.0 / (4 * 100.0), 288.0 / (4 * 80.0)]  # each seed's own dense P=1
+    assert real4.efficiency_mean == pytest.approx(statistics.mean(per_seed))
+    assert real4.efficiency_std == pytest.approx(statistics.stdev(per_seed))
+    assert real4.n == 2 and not real4.provisional
+    sim8 = table[(table.method == "gtopk") & (table.workers == 8)].iloc[0]
+    assert sim8.efficiency_mean == pytest.approx(200.0 / (8 * 50.0))  # the simulated baseline
+    assert sim8.provisional and sim8.n == 1 and math.isnan(sim8.efficiency_std)
+
+
+# ------------------------------------------------------------------------------- a cluster
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    from gtopk_lab.orchestration import Lab
+
+    with Lab(n_workers=2, out=str(tmp_path_factory.mktemp("study")), timeout_s=30, progress=False) as lab:
+        yield lab
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_study_runs_beyond_the_cluster_on_workers_live_and_resumes(lab) -> None:
+    axes = dict(methods=["dense", "gtopk"], workers=[1, 2, 4], seeds=2, base=TINY)
+    study = lab.study(**axes)
+    seen: list[tuple[int, int]] = []  # (points with a throughput, runs still going)
+    study.subscribe(lambda s: seen.append((len(s.points()), sum(not h.done() for h in s.handles.values()))))
+    assert study.wait(200)
+    status = study.status()
+    assert (status["status"] == "completed").all(), status
+    summaries = study.summaries()
+    workers = set(lab.worker_info())
+    sim = summaries[summaries["workers"] == 4]
+    assert len(sim) == 4 and (sim["source"] == "simulated").all() and sim["simulated"].all()
+    for addresses in sim["dask_workers"]:  # one reserved worker, not the client
+        assert len(addresses) == 1 and addresses[0] in workers
+    assert any(points and going for points, going in seen), seen  # points appeared while running
+    table = study.efficiency()
+    gtopk4 = table[(table.method == "gtopk") & (table.workers == 4)].iloc[0]
+    assert gtopk4.n == 2 and math.isfinite(gtopk4.efficiency_std) and not gtopk4.provisional
+    assert study.check_lines()  # the check always says something
+    again = lab.study(**axes)  # same grid, same folder: nothing runs again
+    assert not again.handles and len(again.stored) == len(study.points_list)
+    assert again.wait(5) and len(again.summaries()) == len(summaries)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_cancelling_a_study_stops_its_runs(lab) -> None:
+    slow = {**TINY, "max_iterations": 400, "epochs": 400, "latency": "20ms", "throttle": True,
+            "sink_every": 1}
+    study = lab.study(methods=["gtopk"], workers=[2, 4], base=slow, skip_completed=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(
+            h.status == "running" and len(h.metrics) for h in study.handles.values()):
+        time.sleep(0.2)
+    assert any(h.status == "running" for h in study.handles.values())  # cancel ranks that train
+    study.cancel()
+    assert study.wait(60)
+    assert set(study.status()["status"]) <= {"cancelled"}, study.status()
