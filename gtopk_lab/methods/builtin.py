@@ -193,6 +193,7 @@ def oktopk_collective(name: str, *, tau: int = 32, tau_r: int = 64, warmup: int 
 
 #: the selector of Ok-Topk methods (a placeholder: the collective selects)
 OKTOPK_SELECTOR = _selected_by_collective
+OKTOPK_SELECTOR.__name__ = "oktopk-threshold"  # what `gtopk-lab methods` shows
 
 OKTOPK = register_collective(oktopk_collective(
     "oktopk", aliases=("oktopk_faithful",),

@@ -121,8 +121,9 @@ def oktopk_phase_times_s(net: NetworkModel, numel: int, k: int, workers: int, *,
 
     Plain (Bruck): the owner of the largest block (``imbalance`` = largest / mean block, 1 =
     balanced) sends it in every round, ``B_d = n/P (min(d, P-d) - 1 + imbalance)``. Balanced:
-    the largest block first gives away ``(imbalance - 1) n/P`` pairs in ``ceil(imbalance - 1)``
-    moves, then ``B_d = n/P min(d, P-d)``. Measured steps of skewed data show the rest.
+    the largest block first gives away ``(imbalance - 1) n/P`` pairs in ``2 + ceil(imbalance - 1)``
+    moves (2: blocks of equal expected size still differ by a few pairs, which go to the
+    neighbours), then ``B_d = n/P min(d, P-d)``. Measured steps of skewed data show the rest.
     """
     if allgather not in ALLGATHER_MODES:
         raise ValueError(f"allgather={allgather!r} is invalid: expected one of {', '.join(ALLGATHER_MODES)}")
@@ -142,7 +143,8 @@ def oktopk_phase_times_s(net: NetworkModel, numel: int, k: int, workers: int, *,
         if allgather == "plain":
             return sum(a + b * (h + m * block * (span - 1 + imbalance)) for span in spans)
         given = (imbalance - 1.0) * block
-        moves = min(p - 1, math.ceil(imbalance - 1.0 - 1e-12)) if given > 0 else 0
+        # blocks of equal expected size still differ a little: a move to each neighbour
+        moves = min(p - 1, 2 + math.ceil(imbalance - 1.0 - 1e-12))
         return (small_allreduce + moves * (a + b * h) + b * m * given
                 + sum(a + b * (h + m * block * span) for span in spans))
 
