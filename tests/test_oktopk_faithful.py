@@ -362,6 +362,13 @@ def test_state_validation_checkpoint_and_registry() -> None:
     # a checkpoint stores dataclasses.asdict and rebuilds with the constructor (RankStep)
     again = OkTopkFaithfulState(**dataclasses.asdict(state))
     assert again == state and pickle.loads(pickle.dumps(state)) == state
+    # a re-evaluation on buffers with fewer than k non-zeros keeps no 0 threshold (it would
+    # pass every entry for tau calls): the next call evaluates again
+    zero = OkTopkFaithfulState(tau=8)
+    sim_oktopk_faithful_allreduce([torch.zeros(500), torch.zeros(500)], 5, state=zero)
+    assert zero.buffers[500].global_threshold is None and zero.buffers[500].local_thresholds == [None, None]
+    (res, _), _ = sim_oktopk_faithful_allreduce([torch.randn(500), torch.randn(500)], 5, state=zero)
+    assert zero.last["kind"] == "reevaluate" and res.indices.numel() == 5
     # P = 1 runs the same program without messages
     (res, _sel), = sim_oktopk_faithful_allreduce([torch.randn(500)], 5)
     assert res.indices.numel() == 5 and res.stats.steps == []

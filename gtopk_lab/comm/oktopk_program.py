@@ -193,7 +193,9 @@ def oktopk_faithful_program(rank: int, world: int, acc: torch.Tensor, numel: int
     else:
         threshold = schedule.raise_local_threshold(acc.abs(), plan.local_threshold, k)
     sel_v, sel_i = schedule.select_by_threshold(acc, threshold, numel)
-    next_local = schedule.next_local_threshold(threshold, sel_i.numel(), k)
+    # 0: fewer than k non-zero entries; kept, it would pass every entry until the next
+    # re-evaluation, so the next call evaluates it again (None)
+    next_local = schedule.next_local_threshold(threshold, sel_i.numel(), k) if threshold > 0 else None
     rec.cpu_s += time.process_time() - t0
 
     # 2. repartition: average the ranks' selection quantiles
@@ -224,7 +226,8 @@ def oktopk_faithful_program(rank: int, world: int, acc: torch.Tensor, numel: int
     if plan.reevaluate or plan.global_threshold is None:
         u_v, u_i = yield from allgather_blocks(rec, rank, P, region, bounds_t, allgather, "reevaluation")
         t0 = time.process_time()
-        keep_u, next_global = schedule.global_topk(u_v, k)
+        keep_u, global_threshold = schedule.global_topk(u_v, k)
+        next_global = global_threshold if global_threshold > 0 else None  # as for the local one
         out = (u_v[keep_u], u_i[keep_u])
         # this rank's region is the slice of U (ascending) inside its boundaries
         lo, hi = torch.searchsorted(u_i.to(torch.int64), bounds_t[rank:rank + 2]).tolist()

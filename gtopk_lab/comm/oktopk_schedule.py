@@ -28,7 +28,9 @@ selections use ``|x| >= t`` on non-zero entries (the reference's ``|x| > t`` sel
 entries at a re-evaluation and nothing at k = 1); a rank with no selection leaves the
 boundary average (the reference indexes an empty array); the schedule counts from the end of
 the warm-up (the reference counts from 0, which is the same when the warm-up is a multiple
-of tau and tau_r, as 512 and 128 are of 32 and 64). Cost: O(d) per call for the selection,
+of tau and tau_r, as 512 and 128 are of 32 and 64); a threshold that evaluates to 0 (fewer
+than k non-zero entries) is evaluated again at the next call instead of passing every entry
+until the next re-evaluation. Cost: O(d) per call for the selection,
 plus one O(d) top-k every tau calls.
 """
 
