@@ -1,4 +1,6 @@
-"""Golden outputs of one short run per method, recorded before the method-registry refactor.
+"""Golden outputs of one short run per method, recorded before the method-registry refactor
+(``oktopk``: recorded when issue 16 made it the reference's algorithm; the earlier record is
+``oktopk-exact``).
 
 ``python tests/golden_runs.py`` (re)writes ``tests/golden/methods.json``; tests/test_golden.py
 checks that the code still reproduces it bitwise: final weights (SHA-256 of their bytes),
@@ -25,6 +27,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("gtopk-butterfly", {"method": "gtopk", "algorithm": "butterfly"}),
     ("gtopk-tree", {"method": "gtopk", "algorithm": "tree", "residual_rule": "paper"}),
     ("gaussiank", {"method": "gaussiank"}),
+    # recorded as "oktopk" before issue 16 made the reference's Ok-Topk the default
+    ("oktopk-exact", {"method": "oktopk-exact"}),
     ("oktopk", {"method": "oktopk"}),
     ("gtopk-dgc", {"method": "gtopk", "momentum_correction": True, "grad_clip": 1.0}),
 ]
@@ -65,12 +69,16 @@ def real(changes: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def record() -> dict[str, Any]:
-    return {label: {"simulated": simulated(ch), "real": real(ch)} for label, ch in CASES}
+def record(labels: list[str] | None = None) -> dict[str, Any]:
+    """Golden outputs of the cases named (all when None); others keep their stored record."""
+    old = json.loads(GOLDEN.read_text()) if labels and GOLDEN.exists() else {}
+    return {label: ({"simulated": simulated(ch), "real": real(ch)} if not labels or label in labels
+                    else old[label]) for label, ch in CASES}
 
 
 if __name__ == "__main__":
+    # python tests/golden_runs.py [label ...]: re-record only those (e.g. a new method)
     torch.set_num_threads(1)
     GOLDEN.parent.mkdir(exist_ok=True)
-    GOLDEN.write_text(json.dumps(record(), indent=1) + "\n")
+    GOLDEN.write_text(json.dumps(record(sys.argv[1:] or None), indent=1) + "\n")
     print(f"wrote {GOLDEN}", file=sys.stderr)

@@ -12,7 +12,7 @@ from golden_runs import CASES, GOLDEN, real, simulated
 
 EXPECTED = json.loads(GOLDEN.read_text())
 #: real gloo runs cost a few seconds each: the methods whose collectives differ most
-REAL_CASES = ("dense", "gtopk-butterfly", "gtopk-tree", "oktopk", "gaussiank")
+REAL_CASES = ("dense", "gtopk-butterfly", "gtopk-tree", "oktopk-exact", "oktopk", "gaussiank")
 
 
 @pytest.mark.timeout(120)

@@ -5,17 +5,26 @@ Collectives (``gtopk-lab methods`` lists them with their aliases):
 - ``allreduce`` — dense ring allreduce of the whole buffer (S-SGD);
 - ``allgather`` — every rank gathers every rank's (value, index) pairs and sums (Top-k S-SGD);
 - ``gtopk`` — global top-k by merging along a butterfly or a binomial tree (gTop-k S-SGD);
-- ``oktopk`` — Ok-Topk's region-balanced sparse allreduce, O(k) per rank.
+- ``oktopk`` — Ok-Topk (Li & Hoefler, PPoPP'22) as its reference code runs it: thresholds
+  re-evaluated every tau calls and reused in between, boundaries from the ranks' selection
+  quantiles, dense warm-up; patterns ``plain`` (the reference's Allgatherv) and ``balanced``
+  (the paper's balanced allgather); O(k) per rank. :func:`oktopk_collective` builds variants
+  with other tau, tau_r or warm-up;
+- ``oktopk-exact`` — the project's earlier Ok-Topk-style allreduce: exact global top-k every
+  call, histogram-balanced regions (O(kP) on layer-clustered selections).
 
-Methods: ``dense``, ``topk``, ``gtopk``, ``gaussiank``, ``oktopk``. Also
-:func:`program_collective`, which turns one per-rank tensor program into a collective with
-both drivers (real ranks and in-process), for users' collectives.
+Methods: ``dense``, ``topk``, ``gtopk``, ``gaussiank``, ``oktopk``, ``oktopk-balanced``,
+``oktopk-exact``. Also :func:`program_collective`, which turns one per-rank tensor program into
+a collective with both drivers (real ranks and in-process), for users' collectives.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from gtopk_lab.comm import inprocess, oktopk, torch_dist
 from gtopk_lab.comm.stats import CollectiveResult
@@ -23,9 +32,10 @@ from gtopk_lab.comm.tensor_programs import run_tensor_program, simulate_tensor_p
 from gtopk_lab.methods import formulas as F
 from gtopk_lab.methods.base import Collective, CommCall, Contribution, Method
 from gtopk_lab.methods.registry import register_collective, register_method
+from gtopk_lab.compression.merge import index_dtype
 from gtopk_lab.network.formulas import check_sizes, dense_ring_allreduce_time_s
 
-__all__ = ["program_collective", "BASELINE_METHOD"]
+__all__ = ["program_collective", "oktopk_collective", "BASELINE_METHOD"]
 
 #: The method every scaling efficiency is measured against (at P = 1, on the same network).
 BASELINE_METHOD = "dense"
@@ -85,10 +95,10 @@ def _gtopk_time_s(net: Any, numel: int, k: int, workers: int, *, algorithm: str 
 
 
 @_checked
-def _oktopk_time_s(net: Any, numel: int, k: int, workers: int, *, algorithm: str | None = None,
-                   gamma_s_per_element: float = 0.0, host_cores: int | None = None,
-                   exact_k: bool = False) -> float:
-    return F.oktopk_time_s(net, numel, k, workers, gamma_s_per_element)
+def _oktopk_exact_time_s(net: Any, numel: int, k: int, workers: int, *, algorithm: str | None = None,
+                         gamma_s_per_element: float = 0.0, host_cores: int | None = None,
+                         exact_k: bool = False) -> float:
+    return F.oktopk_exact_time_s(net, numel, k, workers, gamma_s_per_element)
 
 
 # =========================================================================== the collectives
@@ -125,13 +135,69 @@ GTOPK = register_collective(Collective(
     time_s=_gtopk_time_s, bytes_per_rank=F.gtopk_bytes_per_rank,
     description="global top-k of the sum, merged along a butterfly or binomial tree (O(k log P))"))
 
-OKTOPK = register_collective(Collective(
-    name="oktopk", aliases=("oktopk_allreduce",), lossless=False, make_state=oktopk.OkTopkState,
+OKTOPK_EXACT = register_collective(Collective(
+    name="oktopk-exact", aliases=("oktopk_allreduce", "oktopk_exact"), lossless=False, make_state=oktopk.OkTopkState,
     run=lambda c, call: oktopk.oktopk_allreduce(c.values, c.indices, call.numel, call.k, group=call.group,
                                                 state=call.state),
     simulate=lambda cs, call: oktopk.sim_oktopk_allreduce(*_pairs(cs), call.numel, call.k, state=call.state),
-    time_s=_oktopk_time_s, bytes_per_rank=F.oktopk_bytes_per_rank,
-    description="Ok-Topk: region-balanced sparse reduce-scatter + exact threshold + allgather (O(k))"))
+    time_s=_oktopk_exact_time_s, bytes_per_rank=F.oktopk_exact_bytes_per_rank,
+    description="Ok-Topk-style, exact: histogram-balanced reduce-scatter + exact threshold + allgather"))
+
+
+def _selected_by_collective(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ok-Topk's placeholder selection: its thresholds are collective state, so the
+    collective selects (and hands its selection back into the Contribution)."""
+    return x[:0], torch.empty(0, dtype=index_dtype(x.numel()), device=x.device)
+
+
+def oktopk_collective(name: str, *, tau: int = 32, tau_r: int = 64, warmup: int = 0,
+                      aliases: tuple[str, ...] = (), description: str = "") -> Collective:
+    """An Ok-Topk :class:`Collective` with its own schedule (re-evaluation period ``tau``,
+    repartition period ``tau_r``, ``warmup`` dense calls) and the formulas that follow it.
+
+    Patterns: ``plain`` | ``balanced`` (the allgather). Use it with
+    ``Method(name, collective=oktopk_collective(name, warmup=512), selector=OKTOPK_SELECTOR,
+    algorithm="plain")``: Ok-Topk selects inside the collective, by its thresholds.
+    """
+    make_state = functools.partial(oktopk.OkTopkFaithfulState, tau=tau, tau_r=tau_r, warmup=warmup)
+    make_state()  # validate the schedule now, not at the first call
+
+    def run(c: Contribution, call: CommCall) -> CollectiveResult:
+        result, selection = oktopk.oktopk_faithful_allreduce(c.acc, call.k, group=call.group, state=call.state,
+                                                             allgather=call.algorithm or "plain")
+        # the residual memory and DGC's masking read S_i from the Contribution
+        c.values, c.indices = selection
+        return result
+
+    def simulate(cs: list[Contribution], call: CommCall) -> list[CollectiveResult]:
+        outs = oktopk.sim_oktopk_faithful_allreduce([c.acc for c in cs], call.k, state=call.state,
+                                                    allgather=call.algorithm or "plain")
+        for c, (_result, selection) in zip(cs, outs):
+            c.values, c.indices = selection
+        return [result for result, _selection in outs]
+
+    @_checked
+    def time_s(net: Any, numel: int, k: int, workers: int, *, algorithm: str | None = None,
+               gamma_s_per_element: float = 0.0, host_cores: int | None = None, exact_k: bool = False) -> float:
+        return F.oktopk_time_s(net, numel, k, workers, gamma_s_per_element, allgather=algorithm or "plain",
+                               tau=tau, tau_r=tau_r)
+
+    def bytes_per_rank(numel: int, k: int, workers: int, pair_bytes: int = 8, algorithm: str | None = None) -> float:
+        return F.oktopk_bytes_per_rank(numel, k, workers, pair_bytes, algorithm, tau=tau)
+
+    return Collective(name=name, run=run, simulate=simulate, time_s=time_s, bytes_per_rank=bytes_per_rank,
+                      algorithms=oktopk.ALLGATHER_MODES, lossless=False, make_state=make_state, aliases=aliases,
+                      description=description or f"Ok-Topk: thresholds re-evaluated every {tau} calls, regions "
+                                                 f"every {tau_r}, {warmup} dense warm-up calls (O(k))")
+
+
+#: the selector of Ok-Topk methods (a placeholder: the collective selects)
+OKTOPK_SELECTOR = _selected_by_collective
+OKTOPK_SELECTOR.__name__ = "oktopk-threshold"  # what `gtopk-lab methods` shows
+
+OKTOPK = register_collective(oktopk_collective(
+    "oktopk", aliases=("oktopk_faithful",),
+    description="Ok-Topk (reference): reused thresholds, quantile regions, sparse reduce-scatter + allgather (O(k))"))
 
 
 # =========================================================================== the methods
@@ -143,5 +209,10 @@ register_method(Method(name="gtopk", selector="topk", collective="gtopk",
                        description="gTop-k S-SGD (Shi et al., ICDCS'19): global top-k merge, error feedback"))
 register_method(Method(name="gaussiank", selector="gaussiank", collective="allgather",
                        description="GaussianK-SGD: Gaussian threshold selection, allgather, error feedback"))
-register_method(Method(name="oktopk", selector="topk", collective="oktopk",
-                       description="Ok-Topk (Li & Hoefler, PPoPP'22): O(k) sparse allreduce"))
+register_method(Method(name="oktopk", selector=OKTOPK_SELECTOR, collective="oktopk", algorithm="plain",
+                       description="Ok-Topk (Li & Hoefler, PPoPP'22) as its reference code: thresholds reused "
+                                   "between re-evaluations, plain allgather"))
+register_method(Method(name="oktopk-balanced", selector=OKTOPK_SELECTOR, collective="oktopk", algorithm="balanced",
+                       description="Ok-Topk with the paper's balanced allgather"))
+register_method(Method(name="oktopk-exact", selector="topk", collective="oktopk-exact",
+                       description="Ok-Topk-style, exact global top-k every call (the project's earlier oktopk)"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gtopk_lab.comm.oktopk import allreduce_rounds, bisection_rounds
+from gtopk_lab.comm.oktopk import ALLGATHER_MODES, allreduce_rounds, bisection_rounds, bruck_rounds
 from gtopk_lab.network.formulas import (
     DENSE_ELEMENT_BYTES, SPARSE_HEADER_BYTES, log2_ceil, log2_floor, merge_contention, pair_bytes,
     tree_mergers,
@@ -20,8 +20,9 @@ from gtopk_lab.network.formulas import (
 from gtopk_lab.network.model import NetworkModel
 
 __all__ = ["topk_allgather_time_s", "gtopk_butterfly_time_s", "gtopk_tree_time_s", "oktopk_time_s",
-           "oktopk_model_time_s", "oktopk_paper_bound_time_s", "sparse_allreduce_lower_bound_time_s",
-           "dense_bytes_per_rank", "allgather_bytes_per_rank", "gtopk_bytes_per_rank", "oktopk_bytes_per_rank"]
+           "oktopk_phase_times_s", "oktopk_exact_time_s", "oktopk_model_time_s", "oktopk_paper_bound_time_s",
+           "sparse_allreduce_lower_bound_time_s", "dense_bytes_per_rank", "allgather_bytes_per_rank",
+           "gtopk_bytes_per_rank", "oktopk_bytes_per_rank", "oktopk_exact_bytes_per_rank"]
 
 
 def topk_allgather_time_s(net: NetworkModel, numel: int, k: int, workers: int,
@@ -100,9 +101,81 @@ def gtopk_tree_time_s(net: NetworkModel, numel: int, k: int, workers: int,
                                           for j in range(1, levels + 1))
 
 
-def oktopk_time_s(net: NetworkModel, numel: int, k: int, workers: int,
-                  gamma_s_per_element: float = 0.0) -> float:
-    """Ok-Topk as this project implements it (:func:`oktopk_model_time_s`).
+#: bytes of one count or boundary in Ok-Topk's small allreduces (int64)
+_OKTOPK_COUNT_BYTES = 8
+
+
+def oktopk_phase_times_s(net: NetworkModel, numel: int, k: int, workers: int, *, allgather: str = "plain",
+                         kept: float | None = None, union: float | None = None,
+                         imbalance: float = 1.0) -> dict[str, float]:
+    """Per-call alpha-beta time of each phase of Ok-Topk as :mod:`gtopk_lab.comm.oktopk_program`
+    runs it (``a`` = alpha, ``b`` = beta, ``h`` = 8-byte header, ``m`` bytes per pair, ``c`` = 8
+    bytes per count, L = allreduce rounds, the Bruck sum over d = 1, 2, 4, .. < P)::
+
+        reduce_scatter  (P-1) (a + (h + m k/P) b)                 every rank selects ~k, balanced regions
+        allgather       sum_d (a + (h + m B_d) b)                  n = ``kept`` pairs (default k)
+                        + L (a + (h + c P) b) + moves              balanced only
+        reevaluation    the allgather of |U| = ``union`` pairs      (default min(P k, d): no overlap)
+        repartition     L (a + (h + c P) b)
+        warmup          2 (P-1) (a + (h + 4 ceil(d/P)) b)           dense ring allreduce
+
+    Plain (Bruck): the owner of the largest block (``imbalance`` = largest / mean block, 1 =
+    balanced) sends it in every round, ``B_d = n/P (min(d, P-d) - 1 + imbalance)``. Balanced:
+    the largest block first gives away ``(imbalance - 1) n/P`` pairs in ``2 + ceil(imbalance - 1)``
+    moves (2: blocks of equal expected size still differ by a few pairs, which go to the
+    neighbours), then ``B_d = n/P min(d, P-d)``. Measured steps of skewed data show the rest.
+    """
+    if allgather not in ALLGATHER_MODES:
+        raise ValueError(f"allgather={allgather!r} is invalid: expected one of {', '.join(ALLGATHER_MODES)}")
+    if not imbalance >= 1.0:
+        raise ValueError(f"imbalance={imbalance!r} is invalid: expected a number >= 1")
+    p = workers
+    names = ("reduce_scatter", "allgather", "reevaluation", "repartition", "warmup")
+    if p == 1:
+        return dict.fromkeys(names, 0.0)
+    a, b, h = net.latency_s, net.beta_s_per_byte, SPARSE_HEADER_BYTES
+    m, c = pair_bytes(numel), _OKTOPK_COUNT_BYTES
+    small_allreduce = allreduce_rounds(p) * (a + b * (h + c * p))
+
+    def gather(total: float) -> float:
+        block = total / p
+        spans = [min(1 << j, p - (1 << j)) for j in range(bruck_rounds(p))]
+        if allgather == "plain":
+            return sum(a + b * (h + m * block * (span - 1 + imbalance)) for span in spans)
+        given = (imbalance - 1.0) * block
+        # blocks of equal expected size still differ a little: a move to each neighbour
+        moves = min(p - 1, 2 + math.ceil(imbalance - 1.0 - 1e-12))
+        return (small_allreduce + moves * (a + b * h) + b * m * given
+                + sum(a + b * (h + m * block * span) for span in spans))
+
+    u = min(p * k, numel) if union is None else union
+    return {"reduce_scatter": (p - 1) * (a + b * (h + m * k / p)),
+            "allgather": gather(k if kept is None else kept), "reevaluation": gather(u),
+            "repartition": small_allreduce,
+            "warmup": 2 * (p - 1) * (a + b * (h + DENSE_ELEMENT_BYTES * math.ceil(numel / p)))}
+
+
+def oktopk_time_s(net: NetworkModel, numel: int, k: int, workers: int, gamma_s_per_element: float = 0.0, *,
+                  allgather: str = "plain", tau: int = 32, tau_r: int = 64, kept: float | None = None,
+                  union: float | None = None, imbalance: float = 1.0) -> float:
+    """Ok-Topk (the ``oktopk`` method) per call after the warm-up, periodic rounds amortised::
+
+        T = T_reduce_scatter + (1 - 1/tau) T_allgather + T_reevaluation / tau + T_repartition / tau_r
+
+    (phases: :func:`oktopk_phase_times_s`; the warm-up calls cost its ``warmup`` entry, the
+    dense allreduce). About ``(P - 1 + ceil(log2 P)) a + 2 k (P-1)/P m b`` plus the
+    re-evaluation's ``|U| (P-1)/P m b / tau`` (up to ``k (P-1) m b / tau`` when the ranks'
+    selections do not overlap). ``gamma`` unused: the selection is O(d) compute, not merging.
+    """
+    ph = oktopk_phase_times_s(net, numel, k, workers, allgather=allgather, kept=kept, union=union,
+                              imbalance=imbalance)
+    return (ph["reduce_scatter"] + (1.0 - 1.0 / tau) * ph["allgather"] + ph["reevaluation"] / tau
+            + ph["repartition"] / tau_r)
+
+
+def oktopk_exact_time_s(net: NetworkModel, numel: int, k: int, workers: int,
+                        gamma_s_per_element: float = 0.0) -> float:
+    """The ``oktopk-exact`` variant (:func:`oktopk_model_time_s`).
 
     Roughly ``(P-1 + 4L + ceil(log2 P)) a + 2k (P-1)/P * m b`` with L = log2(P) rounds per small
     allreduce: P-1 reduce-scatter rounds, a bisection for the exact global threshold, a Bruck
@@ -137,7 +210,8 @@ def sparse_allreduce_lower_bound_time_s(net: NetworkModel, numel: int, k: int, w
 
 def oktopk_model_time_s(net: Any, numel: int, k: int, workers: int, rebalance_every: int = 16,
                         bins_per_region: int = 8, threshold_probes: int = 255) -> float:
-    """Closed-form alpha-beta time of :func:`oktopk_allreduce` as implemented, balanced regions.
+    """Closed-form alpha-beta time of ``oktopk-exact`` (:func:`gtopk_lab.comm.oktopk_exact.oktopk_allreduce`),
+    balanced regions.
 
     ``net`` is a :class:`~gtopk_lab.network.model.NetworkModel`. Per round the cost is
     ``alpha + beta * (h + bytes)`` (sent == received when balanced), h = 8::
@@ -202,9 +276,21 @@ def gtopk_bytes_per_rank(numel: int, k: int, workers: int, pair_bytes: int = 8,
     return total / p * pair_bytes
 
 
-def oktopk_bytes_per_rank(numel: int, k: int, workers: int, pair_bytes: int = 8,
-                          algorithm: str | None = None) -> float:
-    """Ok-Topk as implemented: ``2 k (P-1)/P * m`` (balanced reduce-scatter + allgather, without
+def oktopk_bytes_per_rank(numel: int, k: int, workers: int, pair_bytes: int = 8, algorithm: str | None = None,
+                          *, tau: int = 32, union: float | None = None) -> float:
+    """Ok-Topk as implemented, amortised: ``(P-1)/P m (k + (1 - 1/tau) k + |U| / tau)`` (reduce-scatter,
+    allgather of ~k kept pairs, the re-evaluation's allgather of the union |U| <= min(P k, d);
+    small count/boundary rounds and data-balancing moves left out; the paper's bound is 6k (P-1)/P)."""
+    p = workers
+    if p == 1:
+        return 0.0
+    u = min(p * k, numel) if union is None else union
+    return (p - 1) / p * pair_bytes * (k + (1.0 - 1.0 / tau) * k + u / tau)
+
+
+def oktopk_exact_bytes_per_rank(numel: int, k: int, workers: int, pair_bytes: int = 8,
+                                algorithm: str | None = None) -> float:
+    """``oktopk-exact``: ``2 k (P-1)/P * m`` (balanced reduce-scatter + allgather, without
     the small count/threshold messages; the paper's bound is 6 k (P-1)/P)."""
     p = workers
     return 0.0 if p == 1 else 2.0 * k * (p - 1) / p * pair_bytes

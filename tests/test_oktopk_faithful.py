@@ -1,0 +1,379 @@
+"""Ok-Topk as the reference runs it (method ``oktopk``; gtopk_lab.comm.oktopk_*): balance on
+layer-clustered gradients, the re-evaluation schedule, the dense warm-up, real gloo ranks ==
+in-process bitwise, mass conservation, and the cost formula against measured steps.
+
+The oracles are written here from the algorithm's definition (who receives which pairs,
+which calls re-evaluate), not read from the implementation's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import pickle
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from gtopk_lab.comm import oktopk_schedule
+from gtopk_lab.comm.launch import run_gloo
+from gtopk_lab.comm.oktopk import (
+    OkTopkFaithfulState, OkTopkState, oktopk_faithful_allreduce, sim_oktopk_allreduce,
+    sim_oktopk_faithful_allreduce,
+)
+from gtopk_lab.compression.residual import ErrorFeedback
+from gtopk_lab.compression.selection import get_selector
+from gtopk_lab.methods import formulas as F
+from gtopk_lab.network.model import NetworkModel
+
+PAIR = 8  # fp32 value + int32 index
+
+
+def clustered(p: int, rank: int, call: int, numel: int = 200_000, block: tuple[int, int] = (123_457, 2000)
+              ) -> torch.Tensor:
+    """Layer-clustered buffer: small noise everywhere, the large entries in one block."""
+    gen = torch.Generator().manual_seed(1000 * call + 10 * p + rank)
+    acc = 0.01 * torch.randn(numel, generator=gen)
+    start, size = block
+    acc[start:start + size] += torch.randn(size, generator=gen)
+    return acc
+
+
+def received_pairs(phases: dict[str, dict[str, int]], names: tuple[str, ...]) -> int:
+    return sum((phases[n]["recv"] - 8 * phases[n]["recv_msgs"]) // PAIR for n in names if n in phases)
+
+
+def region_counts(indices: torch.Tensor, bounds: list[int]) -> list[int]:
+    """How many of ``indices`` fall in each region [b_q, b_{q+1})."""
+    i = indices.to(torch.int64)
+    return [int(((i >= bounds[q]) & (i < bounds[q + 1])).sum()) for q in range(len(bounds) - 1)]
+
+
+def check_balance(accs: list[torch.Tensor], k: int, mode: str) -> dict[str, float]:
+    """Two calls (re-evaluation, then reuse) of Ok-Topk and one of oktopk-exact; asserts the
+    received volume of every rank against the oracle and the bound; returns max recv / k.
+
+    Bound. Rank q receives in the reduce-scatter sum_{s != q} |S_s ∩ R_q|; the averaged
+    quantile boundaries put about |S_s| / P of every rank's selection in each region, so
+    that is about (P-1)/P n_sel (n_sel the mean selection). In the allgather every rank
+    receives every other block once: n_kept - (own block), about (P-1)/P n_kept. So the
+    busiest rank receives about (P-1)/P (n_sel + n_kept) ~ 2 (P-1)/P k; we allow 1.2x for
+    the quantiles' granularity and the spread of selection sizes.
+    """
+    p = len(accs)
+    numel = accs[0].numel()
+    state = OkTopkFaithfulState()
+    ratios: dict[str, float] = {}
+    for call, kind in enumerate(("reevaluate", "reuse")):
+        outs = sim_oktopk_faithful_allreduce([a * (1 + 0.01 * call) for a in accs], k, state=state,
+                                             allgather=mode)
+        assert state.last["kind"] == kind
+        bounds = state.buffers[numel].boundaries
+        sels = [sel[1] for _, sel in outs]
+        result = outs[0][0]
+        for other, _ in outs[1:]:  # identical on every rank
+            assert torch.equal(other.values, result.values) and torch.equal(other.indices, result.indices)
+        n_sel = sum(s.numel() for s in sels) / p
+        n_kept = result.indices.numel()
+        per_region = [region_counts(s, bounds) for s in sels]
+        kept_in = region_counts(result.indices, bounds)
+        gather = "reevaluation" if kind == "reevaluate" else "allgather"
+        recv = []
+        for q in range(p):
+            rs_oracle = sum(per_region[s][q] for s in range(p) if s != q)
+            assert received_pairs(state.phases[q], ("reduce_scatter",)) == rs_oracle
+            if mode == "plain" and kind == "reuse":
+                assert received_pairs(state.phases[q], (gather,)) == n_kept - kept_in[q]
+            recv.append(received_pairs(state.phases[q], ("reduce_scatter", gather, "balance")))
+        bound = 1.2 * (p - 1) / p * (n_sel + n_kept)
+        if kind == "reuse":
+            assert max(recv) <= bound, (mode, p, max(recv), bound)
+        ratios[f"{mode}/{kind}"] = max(recv) / k
+    # oktopk-exact on the same selections: the histogram cannot split the block
+    values, indices = zip(*[get_selector("topk")(a, k) for a in accs])
+    exact_state = OkTopkState()
+    sim_oktopk_allreduce(list(values), list(indices), numel, k, state=exact_state)
+    per_region = [region_counts(i, exact_state.boundaries) for i in indices]
+    owner_rs = max(sum(per_region[s][q] for s in range(p) if s != q) for q in range(p))
+    # O(kP) at one or two ranks (the block may straddle a bin edge), beyond Ok-Topk's bound
+    assert owner_rs >= 0.5 * (p - 1) * k
+    assert owner_rs > 1.2 * 2 * (p - 1) / p * k
+    ratios["exact/reduce_scatter"] = owner_rs / k
+    return ratios
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("p", [4, 8])
+def test_balanced_on_layer_clustered_gradients(p: int) -> None:
+    """P ranks, d = 200k, k = 2000, the large entries of every rank in one 2000-element block."""
+    accs = [clustered(p, r, 0) for r in range(p)]
+    for mode in ("plain", "balanced"):
+        ratios = check_balance(accs, 2000, mode)
+        print(p, ratios)
+        assert ratios[f"{mode}/reuse"] <= 1.2 * 2 * (p - 1) / p * 1.1
+
+
+@pytest.mark.timeout(120)
+def test_balanced_on_a_real_models_gradient() -> None:
+    """The gradients of an MLP's backward pass (the output layer's entries are the large ones)."""
+    p = 8
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(400, 300), torch.nn.ReLU(), torch.nn.Linear(300, 10))
+    accs = []
+    for r in range(p):
+        gen = torch.Generator().manual_seed(r)
+        x, y = torch.randn(32, 400, generator=gen), torch.randint(0, 10, (32,), generator=gen)
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        accs.append(torch.cat([q.grad.reshape(-1) for q in model.parameters()]).clone())
+    k = accs[0].numel() // 100
+    ratios = check_balance(accs, k, "plain")
+    print(ratios)
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, name: str, counts: dict[str, int]) -> None:
+    original = getattr(oktopk_schedule, name)
+
+    def counted(*args, **kwargs):
+        counts[name] = counts.get(name, 0) + 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(oktopk_schedule, name, counted)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("warmup", [0, 5])
+def test_thresholds_re_evaluated_exactly_every_tau_and_reused_between(monkeypatch: pytest.MonkeyPatch,
+                                                                      warmup: int) -> None:
+    p, numel, k, calls, tau, tau_r = 4, 4000, 40, 100, 32, 64
+    counts: dict[str, int] = {}
+    for name in ("kth_largest_magnitude", "global_topk", "quantile_boundaries"):
+        _counting(monkeypatch, name, counts)
+    state = OkTopkFaithfulState(tau=tau, tau_r=tau_r, warmup=warmup)
+    gen = torch.Generator().manual_seed(1)
+    previous = None
+    kinds = []
+    for c in range(calls):
+        accs = [torch.randn(numel, generator=gen) * (1 + 0.3 * r) for r in range(p)]
+        sim_oktopk_faithful_allreduce(accs, k, state=state)
+        kinds.append(state.last["kind"])
+        buf = state.buffers[numel]
+        if previous is not None and state.last["kind"] == "reuse":
+            # reused thresholds move only by the reference's factors
+            assert any(buf.global_threshold / previous[0] == pytest.approx(f, rel=1e-12)
+                       for f in (1.0, 1.008, 1 / 1.008))
+            for r in range(p):
+                ratio = buf.local_thresholds[r] / previous[1][r]
+                allowed = [1.03 ** j * f for j in range(6) for f in (1.0, 1.012, 1 / 1.012)]
+                assert any(ratio == pytest.approx(a, rel=1e-9) for a in allowed), ratio
+        if state.last["kind"] != "warmup":
+            previous = (buf.global_threshold, list(buf.local_thresholds))
+    sparse = [c - warmup for c in range(calls) if c >= warmup]
+    reevaluations = sum(s % tau == 0 for s in sparse)
+    assert kinds == ["warmup"] * warmup + ["reevaluate" if s % tau == 0 else "reuse" for s in sparse]
+    assert counts["kth_largest_magnitude"] == p * reevaluations  # one exact top-k per rank
+    assert counts["global_topk"] == p * reevaluations            # every rank selects from U
+    assert counts["quantile_boundaries"] == p * sum(s % tau_r == 0 for s in sparse)
+
+
+@pytest.mark.timeout(60)
+def test_warmup_calls_are_a_dense_allreduce() -> None:
+    p, numel, k = 3, 1001, 10
+    state = OkTopkFaithfulState(warmup=3)
+    assert state.describe()["oktopk_warmup_iterations"] == 3
+    gen = torch.Generator().manual_seed(2)
+    for call in range(4):
+        # integer-valued: any summation order is exact, so the oracle is the plain sum
+        accs = [torch.randint(-50, 50, (numel,), generator=gen).float() for _ in range(p)]
+        outs = sim_oktopk_faithful_allreduce(accs, k, state=state)
+        result = outs[0][0]
+        if call < 3:
+            assert result.indices is None and result.stats.collective == "dense_allreduce"
+            assert torch.equal(result.values, sum(accs))
+            # a ring: 2 (P-1) rounds of about d/P floats each way
+            assert result.stats.rounds == 2 * (p - 1)
+            assert abs(result.stats.bytes_sent - 2 * (p - 1) * (4 * numel / p + 8)) <= 2 * (p - 1) * 4
+            for r, (_res, (sv, si)) in enumerate(outs):  # everything was applied: nothing stays behind
+                assert torch.equal(si.long(), torch.arange(numel)) and torch.equal(sv, accs[r])
+        else:
+            assert result.indices is not None and result.stats.collective == "oktopk_allreduce"
+            assert state.last == {"numel": numel, "call": 3, "kind": "reevaluate", "repartition": True}
+
+
+@pytest.mark.timeout(90)
+def test_training_run_with_a_warmup_variant() -> None:
+    """A method built with oktopk_collective(warmup=2) runs dense for 2 iterations in training."""
+    from gtopk_lab.config import RunConfig
+    from gtopk_lab.methods import Method, register_method, unregister_method
+    from gtopk_lab.methods.builtin import OKTOPK_SELECTOR, oktopk_collective
+    from gtopk_lab.training.simulator import simulate
+
+    register_method(Method(name="oktopk-test-warmup", selector=OKTOPK_SELECTOR, algorithm="plain",
+                           collective=oktopk_collective("oktopk-test-warmup", warmup=2)), replace=True)
+    try:
+        cfg = RunConfig(method="oktopk-test-warmup", workers=2, model="mlp", density=0.02, max_iterations=4,
+                        train_samples=64, test_samples=32, batch_size=8, bandwidth="1GbE")
+        run = simulate(cfg)
+        rows = [r for r in run.rows if r["kind"] == "iter" and r["rank"] == 0]
+        numel = run.summary["numel"]
+    finally:
+        unregister_method("oktopk-test-warmup")
+    dense_bytes = 2 * (2 - 1) * (4 * numel / 2 + 8)
+    assert [r["bytes_sent"] for r in rows[:2]] == pytest.approx([dense_bytes] * 2, abs=8)
+    assert all(r["bytes_sent"] < dense_bytes / 5 for r in rows[2:])
+
+
+# --------------------------------------------------------------------------- real gloo ranks
+CALLS, TAU, TAU_R, WARMUP, NUMEL, K = 7, 2, 3, 1, 3000, 30
+
+
+def real_input(p: int, rank: int, call: int) -> torch.Tensor:
+    """A shared cluster (large after summing) plus rank-specific entries: kept blocks are
+    imbalanced, so the balanced allgather moves data."""
+    gen = torch.Generator().manual_seed(100 * p + 10 * call + rank)
+    acc = 0.1 * torch.randn(NUMEL, generator=gen)
+    acc[100:130] += 3.0 + torch.rand(30, generator=gen)
+    own = torch.randperm(NUMEL, generator=gen)[:20]
+    acc[own] += 2.0 * torch.randn(20, generator=gen)
+    return acc
+
+
+def _gloo_job(rank: int, world: int) -> dict:
+    out: dict = {}
+    for p in (2, 4):
+        group = dist.new_group(list(range(p)))  # every rank takes part in new_group
+        if rank >= p:
+            continue
+        for mode in ("plain", "balanced"):
+            state = OkTopkFaithfulState(tau=TAU, tau_r=TAU_R, warmup=WARMUP)
+            calls = []
+            for call in range(CALLS):
+                res, sel = oktopk_faithful_allreduce(real_input(p, rank, call), K, group=None if p == world else group,
+                                                     state=state, allgather=mode)
+                calls.append((res, sel))
+            out[(p, mode)] = (calls, dataclasses.asdict(state))
+    dist.barrier()
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _gloo_results() -> list[dict]:
+    return run_gloo(_gloo_job, 4, timeout_s=120)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("p", [2, 4])
+def test_real_gloo_ranks_equal_in_process_bitwise(p: int) -> None:
+    results = _gloo_results()
+    for mode in ("plain", "balanced"):
+        state = OkTopkFaithfulState(tau=TAU, tau_r=TAU_R, warmup=WARMUP)
+        moved = 0
+        for call in range(CALLS):
+            sim = sim_oktopk_faithful_allreduce([real_input(p, r, call) for r in range(p)], K, state=state,
+                                                allgather=mode)
+            moved += sum(received_pairs(ph, ("balance",)) for ph in state.phases)
+            for r in range(p):
+                (got, (gv, gi)), (want, (wv, wi)) = results[r][(p, mode)][0][call], sim[r]
+                assert torch.equal(got.values, want.values)
+                assert (got.indices is None) == (want.indices is None)
+                if got.indices is not None:
+                    assert torch.equal(got.indices, want.indices)
+                    assert torch.equal(got.indices, sim[0][0].indices)  # identical on every rank
+                    assert torch.equal(got.stats.dropped_values, want.stats.dropped_values)
+                    assert torch.equal(got.stats.dropped_indices, want.stats.dropped_indices)
+                a, b = got.stats, want.stats
+                assert (a.collective, a.algorithm, a.bytes_sent, a.bytes_recv, a.messages, a.rounds, a.steps) == \
+                       (b.collective, b.algorithm, b.bytes_sent, b.bytes_recv, b.messages, b.rounds, b.steps)
+                assert torch.equal(gv, wv) and torch.equal(gi, wi)
+        for r in range(p):  # the states agree: each real rank holds its own local threshold
+            real_state = results[r][(p, mode)][1]
+            real_buf, sim_buf = real_state["buffers"][NUMEL], dataclasses.asdict(state)["buffers"][NUMEL]
+            assert real_buf["boundaries"] == sim_buf["boundaries"]
+            assert real_buf["global_threshold"] == sim_buf["global_threshold"]
+            assert real_buf["local_thresholds"][r] == sim_buf["local_thresholds"][r]
+        if mode == "balanced":
+            assert moved > 0  # the data balancing was exercised
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["plain", "balanced"])
+def test_mass_conserved_with_the_mass_rule(mode: str) -> None:
+    """Error feedback "mass": sum_i residual_i + G == sum_i acc_i at every call (warm-up included)."""
+    p = 3
+    memories = [ErrorFeedback(NUMEL, rule="mass") for _ in range(p)]
+    state = OkTopkFaithfulState(tau=3, tau_r=4, warmup=1)
+    for call in range(8):
+        accs = [m.compensate(real_input(p, r, call)) for r, m in enumerate(memories)]
+        outs = sim_oktopk_faithful_allreduce(accs, K, state=state, allgather=mode)
+        for m, acc, (res, (sv, si)) in zip(memories, accs, outs):
+            m.update(acc, sv, si, res)
+        G = torch.zeros(NUMEL)
+        res = outs[0][0]
+        if res.indices is None:
+            G += res.values
+        else:
+            G[res.indices.long()] = res.values
+        torch.testing.assert_close(sum(m.residual for m in memories) + G, sum(accs), rtol=0, atol=1e-5)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["plain", "balanced"])
+def test_formula_follows_the_measured_steps(mode: str) -> None:
+    """Uniform selections, P = 8: the per-phase formulas predict the modelled time of the steps."""
+    p, numel, k = 8, 100_000, 1000
+    gen = torch.Generator().manual_seed(4)
+    accs = [torch.randn(numel, generator=gen) for _ in range(p)]
+    state = OkTopkFaithfulState()
+    net = NetworkModel.from_strings("1GbE")
+    for kind in ("reevaluate", "reuse"):
+        outs = sim_oktopk_faithful_allreduce(accs, k, state=state, allgather=mode)
+        assert state.last["kind"] == kind
+        measured = max(net.steps_time_s(res.stats.steps) for res, _ in outs)
+        n_kept = outs[0][0].indices.numel()
+        union = sum(int(r.stats.dropped_indices.numel()) for r, _ in outs) + n_kept
+        ph = F.oktopk_phase_times_s(net, numel, k, p, allgather=mode, kept=n_kept, union=union)
+        predicted = ph["reduce_scatter"] + (ph["reevaluation"] + ph["repartition"] if kind == "reevaluate"
+                                            else ph["allgather"])
+        print(mode, kind, f"measured {measured * 1e3:.3f} ms, formula {predicted * 1e3:.3f} ms")
+        assert measured == pytest.approx(predicted, rel=0.05), (kind, measured, predicted)
+    amortised = F.oktopk_time_s(net, numel, k, p, allgather=mode)
+    assert ph["reduce_scatter"] < amortised < ph["reduce_scatter"] + ph["reevaluation"]
+    lower = F.sparse_allreduce_lower_bound_time_s(net, numel, k, p)
+    assert lower < amortised <= F.oktopk_paper_bound_time_s(net, numel, k, p)
+
+
+@pytest.mark.timeout(30)
+def test_state_validation_checkpoint_and_registry() -> None:
+    from gtopk_lab.methods import get_method
+
+    with pytest.raises(ValueError, match="tau=0"):
+        OkTopkFaithfulState(tau=0)
+    with pytest.raises(TypeError, match="warmup"):
+        OkTopkFaithfulState(warmup=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="allgather='ring'"):
+        sim_oktopk_faithful_allreduce([torch.randn(10)], 2, allgather="ring")
+    with pytest.raises(TypeError, match="OkTopkFaithfulState"):
+        sim_oktopk_faithful_allreduce([torch.randn(10)], 2, state=OkTopkState())  # type: ignore[arg-type]
+    state = OkTopkFaithfulState(tau=4)
+    for _ in range(3):
+        sim_oktopk_faithful_allreduce([torch.randn(500), torch.randn(500)], 5, state=state)
+    # a checkpoint stores dataclasses.asdict and rebuilds with the constructor (RankStep)
+    again = OkTopkFaithfulState(**dataclasses.asdict(state))
+    assert again == state and pickle.loads(pickle.dumps(state)) == state
+    # a re-evaluation on buffers with fewer than k non-zeros keeps no 0 threshold (it would
+    # pass every entry for tau calls): the next call evaluates again
+    zero = OkTopkFaithfulState(tau=8)
+    sim_oktopk_faithful_allreduce([torch.zeros(500), torch.zeros(500)], 5, state=zero)
+    assert zero.buffers[500].global_threshold is None and zero.buffers[500].local_thresholds == [None, None]
+    (res, _), _ = sim_oktopk_faithful_allreduce([torch.randn(500), torch.randn(500)], 5, state=zero)
+    assert zero.last["kind"] == "reevaluate" and res.indices.numel() == 5
+    # P = 1 runs the same program without messages
+    (res, _sel), = sim_oktopk_faithful_allreduce([torch.randn(500)], 5)
+    assert res.indices.numel() == 5 and res.stats.steps == []
+    # registry: the default is the reference's algorithm, the earlier one stays available
+    assert get_method("oktopk").comm.name == "oktopk" and get_method("oktopk").algorithm == "plain"
+    assert get_method("oktopk-balanced").algorithm == "balanced"
+    assert get_method("oktopk-exact").comm.make_state is OkTopkState
+    assert get_method("oktopk").comm.algorithms == ("plain", "balanced")
