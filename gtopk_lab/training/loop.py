@@ -234,7 +234,8 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
                                 extra={"rank": rank, "device": str(dev),
                                        "merge_cpu_s": clock.total_merge_cpu_s,
                                        "virtual_merge_cpu": clock.include_merge_cpu,
-                                       "setup_wall_s": timeline.started_at - setup_start})
+                                       "setup_wall_s": timeline.started_at - setup_start,
+                                       **state.step.describe()})
         weights = replica.flat_weights().cpu() if config.extra.get("return_weights") else None
         return RankResult(rows=buffer.rows, summary=summary, final_weights=weights)
     finally:  # rows produced before an exception still reach the sink

@@ -192,7 +192,8 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                        "fixed_selection_time_s": fixed_selection_s,
                                        "compute_charge": (None if fixed_compute_s is not None
                                                           else ranks.charge.rule),
-                                       "compute_s_spread": ranks.charge.spread()})
+                                       "compute_s_spread": ranks.charge.spread(),
+                                       **ranks.states[0].step.describe()})
         # In a simulation wall throughput is the simulator's own speed, not the cluster's.
         summary["samples_per_s_wall"] = math.nan if world > 1 else summary["samples_per_s_wall"]
         weights = replica.flat_weights().cpu() if config.extra.get("return_weights") else None

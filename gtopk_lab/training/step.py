@@ -64,7 +64,8 @@ class RankStep:
     def __init__(self, method: Method, numel: int, device: torch.device, *, rank: int = 0,
                  residual_rule: str = "mass", selector: str | None = None, grad_clip: float | None = None,
                  momentum_correction: bool = False, momentum: float = 0.0, algorithm: str | None = None,
-                 layout: Sequence[tuple[int, ...]] = ()) -> None:
+                 layout: Sequence[tuple[int, ...]] = (), collective_options: dict[str, Any] | None = None
+                 ) -> None:
         self.method, self.numel, self.rank = method, numel, rank
         self.select, self.exact_k = selector_for(method, selector)
         self.algorithm = method.comm.algorithm_for(method.algorithm or algorithm)
@@ -79,7 +80,10 @@ class RankStep:
         # DGC momentum correction means something only where entries stay behind
         self.velocity = torch.zeros(numel, device=device) if momentum_correction and method.sparse else None
         make_state = method.comm.make_state
-        self.collective_state = make_state() if make_state is not None else None
+        if collective_options and make_state is None:
+            raise ValueError(f"collective_options={collective_options!r} is invalid for method "
+                             f"{method.name!r}: its collective keeps no state to configure")
+        self.collective_state = make_state(**(collective_options or {})) if make_state is not None else None
         self.layout = tuple(tuple(s) for s in layout)
 
     def prepare(self, g: torch.Tensor, k: int) -> Contribution:
@@ -96,6 +100,12 @@ class RankStep:
             return Contribution(gradient=g, acc=acc)
         values, indices = self.select(acc, k)
         return Contribution(gradient=g, acc=acc, values=values, indices=indices)
+
+    def describe(self) -> dict[str, Any]:
+        """What a run summary records of the collective's settings (e.g. Ok-Topk's
+        ``oktopk_tau``), from its state's ``describe()``; {} without one."""
+        describe = getattr(self.collective_state, "describe", None)
+        return dict(describe()) if callable(describe) else {}
 
     def call(self, k: int, iteration: int = 0, group: Any = None) -> CommCall:
         """The :class:`CommCall` of this rank's next collective."""
