@@ -173,7 +173,8 @@ class RankState:
         self.rank = rank
         self.config = config
         self.method = get_method(config.method)
-        self.shard = Shard(dataset, rank, world_size, config.batch_size, config.seed)
+        self.shard = Shard(dataset, rank, world_size, config.batch_size, config.seed,
+                           split=config.data_split, alpha=config.dirichlet_alpha)
         self.step = RankStep(self.method, replica.numel, replica.device, rank=rank,
                              residual_rule=config.residual_rule, selector=config.selector,
                              grad_clip=config.grad_clip, momentum_correction=config.momentum_correction,
