@@ -117,6 +117,8 @@ class RunConfig:
             if self.selector not in available_selectors():
                 raise _fail("selector", self.selector, f"one of {', '.join(available_selectors())} or None")
             selector_for(method, self.selector)
+        if method.check_options is not None:  # the method's own keys in extra (ValueError naming one)
+            method.check_options(self.extra)
         if self.algorithm not in ALGORITHMS:
             raise _fail("algorithm", self.algorithm, f"one of {', '.join(ALGORITHMS)}")
         if self.residual_rule not in RESIDUAL_RULES:

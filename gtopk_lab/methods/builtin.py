@@ -145,3 +145,6 @@ register_method(Method(name="gaussiank", selector="gaussiank", collective="allga
                        description="GaussianK-SGD: Gaussian threshold selection, allgather, error feedback"))
 register_method(Method(name="oktopk", selector="topk", collective="oktopk",
                        description="Ok-Topk (Li & Hoefler, PPoPP'22): O(k) sparse allreduce"))
+
+# PowerSGD lives in its own module and registers itself there, as a plugin would.
+from gtopk_lab.methods import powersgd as _powersgd  # noqa: E402,F401
