@@ -23,6 +23,9 @@ from gtopk_lab.methods.registry import selector_for
 from gtopk_lab.network.model import network_model
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+#: How the training set is divided between the ranks (gtopk_lab.training.data.Shard):
+#: "iid" (a seeded permutation cut in P equal parts) or "dirichlet" (label skew).
+DATA_SPLITS: tuple[str, ...] = ("iid", "dirichlet")
 
 
 def _fail(field_name: str, value: Any, allowed: str) -> ValueError:
@@ -58,6 +61,11 @@ class RunConfig:
     data_dir: str | None = None
     train_samples: int = 4000
     test_samples: int = 1000
+    #: "iid" or "dirichlet": each rank's class proportions drawn from a Dirichlet of
+    #: concentration ``dirichlet_alpha`` (non-IID label skew; equal shard sizes).
+    data_split: str = "iid"
+    #: Dirichlet concentration per class (> 0): small = few classes per rank, large = IID.
+    dirichlet_alpha: float = 0.5
 
     # --- optimiser recipe ------------------------------------------------------------
     epochs: int = 2
@@ -109,10 +117,16 @@ class RunConfig:
             if self.selector not in available_selectors():
                 raise _fail("selector", self.selector, f"one of {', '.join(available_selectors())} or None")
             selector_for(method, self.selector)
+        if method.check_options is not None:  # the method's own keys in extra (ValueError naming one)
+            method.check_options(self.extra)
         if self.algorithm not in ALGORITHMS:
             raise _fail("algorithm", self.algorithm, f"one of {', '.join(ALGORITHMS)}")
         if self.residual_rule not in RESIDUAL_RULES:
             raise _fail("residual_rule", self.residual_rule, f"one of {', '.join(RESIDUAL_RULES)}")
+        if self.data_split not in DATA_SPLITS:
+            raise _fail("data_split", self.data_split, f"one of {', '.join(DATA_SPLITS)}")
+        if not (math.isfinite(self.dirichlet_alpha) and self.dirichlet_alpha > 0):
+            raise _fail("dirichlet_alpha", self.dirichlet_alpha, "a finite number > 0")
         if self.device not in DEVICES:
             raise _fail("device", self.device, f"one of {', '.join(DEVICES)}")
         if not (0.0 < self.density <= 1.0) or math.isnan(self.density):
@@ -193,7 +207,8 @@ class RunConfig:
 
 _TYPES: dict[str, type] = {
     "method": str, "algorithm": str, "residual_rule": str, "density": float, "workers": int,
-    "model": str, "dataset": str, "train_samples": int, "test_samples": int, "epochs": int,
+    "model": str, "dataset": str, "data_split": str, "dirichlet_alpha": float, "train_samples": int,
+    "test_samples": int, "epochs": int,
     "max_iterations": int, "batch_size": int, "lr": float, "momentum": float,
     "weight_decay": float, "lr_warmup_epochs": float, "lr_decay": float, "grad_clip": float,
     "momentum_correction": bool, "seed": int, "bandwidth": str, "latency": str, "throttle": bool,

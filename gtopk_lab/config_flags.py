@@ -43,6 +43,8 @@ FIELD_HELP: dict[str, str] = {
     "data_dir": "local folder of a dataset that is not generated (cifar10, mnist, ptb, imagenet)",
     "train_samples": "training samples used (generated datasets)",
     "test_samples": "test samples used (generated datasets)",
+    "data_split": "iid (equal random shards) or dirichlet (non-IID label skew, see dirichlet_alpha)",
+    "dirichlet_alpha": "Dirichlet concentration per class for data_split=dirichlet (> 0; small = skewed)",
     "epochs": "epochs to train",
     "max_iterations": "stop after this many iterations in total (none: all epochs)",
     "batch_size": "samples per worker and iteration",

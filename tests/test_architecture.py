@@ -83,7 +83,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-_DISPATCH = re.compile(r"""method\s*(==|!=|\bin\b|\bnot in\b)\s*[(\[]?\s*["'](dense|topk|gtopk|gaussiank|oktopk)["']""")
+_DISPATCH = re.compile(r"""method\s*(==|!=|\bin\b|\bnot in\b)\s*[(\[]?\s*["'](dense|topk|gtopk|gaussiank|oktopk|powersgd)["']""")
 
 
 def test_no_method_name_dispatch_outside_the_registry() -> None:

@@ -30,6 +30,8 @@ SAMPLES: dict[str, list[tuple[list[str], object]]] = {
     "data_dir": [(["/tmp"], "/tmp"), (["none"], None)],
     "train_samples": [(["256"], 256)],
     "test_samples": [(["64"], 64)],
+    "data_split": [(["dirichlet"], "dirichlet")],
+    "dirichlet_alpha": [(["0.1"], 0.1)],
     "epochs": [(["5"], 5)],
     "max_iterations": [(["20"], 20), (["none"], None)],
     "batch_size": [(["16"], 16)],

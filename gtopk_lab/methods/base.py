@@ -18,7 +18,7 @@ line; :func:`gtopk_lab.methods.registry.register_method` checks that the parts f
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +54,9 @@ class CommCall:
     ``layout``: the shapes of the parameters in flat-buffer order, for per-layer
     compressors (PowerSGD-shaped collectives reshape ``acc`` with it). ``state``: the
     per-rank state the collective's ``make_state`` built (None when it has none).
-    ``group``: the process group on real ranks (None = default group).
+    ``group``: the process group on real ranks (None = default group). ``options``: the
+    run's ``RunConfig.extra`` (a method's hyper-parameters, e.g. ``powersgd_rank``; checked
+    by ``Method.check_options`` when the config is built).
     """
 
     numel: int
@@ -65,6 +67,7 @@ class CommCall:
     iteration: int = 0
     layout: tuple[tuple[int, ...], ...] = ()
     group: Any = None
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _no_formula(*_args: Any, **_kwargs: Any) -> float:
@@ -146,7 +149,9 @@ class Method:
     - ``memory``: ``"residual"`` (error feedback with the run's ``residual_rule``), None (no
       memory: what is not sent is lost, or the collective keeps its own state, EF21-shaped),
       or a factory ``(numel, rule, device) -> memory`` with ``compensate(g) -> acc``,
-      ``update(acc, values, indices, result)``, ``state_dict()``, ``load_state_dict(d)``.
+      ``update(acc, values, indices, result)``, ``state_dict()``, ``load_state_dict(d)``
+      (a factory with ``needs_world = True`` is also given ``world=P``: memories whose
+      update needs the applied mean ``G / P``, e.g. PowerSGD's error feedback).
     - ``algorithm``: a fixed pattern of the collective (None: the run's ``algorithm`` when
       the collective has patterns).
     - ``sync_every`` (H) and ``outer_optimizer``: infrequent synchronisation (DiLoCo-shaped).
@@ -156,6 +161,9 @@ class Method:
       lr 1, i.e. the averaged update) steps on the aggregate / P.
     - ``requires_lossless``: refuse a collective that drops entries (EF21-shaped methods).
     - ``time_s`` / ``bytes_per_rank``: override the collective's formulas (same signatures).
+    - ``check_options``: ``(extra) -> Any``, raises ``ValueError`` naming the key for a bad
+      method option in ``RunConfig.extra`` (called when the config is built; the collective
+      reads the options from ``CommCall.options``).
     """
 
     name: str
@@ -168,6 +176,7 @@ class Method:
     requires_lossless: bool = False
     time_s: Callable[..., float] | None = None
     bytes_per_rank: Callable[..., float] | None = None
+    check_options: Callable[[Mapping[str, Any]], Any] | None = None
     description: str = ""
     #: filled in by register_method: the resolved collective and selector
     resolved: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -187,7 +196,7 @@ class Method:
         if self.memory is not None and not isinstance(self.memory, str) and not callable(self.memory):
             raise TypeError(f"memory={self.memory!r} is invalid: expected 'residual', None or a factory")
         _positive_int("sync_every", self.sync_every)
-        for fname in ("outer_optimizer", "time_s", "bytes_per_rank"):
+        for fname in ("outer_optimizer", "time_s", "bytes_per_rank", "check_options"):
             value = getattr(self, fname)
             if value is not None and not callable(value):
                 raise TypeError(f"{fname}={value!r} is invalid: expected a callable or None")

@@ -173,11 +173,13 @@ class RankState:
         self.rank = rank
         self.config = config
         self.method = get_method(config.method)
-        self.shard = Shard(dataset, rank, world_size, config.batch_size, config.seed)
+        self.shard = Shard(dataset, rank, world_size, config.batch_size, config.seed,
+                           split=config.data_split, alpha=config.dirichlet_alpha)
         self.step = RankStep(self.method, replica.numel, replica.device, rank=rank,
                              residual_rule=config.residual_rule, selector=config.selector,
                              grad_clip=config.grad_clip, momentum_correction=config.momentum_correction,
                              momentum=config.momentum, algorithm=config.algorithm, layout=replica.layout,
+                             world=world_size, options=config.extra,
                              collective_options=config.extra.get("collective_options"))
         gen = torch.Generator().manual_seed(config.seed + 1 + rank)
         self.rng_state = gen.get_state()

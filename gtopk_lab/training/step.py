@@ -25,7 +25,7 @@ Cost: O(d) for compensation and update, plus the selector's and the collective's
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -59,13 +59,16 @@ class RankStep:
 
     ``selector``: a registered selector name overriding the method's (``RunConfig.selector``).
     ``layout``: parameter shapes in flat-buffer order (handed to the collective).
+    ``world``: P (given to memory factories with ``needs_world``). ``options``: the run's
+    ``RunConfig.extra``, handed to the collective as ``CommCall.options``.
     """
 
     def __init__(self, method: Method, numel: int, device: torch.device, *, rank: int = 0,
                  residual_rule: str = "mass", selector: str | None = None, grad_clip: float | None = None,
                  momentum_correction: bool = False, momentum: float = 0.0, algorithm: str | None = None,
-                 layout: Sequence[tuple[int, ...]] = (), collective_options: dict[str, Any] | None = None
-                 ) -> None:
+                 layout: Sequence[tuple[int, ...]] = (), world: int = 1,
+                 options: Mapping[str, Any] | None = None,
+                 collective_options: dict[str, Any] | None = None) -> None:
         self.method, self.numel, self.rank = method, numel, rank
         self.select, self.exact_k = selector_for(method, selector)
         self.algorithm = method.comm.algorithm_for(method.algorithm or algorithm)
@@ -75,6 +78,8 @@ class RankStep:
             self.memory: Any = ErrorFeedback(numel, rule=residual_rule, device=device)
         elif memory is None:
             self.memory = None
+        elif getattr(memory, "needs_world", False):  # its error is against the mean G / P
+            self.memory = memory(numel, residual_rule, device, world=world)
         else:
             self.memory = memory(numel, residual_rule, device)
         # DGC momentum correction means something only where entries stay behind
@@ -85,6 +90,7 @@ class RankStep:
                              f"{method.name!r}: its collective keeps no state to configure")
         self.collective_state = make_state(**(collective_options or {})) if make_state is not None else None
         self.layout = tuple(tuple(s) for s in layout)
+        self.options = dict(options or {})
 
     def prepare(self, g: torch.Tensor, k: int) -> Contribution:
         """Steps 1-3: clip, momentum correction, compensation, selection."""
@@ -110,7 +116,8 @@ class RankStep:
     def call(self, k: int, iteration: int = 0, group: Any = None) -> CommCall:
         """The :class:`CommCall` of this rank's next collective."""
         return CommCall(numel=self.numel, k=k, exact_k=self.exact_k, algorithm=self.algorithm,
-                        state=self.collective_state, iteration=iteration, layout=self.layout, group=group)
+                        state=self.collective_state, iteration=iteration, layout=self.layout, group=group,
+                        options=self.options)
 
     def finish(self, contribution: Contribution, result: CollectiveResult) -> None:
         """Step 5: memory update and momentum factor masking at the local selection S_i.
