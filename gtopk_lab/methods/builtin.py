@@ -209,7 +209,6 @@ register_method(Method(name="gtopk", selector="topk", collective="gtopk",
                        description="gTop-k S-SGD (Shi et al., ICDCS'19): global top-k merge, error feedback"))
 register_method(Method(name="gaussiank", selector="gaussiank", collective="allgather",
                        description="GaussianK-SGD: Gaussian threshold selection, allgather, error feedback"))
-<<<<<<< HEAD
 register_method(Method(name="oktopk", selector=OKTOPK_SELECTOR, collective="oktopk", algorithm="plain",
                        description="Ok-Topk (Li & Hoefler, PPoPP'22) as its reference code: thresholds reused "
                                    "between re-evaluations, plain allgather"))
@@ -217,10 +216,6 @@ register_method(Method(name="oktopk-balanced", selector=OKTOPK_SELECTOR, collect
                        description="Ok-Topk with the paper's balanced allgather"))
 register_method(Method(name="oktopk-exact", selector="topk", collective="oktopk-exact",
                        description="Ok-Topk-style, exact global top-k every call (the project's earlier oktopk)"))
-=======
-register_method(Method(name="oktopk", selector="topk", collective="oktopk",
-                       description="Ok-Topk (Li & Hoefler, PPoPP'22): O(k) sparse allreduce"))
 
 # PowerSGD lives in its own module and registers itself there, as a plugin would.
 from gtopk_lab.methods import powersgd as _powersgd  # noqa: E402,F401
->>>>>>> powersgd
