@@ -109,6 +109,7 @@ class RunConfig:
             if self.selector not in available_selectors():
                 raise _fail("selector", self.selector, f"one of {', '.join(available_selectors())} or None")
             selector_for(method, self.selector)
+        method.run_options(self.extra)  # the method's options in extra: right types, H >= 1
         if self.algorithm not in ALGORITHMS:
             raise _fail("algorithm", self.algorithm, f"one of {', '.join(ALGORITHMS)}")
         if self.residual_rule not in RESIDUAL_RULES:

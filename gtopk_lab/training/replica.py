@@ -177,7 +177,8 @@ class RankState:
         self.step = RankStep(self.method, replica.numel, replica.device, rank=rank,
                              residual_rule=config.residual_rule, selector=config.selector,
                              grad_clip=config.grad_clip, momentum_correction=config.momentum_correction,
-                             momentum=config.momentum, algorithm=config.algorithm, layout=replica.layout)
+                             momentum=config.momentum, algorithm=config.algorithm, layout=replica.layout,
+                             options=config.extra)
         gen = torch.Generator().manual_seed(config.seed + 1 + rank)
         self.rng_state = gen.get_state()
         self.buffers = [b.detach().clone() for b in replica.model.buffers()]

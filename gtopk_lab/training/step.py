@@ -25,7 +25,7 @@ Cost: O(d) for compensation and update, plus the selector's and the collective's
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -59,13 +59,17 @@ class RankStep:
 
     ``selector``: a registered selector name overriding the method's (``RunConfig.selector``).
     ``layout``: parameter shapes in flat-buffer order (handed to the collective).
+    ``options``: the run's ``config.extra``; the method's declared options are read from it
+    (:meth:`~gtopk_lab.methods.base.Method.run_options`) and handed to its memory factory
+    (keyword ``options``, only for methods that declare options) and to every ``CommCall``.
     """
 
     def __init__(self, method: Method, numel: int, device: torch.device, *, rank: int = 0,
                  residual_rule: str = "mass", selector: str | None = None, grad_clip: float | None = None,
                  momentum_correction: bool = False, momentum: float = 0.0, algorithm: str | None = None,
-                 layout: Sequence[tuple[int, ...]] = ()) -> None:
+                 layout: Sequence[tuple[int, ...]] = (), options: Mapping[str, Any] | None = None) -> None:
         self.method, self.numel, self.rank = method, numel, rank
+        self.options = method.run_options(options)
         self.select, self.exact_k = selector_for(method, selector)
         self.algorithm = method.comm.algorithm_for(method.algorithm or algorithm)
         self.grad_clip, self.momentum = grad_clip, momentum
@@ -74,6 +78,8 @@ class RankStep:
             self.memory: Any = ErrorFeedback(numel, rule=residual_rule, device=device)
         elif memory is None:
             self.memory = None
+        elif method.options:  # hyper-parameters reach the factory (older factories take three)
+            self.memory = memory(numel, residual_rule, device, options=self.options)
         else:
             self.memory = memory(numel, residual_rule, device)
         # DGC momentum correction means something only where entries stay behind
@@ -100,7 +106,8 @@ class RankStep:
     def call(self, k: int, iteration: int = 0, group: Any = None) -> CommCall:
         """The :class:`CommCall` of this rank's next collective."""
         return CommCall(numel=self.numel, k=k, exact_k=self.exact_k, algorithm=self.algorithm,
-                        state=self.collective_state, iteration=iteration, layout=self.layout, group=group)
+                        state=self.collective_state, iteration=iteration, layout=self.layout, group=group,
+                        options=self.options)
 
     def finish(self, contribution: Contribution, result: CollectiveResult) -> None:
         """Step 5: memory update and momentum factor masking at the local selection S_i.
@@ -169,11 +176,11 @@ class LocalSteps:
     ``it`` ends a round of ``sync_every`` local steps; :meth:`pseudo_gradient` is
     ``anchor - w``; :meth:`outer_step` resets the weights to the anchor, writes
     ``aggregate / P`` into the parameters' gradients, steps the outer optimiser and takes
-    the new anchor.
+    the new anchor. H is ``config.extra["sync_every"]`` when set, else ``method.sync_every``.
     """
 
     def __init__(self, method: Method, params: list[torch.nn.Parameter], config: Any) -> None:
-        self.sync_every = method.sync_every
+        self.sync_every = method.run_options(config.extra)["sync_every"]
         self.params = params
         factory = method.outer_optimizer
         self.outer = (factory(params, config) if factory is not None
