@@ -117,6 +117,7 @@ class RunConfig:
             if self.selector not in available_selectors():
                 raise _fail("selector", self.selector, f"one of {', '.join(available_selectors())} or None")
             selector_for(method, self.selector)
+        method.run_options(self.extra)  # the method's options in extra: right types, H >= 1
         if method.check_options is not None:  # the method's own keys in extra (ValueError naming one)
             method.check_options(self.extra)
         if self.algorithm not in ALGORITHMS:

@@ -177,6 +177,8 @@ def _cli(*args: str, env: dict | None = None, timeout: float = 150) -> subproces
 def test_plugin_methods_are_listed_and_a_broken_plugin_is_one_line() -> None:
     listed = _cli("methods")
     assert listed.returncode == 0 and "test-ring" in listed.stdout and "test-diloco" in listed.stdout
+    for builtin in ("clt-k", "ef21", "ef21-sgdm", "diloco", "sparseloco", "sparseloco-gtopk"):
+        assert f"\n{builtin} " in listed.stdout  # the post-2019 methods, registered like plugins
     assert "test-ring" in _cli("run", "--help", env={"COLUMNS": "1000"}).stdout
     bad = _cli("methods", env={"GTOPK_LAB_METHODS": "no_such_plugin_module"})
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1

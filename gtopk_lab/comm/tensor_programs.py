@@ -3,7 +3,10 @@
 A tensor program is one rank's algorithm as a generator that yields
 ``("send", peer, tensor)`` (resumed with None), ``("recv", peer, None)`` or
 ``("exchange", peer, tensor)`` (both resumed with the peer's tensor) and returns its
-result: a ``(values, indices)`` pair (sparse sum) or a dense tensor. Two drivers run it:
+result: a ``(values, indices)`` pair (sparse sum), a dense tensor, or a
+:class:`~gtopk_lab.comm.stats.CollectiveResult` whose stats carry what the recorder cannot
+see (entries the program dropped and charged to this rank, merge CPU time); the recorder
+fills in bytes, messages and rounds. Two drivers run it:
 
 1. :func:`run_tensor_program` on a real rank: each message is a 16-byte header (element
    count, dtype code) then the tensor's bytes, over torch.distributed isend/irecv;
@@ -64,6 +67,11 @@ def _recorded(program: TensorProgram, name: str) -> Generator[Any, Any, Collecti
     stats = CommStats(collective=name, algorithm="program", bytes_sent=sum(s for s, _ in steps),
                       bytes_recv=sum(r for _, r in steps), messages=messages, rounds=len(steps),
                       steps=steps, dropped_values=None, dropped_indices=None)
+    if isinstance(out, CollectiveResult):  # a lossy program reports its drops (mass rule)
+        own = out.stats
+        stats.dropped_values, stats.dropped_indices = own.dropped_values, own.dropped_indices
+        stats.merge_cpu_s, stats.merged_elements = own.merge_cpu_s, own.merged_elements
+        return CollectiveResult(out.values, out.indices, stats)
     if isinstance(out, torch.Tensor):
         return CollectiveResult(out, None, stats)
     values, indices = out

@@ -55,7 +55,7 @@ from gtopk_lab.comm.torch_dist import dense_allreduce
 from gtopk_lab.compression.residual import RESIDUAL_RULES
 from gtopk_lab.compression.selection import available_selectors
 from gtopk_lab.config import k_for
-from gtopk_lab.methods import available_methods, get_method
+from gtopk_lab.methods import available_methods, get_collective, get_method
 from gtopk_lab.training.step import RankStep, communicate
 
 __all__ = ["SparseHookState", "gtopk_hook", "hook_methods", "SELECTION_SCOPES"]
@@ -96,6 +96,8 @@ class SparseHookState:
     _residuals: list[torch.Tensor] = field(default_factory=list, repr=False)
     _parked: list[tuple[Any, torch.futures.Future]] = field(default_factory=list, repr=False)
     _collective_state: Any = field(default=None, repr=False)
+    #: a method's own memory (EF21's estimates, CLT-k's filtered memory), kept across calls
+    _memories: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.density, bool) or not isinstance(self.density, (int, float)):
@@ -111,7 +113,11 @@ class SparseHookState:
         w = self.warmup_iterations
         if isinstance(w, bool) or not isinstance(w, int) or w < 0:
             raise ValueError(f"warmup_iterations={w!r} is invalid: expected an integer >= 0")
-        make_state = get_method(self.method).comm.make_state
+        method = get_method(self.method)
+        if self.selection == "bucket" and method.memory not in ("residual", None):
+            raise ValueError(f"selection='bucket' is invalid with method {self.method!r}: its own memory is "
+                             "kept for one fixed parameter set; expected selection='model'")
+        make_state = method.comm.make_state
         self._collective_state = make_state() if make_state is not None else None
 
     # --- pickling: the process group and parameter keys stay behind -------------------------
@@ -150,8 +156,11 @@ def _sparse_step(state: SparseHookState, pairs: list[tuple[torch.Tensor, torch.T
     step = RankStep(method, numel, flat.device, residual_rule=state.residual_rule, selector=state.selector,
                     algorithm=state.algorithm)
     step.collective_state = state._collective_state
-    if step.memory is not None:  # the hook keeps residuals per parameter, across bucket rebuilds
+    residual = method.memory == "residual"
+    if residual:  # the hook keeps residuals per parameter, across bucket rebuilds
         step.memory.residual = torch.cat([state._residuals[s] for s in slot_ids])
+    elif step.memory is not None:  # a method's own memory lives on, for this parameter set
+        step.memory = state._memories.setdefault(tuple(slot_ids), step.memory)
     k = k_for(numel, state.density)
     contribution = step.prepare(flat, k)
     result = communicate(method, contribution, step.call(k, state.iteration, group=state.process_group))
@@ -159,7 +168,7 @@ def _sparse_step(state: SparseHookState, pairs: list[tuple[torch.Tensor, torch.T
     state.last_stats = result.stats
     dense = step.aggregate(result, flat.device).to(torch.float32)
     dense.div_(_world(state))
-    ef = step.memory
+    ef = step.memory if residual else None
     offset = 0
     for g, s in zip(grads, slot_ids):
         n = g.numel()
@@ -167,6 +176,12 @@ def _sparse_step(state: SparseHookState, pairs: list[tuple[torch.Tensor, torch.T
         if ef is not None:
             state._residuals[s] = ef.residual[offset:offset + n].clone()
         offset += n
+
+
+def _plain_dense(method: Any) -> bool:
+    """A memory-free method on the dense allreduce: DDP's own per-bucket allreduce is that method
+    (other dense-input methods, e.g. CLT-k, go through the training step)."""
+    return not method.sparse and method.memory is None and method.comm is get_collective("allreduce")
 
 
 def _done(tensor: torch.Tensor) -> torch.futures.Future:
@@ -191,7 +206,7 @@ def gtopk_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.futures
     buffer = bucket.buffer()
     last = bucket.is_last()
     try:
-        if not get_method(state.method).sparse or state.iteration < state.warmup_iterations:
+        if _plain_dense(get_method(state.method)) or state.iteration < state.warmup_iterations:
             dense_allreduce(buffer, group=state.process_group)
             buffer.div_(_world(state))
             return _done(buffer)

@@ -18,3 +18,7 @@ from gtopk_lab.methods.registry import (
 __all__ = ["Method", "Collective", "CommCall", "Contribution", "Selector", "register_method", "get_method",
            "available_methods", "unregister_method", "register_collective", "get_collective",
            "available_collectives", "program_collective", "load_plugins", "BASELINE_METHOD"]
+
+# The post-2019 methods, one module each, registered exactly as a plugin would register them
+# (imported here, not from builtin.py: they use builtin.program_collective, so that would be a cycle).
+from gtopk_lab.methods import cltk, diloco, ef21, sparseloco  # noqa: E402,F401

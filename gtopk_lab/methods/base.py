@@ -26,7 +26,7 @@ import torch
 
 from gtopk_lab.comm.stats import CollectiveResult
 
-__all__ = ["Selector", "Contribution", "CommCall", "Collective", "Method", "INPUTS", "MEMORIES"]
+__all__ = ["Selector", "Contribution", "CommCall", "Collective", "Method", "INPUTS", "MEMORIES", "OPTION_TYPES"]
 
 #: ``selector(x, k) -> (values, indices)``: the local selection S_i of k entries of x.
 Selector = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
@@ -34,6 +34,8 @@ Selector = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 INPUTS: tuple[str, ...] = ("sparse", "dense")
 #: Named residual memories; a method may also pass None (no memory) or a factory.
 MEMORIES: tuple[str, ...] = ("residual",)
+#: Types a method's option default may have (``Method.options``); a run's value must match it.
+OPTION_TYPES: tuple[type, ...] = (bool, int, float, str)
 
 
 @dataclass
@@ -55,8 +57,7 @@ class CommCall:
     compressors (PowerSGD-shaped collectives reshape ``acc`` with it). ``state``: the
     per-rank state the collective's ``make_state`` built (None when it has none).
     ``group``: the process group on real ranks (None = default group). ``options``: the
-    run's ``RunConfig.extra`` (a method's hyper-parameters, e.g. ``powersgd_rank``; checked
-    by ``Method.check_options`` when the config is built).
+    method's hyper-parameters for this run (``Method.run_options``), e.g. a quantiser's bits.
     """
 
     numel: int
@@ -164,6 +165,14 @@ class Method:
     - ``check_options``: ``(extra) -> Any``, raises ``ValueError`` naming the key for a bad
       method option in ``RunConfig.extra`` (called when the config is built; the collective
       reads the options from ``CommCall.options``).
+    - ``options``: the method's hyper-parameters and their defaults, e.g.
+      ``{"ef_decay": 0.95}``; a run overrides one with the ``config.extra`` entry of the same
+      name (:meth:`run_options`; the value must have the default's type). They reach the
+      memory factory (keyword ``options``), the collective (``CommCall.options``) and the
+      outer optimiser (``run_options(config.extra)``). An option may also default a
+      platform key of ``extra`` (``"optimizer": "adamw"``). Local-steps methods always have
+      ``sync_every`` (default: the field ``sync_every``), so a run may set H with
+      ``extra={"sync_every": H}``.
     """
 
     name: str
@@ -178,6 +187,7 @@ class Method:
     bytes_per_rank: Callable[..., float] | None = None
     check_options: Callable[[Mapping[str, Any]], Any] | None = None
     description: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     #: filled in by register_method: the resolved collective and selector
     resolved: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -200,6 +210,13 @@ class Method:
             value = getattr(self, fname)
             if value is not None and not callable(value):
                 raise TypeError(f"{fname}={value!r} is invalid: expected a callable or None")
+        if not isinstance(self.options, Mapping):
+            raise TypeError(f"options={self.options!r} is invalid: expected a mapping name -> default")
+        for key, default in self.options.items():
+            if not isinstance(key, str) or not isinstance(default, OPTION_TYPES):
+                raise ValueError(f"options[{key!r}]={default!r} is invalid: expected a str name and a "
+                                 "bool, int, float or str default")
+        object.__setattr__(self, "options", dict(self.options))
 
     # --- the resolved parts (valid after register_method) ------------------------------------
     @property
@@ -227,6 +244,28 @@ class Method:
         """True for infrequent synchronisation (H > 1 or an outer optimiser)."""
         return self.sync_every > 1 or self.outer_optimizer is not None
 
+    def run_options(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The method's options for a run: each declared default, replaced by ``extra[name]``
+        when present (``ValueError`` naming the entry when its type does not match; an int is
+        accepted for a float). Keys of ``extra`` the method does not declare are ignored
+        (``extra`` holds other settings too)."""
+        declared = dict(self.options)
+        if self.local_steps:
+            declared.setdefault("sync_every", self.sync_every)
+        extra = extra or {}
+        out: dict[str, Any] = {}
+        for key, default in declared.items():
+            value = extra.get(key, default)
+            if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, type(default)):
+                raise ValueError(f"extra {key}={value!r} is invalid for method {self.name!r}: expected "
+                                 f"{type(default).__name__} (default {default!r})")
+            if key == "sync_every":
+                _positive_int("extra sync_every", value)
+            out[key] = value
+        return out
+
     def predicted_time_s(self, net: Any, numel: int, k: int, workers: int, **kwargs: Any) -> float:
         """Alpha-beta(-gamma) time of one synchronisation (the method's or its collective's)."""
         fn = self.time_s or self.comm.time_s
@@ -246,7 +285,7 @@ class Method:
             self.selector, "__name__", "callable")
         return {"method": self.name, "selector": sel or "-", "collective": self.comm.name,
                 "memory": self.memory if isinstance(self.memory, str) or self.memory is None else "custom",
-                "exact_k": self.exact_k, "sync_every": self.sync_every,
+                "exact_k": self.exact_k, "sync_every": self.sync_every, "options": dict(self.options),
                 "patterns": ",".join(self.comm.algorithms) or "-", "description": self.description}
 
     def with_parts(self, **resolved: Any) -> "Method":

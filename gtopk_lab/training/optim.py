@@ -103,8 +103,9 @@ ADAMW_EPS = 1e-8
 
 
 def optimizer_name(config: RunConfig) -> str:
-    """``config.extra["optimizer"]`` ("sgd" when absent); anything else raises ``ValueError``."""
-    name = config.extra.get("optimizer", "sgd")
+    """``config.extra["optimizer"]``; when absent the method's ``options["optimizer"]`` (DiLoCo's
+    inner AdamW), else "sgd"; anything else raises ``ValueError``."""
+    name = config.extra.get("optimizer", get_method(config.method).options.get("optimizer", "sgd"))
     if name not in OPTIMIZERS:
         raise ValueError(f"extra optimizer={name!r} is invalid: expected one of {', '.join(OPTIMIZERS)}")
     return name

@@ -59,8 +59,10 @@ class RankStep:
 
     ``selector``: a registered selector name overriding the method's (``RunConfig.selector``).
     ``layout``: parameter shapes in flat-buffer order (handed to the collective).
-    ``world``: P (given to memory factories with ``needs_world``). ``options``: the run's
-    ``RunConfig.extra``, handed to the collective as ``CommCall.options``.
+    ``world``: P (given to memory factories with ``needs_world``).
+    ``options``: the run's ``config.extra``; the method's declared options are read from it
+    (:meth:`~gtopk_lab.methods.base.Method.run_options`) and handed to its memory factory
+    (keyword ``options``, only for methods that declare options) and to every ``CommCall``.
     """
 
     def __init__(self, method: Method, numel: int, device: torch.device, *, rank: int = 0,
@@ -70,6 +72,9 @@ class RankStep:
                  options: Mapping[str, Any] | None = None,
                  collective_options: dict[str, Any] | None = None) -> None:
         self.method, self.numel, self.rank = method, numel, rank
+        # the whole extra (a collective may read its own keys, e.g. powersgd_rank) with the
+        # method's declared options and their defaults on top
+        self.options = {**dict(options or {}), **method.run_options(options)}
         self.select, self.exact_k = selector_for(method, selector)
         self.algorithm = method.comm.algorithm_for(method.algorithm or algorithm)
         self.grad_clip, self.momentum = grad_clip, momentum
@@ -80,6 +85,8 @@ class RankStep:
             self.memory = None
         elif getattr(memory, "needs_world", False):  # its error is against the mean G / P
             self.memory = memory(numel, residual_rule, device, world=world)
+        elif method.options:  # hyper-parameters reach the factory (older factories take three)
+            self.memory = memory(numel, residual_rule, device, options=self.options)
         else:
             self.memory = memory(numel, residual_rule, device)
         # DGC momentum correction means something only where entries stay behind
@@ -90,7 +97,6 @@ class RankStep:
                              f"{method.name!r}: its collective keeps no state to configure")
         self.collective_state = make_state(**(collective_options or {})) if make_state is not None else None
         self.layout = tuple(tuple(s) for s in layout)
-        self.options = dict(options or {})
 
     def prepare(self, g: torch.Tensor, k: int) -> Contribution:
         """Steps 1-3: clip, momentum correction, compensation, selection."""
@@ -186,11 +192,11 @@ class LocalSteps:
     ``it`` ends a round of ``sync_every`` local steps; :meth:`pseudo_gradient` is
     ``anchor - w``; :meth:`outer_step` resets the weights to the anchor, writes
     ``aggregate / P`` into the parameters' gradients, steps the outer optimiser and takes
-    the new anchor.
+    the new anchor. H is ``config.extra["sync_every"]`` when set, else ``method.sync_every``.
     """
 
     def __init__(self, method: Method, params: list[torch.nn.Parameter], config: Any) -> None:
-        self.sync_every = method.sync_every
+        self.sync_every = method.run_options(config.extra)["sync_every"]
         self.params = params
         factory = method.outer_optimizer
         self.outer = (factory(params, config) if factory is not None
