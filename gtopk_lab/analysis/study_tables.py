@@ -122,7 +122,8 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
     of the final ``points``::
 
         t_1  = the dense P = 1 run's steady virtual time per iteration (its compute)
-        sel  = t(method, P=1) - t_1 (the method's own P = 1 run), else 0
+        sel  = t(method, P=1) - t_1 (the method's own P = 1 run of this source, else of
+               another source on the same network, else 0)
         t_P  = t_1 + sel + alpha-beta time of the collective at P (registry formula)
                + merge CPU per iteration the point's runs measured (the gamma term)
         eff  = t_1 / t_P
@@ -142,6 +143,14 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
     frame["_a"] = frame["algorithm"].fillna("-").astype(str)
     is_dense = frame["method"].map(lambda m: m in available_methods() and not get_method(m).sparse)
     rows = []
+    selection: dict[tuple[Any, ...], float] = {}  # (network, method, density, pattern) -> P=1 cost
+    for (bw, lat, source), group in frame.groupby(["bandwidth_bps", "latency_s", "source"], dropna=False):
+        t_1 = _iter_s(group[is_dense.loc[group.index] & (group["workers"] == 1)])
+        own = {key: _iter_s(runs[runs["workers"] == 1])
+               for key, runs in group.groupby(["method", "_d", "_a"], dropna=False)}
+        for key, own_1 in own.items():
+            if t_1 is not None and own_1 is not None:
+                selection.setdefault((bw, lat) + tuple(key), max(0.0, own_1 - t_1))
     for (bw, lat, source), group in frame.groupby(["bandwidth_bps", "latency_s", "source"], dropna=False):
         t_1 = _iter_s(group[is_dense.loc[group.index] & (group["workers"] == 1)])
         if t_1 is None:
@@ -152,7 +161,9 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
                 continue
             numel = int(runs["numel"].dropna().iloc[0])
             own_1 = _iter_s(runs[runs["workers"] == 1])
-            sel = max(0.0, own_1 - t_1) if own_1 is not None else 0.0
+            # a simulated group rarely has the method's own P = 1 run: the real one's cost
+            sel = max(0.0, own_1 - t_1) if own_1 is not None else \
+                selection.get((bw, lat, method, density, algorithm), 0.0)
             pattern = None if algorithm == "-" else str(algorithm)
             rho = 1.0 if density < 0 else float(density)
             for p, at_p in runs.groupby("workers"):
