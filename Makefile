@@ -9,6 +9,10 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 OUT    ?= results/demo
+# The suite runs in this many pytest-xdist processes, one test file each at a time
+# (--dist loadfile keeps a file's cluster fixtures in one process); most tests wait on
+# processes, sockets and kernels, so 2 processes fit 2 cores. `make test JOBS=0` runs serially.
+JOBS   ?= 2
 
 .PHONY: demo test install install-dev bench clean
 
@@ -33,7 +37,7 @@ demo: $(VENV)/.installed
 	$(BIN)/gtopk-lab demo --out $(OUT)
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/collectives.py

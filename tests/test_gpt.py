@@ -238,6 +238,7 @@ def test_tiny_gpt_learns_the_corpus_below_the_unigram_baseline(corpus):
     assert math.isfinite(loss) and loss < baseline - 0.4, (loss, baseline)
     assert bits_per_byte(loss) < bits_per_byte(baseline) - 0.5
     assert result.summary["final_test_perplexity"] == pytest.approx(math.exp(loss), rel=1e-6)
+    assert result.summary["final_test_bits_per_token"] == pytest.approx(bits_per_byte(loss), rel=1e-9)
 
 
 @pytest.mark.timeout(60)
@@ -246,3 +247,12 @@ def test_tiny_gpt_runs_with_gtopk_and_tied_weights(corpus):
                   extra={"optimizer": "adamw", "model_kwargs": {"n_embd": 32}})
     assert result.summary["status"] == "completed" and math.isfinite(result.summary["final_test_loss"])
     assert result.summary["k"] == int(0.05 * gpt_parameter_count(256, 64, 2, 32))
+
+
+@pytest.mark.timeout(60)
+def test_tiny_gpt_with_another_context_trains_on_windows_of_that_length(corpus):
+    result = _run(max_iterations=3, test_samples=32, extra={"optimizer": "adamw",
+                                                            "model_kwargs": {"block_size": 32}})
+    assert result.summary["status"] == "completed" and math.isfinite(result.summary["final_test_loss"])
+    with pytest.raises(ValueError, match="tokenizer"):
+        _run(max_iterations=1, extra={"optimizer": "adamw", "tokenizer": "words"})

@@ -155,7 +155,9 @@ class Replica:
         self.model.train()
         loss = total_loss / max(count, 1)
         return {"test_loss": loss, "test_accuracy": correct / max(count, 1),
-                "test_perplexity": math.exp(min(loss, 700.0)) if self.language_model else math.nan}
+                "test_perplexity": math.exp(min(loss, 700.0)) if self.language_model else math.nan,
+                # nats per token -> bits per token: bits per byte for the byte tokenizer
+                "test_bits_per_token": loss / math.log(2) if self.language_model else math.nan}
 
 
 class RankState:
@@ -257,8 +259,12 @@ def restore_rank_state(saved: dict[str, Any], replica: Replica, state: RankState
 def run_dataset(config: RunConfig) -> Dataset:
     """The run's dataset (every rank loads the same; each trains on its own shard), checked
     against the model's input shape."""
+    model_kwargs = config.extra.get("model_kwargs", {})
     dataset = load_dataset(config.dataset, model=config.model, train_samples=config.train_samples,
                            test_samples=config.test_samples, seed=config.seed, data_dir=config.data_dir,
-                           num_classes=config.extra.get("model_kwargs", {}).get("vocab_size"))
+                           num_classes=model_kwargs.get("vocab_size"),
+                           # a GPT built with another context trains on windows of that length
+                           seq_len=model_kwargs.get("block_size"),
+                           tokenizer=config.extra.get("tokenizer", "byte"))
     check_model_fits(config.model, dataset)
     return dataset

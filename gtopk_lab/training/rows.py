@@ -78,6 +78,7 @@ def epoch_row(config: RunConfig, rank: int, world: int, iteration: int, epoch: f
         "train_loss": train_loss, "test_loss": test.get("test_loss", math.nan),
         "test_accuracy": test.get("test_accuracy", math.nan),
         "test_perplexity": test.get("test_perplexity", math.nan),
+        "test_bits_per_token": test.get("test_bits_per_token", math.nan),
         "wall_time_s": wall_time_s, "virtual_time_s": virtual_time_s,
     }
 
@@ -128,6 +129,7 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
         "final_test_loss": last_ep.get("test_loss", math.nan),
         "final_test_accuracy": last_ep.get("test_accuracy", math.nan),
         "final_test_perplexity": last_ep.get("test_perplexity", math.nan),
+        "final_test_bits_per_token": last_ep.get("test_bits_per_token", math.nan),
         "wall_time_s": wall_time_s, "virtual_time_s": virtual_time_s,
         "samples_per_s_wall": steady("wall", samples / train_wall_s if train_wall_s > 0 else math.nan),
         "samples_per_s_virtual": steady("virtual", samples / virtual_time_s if virtual_time_s > 0
