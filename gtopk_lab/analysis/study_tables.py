@@ -130,7 +130,6 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
 
     so a measured point that strays from it strays by compute that grew with P
     (contention, stragglers) or by a wrong formula."""
-    from gtopk_lab.analysis.predict import collective_time_s
     from gtopk_lab.config import k_for
 
     columns = list(POINT_COLUMNS) + ["predicted"]
@@ -160,6 +159,7 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
             if method not in available_methods() or not runs["numel"].notna().any():
                 continue
             numel = int(runs["numel"].dropna().iloc[0])
+            entry = get_method(method)
             own_1 = _iter_s(runs[runs["workers"] == 1])
             # a simulated group rarely has the method's own P = 1 run: the real one's cost
             sel = max(0.0, own_1 - t_1) if own_1 is not None else \
@@ -167,7 +167,10 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
             pattern = None if algorithm == "-" else str(algorithm)
             rho = 1.0 if density < 0 else float(density)
             for p, at_p in runs.groupby("workers"):
-                comm = collective_time_s(net, method, numel, k_for(numel, rho), int(p), pattern) if p > 1 else 0.0
+                # the method's own formula: it knows whether its selector promises exactly k
+                # (then Top-k's allgather skips the count round)
+                comm = entry.predicted_time_s(net, numel, k_for(numel, rho), int(p), algorithm=pattern) \
+                    if p > 1 else 0.0
                 t_p = t_1 + sel + comm + (_merge_s(at_p) if p > 1 else 0.0)
                 rows.append({"method": method, "workers": int(p),
                              "density": math.nan if density < 0 else density,

@@ -41,7 +41,7 @@ from gtopk_lab.analysis.study_tables import (aggregate_seeds, fidelity_check, po
 from gtopk_lab.network.model import network_model
 from gtopk_lab.orchestration import results as _results
 from gtopk_lab.orchestration.study_grid import StudyPoint
-from gtopk_lab.training.rows import steady_seconds_per_iteration, warmup_iterations
+from gtopk_lab.training.rows import steady_seconds_per_iteration, sync_block, warmup_iterations
 
 __all__ = ["Study"]
 
@@ -262,7 +262,8 @@ class Study:
         last = records[-1]
         iterations_per_epoch = max(1, int(round((last["iteration"] + 1) / last["epoch"]))) \
             if last.get("epoch") else 1
-        t_iter = steady_seconds_per_iteration(records, warmup, "virtual", iterations_per_epoch)
+        t_iter = steady_seconds_per_iteration(records, warmup, "virtual", iterations_per_epoch,
+                                              block=sync_block(config))
         if not t_iter > 0:
             return None
         net = network_model(config.bandwidth, config.latency)

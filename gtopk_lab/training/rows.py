@@ -4,10 +4,12 @@ the simulator, and the buffer that hands rows to the sink in batches."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from typing import Any
 
 from gtopk_lab.config import RunConfig, k_for
+from gtopk_lab.methods import get_method
 from gtopk_lab.training.replica import network_of
 
 Sink = Callable[[list[dict]], None]
@@ -18,6 +20,12 @@ __all__ = ["Sink", "iter_row", "epoch_row", "build_summary", "RowBuffer", "warmu
 #: At most this many first iterations of a run are warm-up (lazy initialisation, allocator
 #: and cache warm-up), excluded from its steady-state throughput.
 MAX_WARMUP_ITERATIONS = 10
+
+
+def sync_block(config: RunConfig) -> int:
+    """Iterations per synchronisation of the run's method (H of local-steps methods, else 1)."""
+    method = get_method(config.method)
+    return int(method.run_options(config.extra).get("sync_every", 1)) if method.local_steps else 1
 
 
 def warmup_iterations(config: RunConfig, iterations: int) -> int:
@@ -33,23 +41,31 @@ def warmup_iterations(config: RunConfig, iterations: int) -> int:
 
 
 def steady_seconds_per_iteration(it_rows: list[dict], warmup: int, time: str,
-                                 iterations_per_epoch: int) -> float:
-    """Mean ``<time>_time_s`` per iteration after ``warmup`` rows (one rank's rows, in order).
+                                 iterations_per_epoch: int, block: int = 1) -> float:
+    """Steady ``<time>_time_s`` per iteration after ``warmup`` rows (one rank's rows, in order).
 
-    Virtual time stops during evaluation, so its mean is ``(t_last - t_warmup) / n``. Wall
-    time does not: the first iteration of each epoch, whose interval holds the previous
-    epoch's evaluation, is left out (its wall time is then the mean of the others).
+    Virtual time: the **median** over consecutive blocks of ``block`` iterations (a method
+    that synchronises every H iterations passes H, so each block holds one sync) of the
+    block's virtual time, divided by ``block``: a preempted iteration on a shared machine
+    moves a mean, not the median. Virtual time stops during evaluation, so blocks may span
+    epochs. Wall time is what the machine took: the mean, leaving out the first iteration
+    of each epoch (its interval holds the previous epoch's evaluation).
     """
-    rows = it_rows[max(warmup - 1, 0):] if warmup > 0 else it_rows
     key = f"{time}_time_s"
-    if warmup == 0:
-        first = [rows[0][key]] if rows[0]["iteration"] == 0 else []  # a resumed run's is not
-        spans = first + [b[key] - a[key] for a, b in zip(rows, rows[1:])
-                                  if time == "virtual" or b["iteration"] % iterations_per_epoch]
-        return sum(spans) / len(spans) if spans else math.nan
+    start = max(warmup - 1, 0)
+    rows = it_rows[start:]
+    if not rows:
+        return math.nan
+    # the first row's own time counts from 0 only when it is iteration 0 and not warm-up
+    origin = [{key: 0.0, "iteration": -1}] if warmup == 0 and rows[0]["iteration"] == 0 else []
+    rows = origin + rows
     if time == "virtual":
-        return (rows[-1][key] - rows[0][key]) / max(len(rows) - 1, 1)
-    spans = [b[key] - a[key] for a, b in zip(rows, rows[1:]) if b["iteration"] % iterations_per_epoch]
+        block = max(1, int(block))
+        spans = [(rows[i + block][key] - rows[i][key]) / block
+                 for i in range(0, len(rows) - block, block)]
+        return statistics.median(spans) if spans else math.nan
+    spans = [b[key] - a[key] for a, b in zip(rows, rows[1:])
+             if b["iteration"] % iterations_per_epoch or a["iteration"] < 0]
     return sum(spans) / len(spans) if spans else math.nan
 
 
@@ -116,7 +132,8 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
     def steady(time: str, fallback: float) -> float:
         if not own_rows:
             return fallback
-        t_iter = steady_seconds_per_iteration(own_rows, warmup, time, iterations_per_epoch)
+        t_iter = steady_seconds_per_iteration(own_rows, warmup, time, iterations_per_epoch,
+                                              block=sync_block(config))
         return per_sample / t_iter if t_iter > 0 else math.nan
     summary = {
         "run_id": config.run_id, "method": config.method, "workers": world,
