@@ -24,7 +24,7 @@ from gtopk_lab.methods import get_method
 from gtopk_lab.network.model import NetworkModel, network_model
 from gtopk_lab.training.data import Dataset, Shard, check_model_fits, eval_batches, load_dataset
 from gtopk_lab.training.models import build_model, count_parameters, get_model_spec
-from gtopk_lab.training.optim import make_optimizer, set_lr
+from gtopk_lab.training.optim import dgc_local_velocity, make_optimizer, set_lr
 from gtopk_lab.training.step import LocalSteps, RankStep, flat_params, load_flat_params
 
 __all__ = ["RankResult", "Replica", "RankState", "resolve_device", "sync_device", "limit_threads",
@@ -102,6 +102,8 @@ class Replica:
             p.grad = self.grad[offset:offset + n].view_as(p)
             offset += n
         self.optimizer = make_optimizer(self.model, config)
+        #: DGC's weight decay inside the momentum: added to every rank's gradient (see optim)
+        self.decay_in_gradient = config.weight_decay if dgc_local_velocity(config) else 0.0
         #: parameter shapes in flat-buffer order (per-layer collectives reshape with it)
         self.layout = tuple(tuple(p.shape) for p in self.params)
         self.language_model = self.spec.task == "language_model"
@@ -123,6 +125,10 @@ class Replica:
         y = y.to(self.device, non_blocking=True)
         loss = self.loss(self.model(x), y)
         loss.backward()
+        if self.decay_in_gradient:
+            with torch.no_grad():
+                for p in self.params:  # p.grad is a view into self.grad
+                    p.grad.add_(p, alpha=self.decay_in_gradient)
         return float(loss.detach())
 
     def load_flat(self, flat: torch.Tensor) -> None:
