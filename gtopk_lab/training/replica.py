@@ -22,7 +22,8 @@ from torch import nn
 from gtopk_lab.config import RunConfig
 from gtopk_lab.methods import get_method
 from gtopk_lab.network.model import NetworkModel, network_model
-from gtopk_lab.training.data import Dataset, Shard, check_model_fits, eval_batches, load_dataset
+from gtopk_lab.training.data import Dataset, check_model_fits, load_dataset
+from gtopk_lab.training.shards import Shard, eval_batches
 from gtopk_lab.training.models import build_model, count_parameters, get_model_spec
 from gtopk_lab.training.optim import dgc_local_velocity, make_optimizer, set_lr
 from gtopk_lab.training.step import LocalSteps, RankStep, flat_params, load_flat_params
