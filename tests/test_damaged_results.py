@@ -186,7 +186,7 @@ def test_lab_load_and_lab_sweep_resume_skip_and_move_damaged_runs(tmp_path, capl
     assert len(submitted) == 1 and bool(again["skipped"].iloc[0])
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 def test_cli_sweep_resume_reruns_a_damaged_point(tmp_path):
     out = tmp_path / "sweep"
     argv = ["sweep", "--simulate", "--methods", "dense", "--workers", "1", *TINY, "--out", str(out),

@@ -16,7 +16,8 @@ ITER_KEYS = {"kind", "rank", "iteration", "epoch", "method", "workers", "density
              "lr", "compute_s", "selection_s", "comm_s", "update_s", "comm_model_s", "bytes_sent",
              "bytes_recv", "wall_time_s", "virtual_time_s"}
 EPOCH_KEYS = {"kind", "rank", "iteration", "epoch", "method", "workers", "density", "k", "train_loss",
-              "test_loss", "test_accuracy", "test_perplexity", "wall_time_s", "virtual_time_s"}
+              "test_loss", "test_accuracy", "test_perplexity", "test_bits_per_token", "wall_time_s",
+              "virtual_time_s"}
 SUMMARY_KEYS = {"run_id", "method", "workers", "density", "k", "numel", "bandwidth_bps", "latency_s",
                 "epochs", "iterations", "final_train_loss", "final_test_accuracy", "wall_time_s",
                 "virtual_time_s", "samples_per_s_wall", "samples_per_s_virtual",

@@ -94,8 +94,10 @@ class StoredRun:
         return None
 
 
-def _short(exc: BaseException) -> str:
+def _short(exc: BaseException, path: Path | None = None) -> str:
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if path is not None:  # the file's name instead of its whole path, before shortening
+        text = text.replace(f"'{path}'", path.name).replace(str(path), path.name)
     return text if len(text) <= 160 else text[:157] + "..."
 
 
@@ -132,7 +134,8 @@ def read_parquet(folder: Path, *, full: bool) -> pd.DataFrame | None:
         pq.read_metadata(path)
         return rows_to_frame([])
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError/... for a bad file
-        raise DamagedRun(folder, METRICS_FILE, _short(exc)) from exc
+        # pyarrow names the whole path; the warning names the run already
+        raise DamagedRun(folder, METRICS_FILE, _short(exc, path=path)) from exc
 
 
 def read_run(path: str | os.PathLike[str], *, metrics: bool = True) -> StoredRun:
