@@ -112,8 +112,13 @@ def worker_info(client: Any) -> dict[str, dict[str, Any]]:
 
     Not ``client.scheduler_info(n_workers=-1)``: that returns a cache which the
     client's periodic refresh (``n_workers=0``) may overwrite with an empty worker
-    list between the fetch and the return, so live workers would look gone.
+    list between the fetch and the return, so live workers would look gone. A client that
+    gave up on its scheduler raises :class:`SchedulerUnreachable` (not Dask's
+    ``AttributeError`` on its dropped scheduler handle).
     """
+    if getattr(client, "scheduler", None) is None or str(getattr(client, "status", "")) in ("closing", "closed"):
+        raise SchedulerUnreachable(f"scheduler unreachable: the Dask client is "
+                                   f"{getattr(client, 'status', 'closed')}")
     info = client.sync(client.scheduler.identity, n_workers=-1)
     return dict(info.get("workers", {}))
 
