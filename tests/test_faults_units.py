@@ -1,11 +1,15 @@
 """The pieces of fault handling on their own (no cluster): the rank watchdog, failure
 causes, the client's scheduler watch, lost-worker causes, restart bookkeeping of a
-RunHandle and the failure-policy fields of RunConfig."""
+RunHandle, the failure-policy fields of RunConfig, and the ``__main__`` guard check (one
+subprocess that runs an unguarded script)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +18,7 @@ from gtopk_lab.config import POLICY_FIELDS, RunConfig
 from gtopk_lab.orchestration import faults
 from gtopk_lab.orchestration.handle import RunHandle
 from gtopk_lab.orchestration.results import config_hash
+from gtopk_lab.orchestration.script_guard import guarded_spans
 from gtopk_lab.worker.faults import (
     HARD_STOP_EXIT_CODE, SchedulerLost, SchedulerWatchdog, WorkerClosing, failure_cause,
     scheduler_contact)
@@ -192,3 +197,32 @@ def test_failure_policy_fields_are_validated_and_not_hashed():
             base.replace(**{field: value})
     with pytest.raises(TypeError, match=r"^max_restarts=1.5"):
         base.replace(max_restarts=1.5)
+
+
+def test_guarded_spans_find_main_guards_in_any_form():
+    source = ("import x\n"                                   # 1
+              "try:\n"                                       # 2
+              "    if __name__ == '__main__':\n"             # 3
+              "        main()\n"                             # 4
+              "except KeyboardInterrupt:\n"                  # 5
+              "    pass\n"                                   # 6
+              "if '__main__' == __name__ and True:\n"        # 7
+              "    run()\n"                                  # 8
+              "    more()\n"                                 # 9
+              "if name == '__main__':\n"                     # 10: not the guard
+              "    other()\n")
+    assert guarded_spans(source) == [(4, 4), (8, 9)]
+
+
+@pytest.mark.timeout(120)
+def test_a_script_without_main_guard_ends_with_one_line(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text("from gtopk_lab.orchestration import Lab\n\nlab = Lab(n_workers=1)\nprint('unreachable')\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=110,
+                          cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("gtopk-lab: Lab() at line 3 of train.py runs again in every worker process")
+    assert 'add `if __name__ == "__main__":`' in lines[0]
