@@ -179,6 +179,7 @@ def test_worker_stopped_with_sigterm_restarts_the_run_from_its_checkpoint(lab, d
     restarted = [m for m in _markers(tmp_path).values() if m["start"] > 0]
     assert {m["rank"] for m in restarted} == {0, 1}
     assert all(m["start"] % 4 == 0 and m["ended"] == "returned" for m in restarted)
+    assert summary["restart_iterations"] == [restarted[0]["start"]]
 
 
 @pytest.mark.timeout(60)

@@ -171,7 +171,7 @@ def test_a_restarted_handle_keeps_rows_before_its_checkpoint_and_drops_late_rows
     handle.on_event((0.0, {"key": old_key, "rows": rows + [{"kind": "epoch", "rank": 0, "iteration": 4}]}))
     assert len(handle.metrics) == 13
     handle.prepare_restart(4)  # the checkpoint after iteration 4
-    assert handle.resume
+    assert handle.resume and handle.summary_extra["restart_iterations"] == [4]
     kept = handle.metrics
     assert sorted(kept[kept["kind"] == "iter"]["iteration"].unique()) == [0, 1, 2, 3]
     assert list(kept[kept["kind"] == "epoch"]["iteration"]) == [4]

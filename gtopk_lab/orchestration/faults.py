@@ -97,8 +97,9 @@ def unreachable_message(address: str, detail: str, config: RunConfig, out: str) 
     """The one line a run ends with when its scheduler is gone (then what is kept, and how
     to resume)."""
     kept = "rows streamed so far and epoch checkpoints" if config.checkpoint else "rows streamed so far"
-    return (f"scheduler {address} unreachable ({detail}); its ranks stop on their own within "
-            f"scheduler_timeout_s={config.scheduler_timeout_s:g} s. Kept: {kept} in "
+    return (f"scheduler {address} unreachable ({detail}); its ranks stop on their own when their "
+            f"workers close, or after scheduler_timeout_s={config.scheduler_timeout_s:g} s without a "
+            f"scheduler. Kept: {kept} in "
             f"{out}/{config.run_id}. Resume: gtopk-lab run --resume {config.run_id} --out {out} "
             f"--scheduler ADDRESS")
 

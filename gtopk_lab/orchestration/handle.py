@@ -22,7 +22,8 @@ those:
 6. **Restarted** (``RunConfig.max_restarts``, a lost worker only):
    :meth:`RunHandle.begin_restart` lets the surviving rank tasks drain (poll says
    ``"restart"`` once they did), :meth:`RunHandle.prepare_restart` drops the rows past the
-   checkpoint the run continues from, and the handle goes back to the front of the queue;
+   checkpoint the run continues from (summary: ``restarts``, ``restart_reasons``,
+   ``restart_iterations``), and the handle goes back to the front of the queue;
    rows of an earlier start that arrive late are dropped by their rendezvous key.
 """
 
@@ -432,6 +433,7 @@ class RunHandle:
         with self._lock:
             self.resume = resume_iteration is not None
             it = resume_iteration or 0
+            self.summary_extra.setdefault("restart_iterations", []).append(it)
             self._rows = [r for r in self._rows
                           if (r.get("iteration", 0) <= it if r.get("kind") == "epoch"
                               else r.get("iteration", 0) < it)]
