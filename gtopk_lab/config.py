@@ -27,6 +27,10 @@ DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 #: "iid" (a seeded permutation cut in P equal parts) or "dirichlet" (label skew).
 DATA_SPLITS: tuple[str, ...] = ("iid", "dirichlet")
 
+#: Fields that say how a run is carried out when something fails, not what it computes:
+#: ``config_hash`` leaves them out, so changing them never makes a sweep point look new.
+POLICY_FIELDS: tuple[str, ...] = ("max_restarts", "scheduler_timeout_s")
+
 
 def _fail(field_name: str, value: Any, allowed: str) -> ValueError:
     return ValueError(f"{field_name}={value!r} is invalid: expected {allowed}")
@@ -105,6 +109,16 @@ class RunConfig:
     #: Metric rows are flushed to the sink every this many iterations.
     sink_every: int = 10
     checkpoint: bool = False
+    #: Dask runs: restarts of a run whose worker leaves or dies during it (``dask worker``
+    #: stopped with SIGTERM, retired, killed, OOM-killed), each from the newest complete
+    #: checkpoint (with ``checkpoint``; else from iteration 0) on free workers. A rank's own
+    #: exception never restarts the run. 0: such a run fails, naming the lost rank.
+    max_restarts: int = 0
+    #: Dask runs: seconds a rank keeps training on a worker that runs without a scheduler
+    #: connection before it stops on its own (``gtopk_lab.worker.faults.SchedulerWatchdog``;
+    #: a worker that shuts down, as Dask workers do when their scheduler dies, stops its
+    #: rank at the next sink call).
+    scheduler_timeout_s: float = 10.0
     run_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -141,6 +155,10 @@ class RunConfig:
                           ("test_samples", 1), ("eval_every_epochs", 1), ("sink_every", 1)):
             if getattr(self, name) < low:
                 raise _fail(name, getattr(self, name), f"an integer >= {low}")
+        if self.max_restarts < 0:
+            raise _fail("max_restarts", self.max_restarts, "an integer >= 0")
+        if not (0 < self.scheduler_timeout_s < math.inf):
+            raise _fail("scheduler_timeout_s", self.scheduler_timeout_s, "seconds > 0 (finite)")
         if self.max_iterations is not None and self.max_iterations < 1:
             raise _fail("max_iterations", self.max_iterations, "an integer >= 1 or None")
         for name in ("lr", "lr_decay"):
@@ -215,7 +233,7 @@ _TYPES: dict[str, type] = {
     "momentum_correction": bool, "seed": int, "bandwidth": str, "latency": str, "throttle": bool,
     "virtual_merge_cpu": bool,
     "device": str, "eval_every_epochs": int, "sink_every": int, "checkpoint": bool,
-    "run_id": str, "selector": str, "data_dir": str, "extra": dict,
+    "max_restarts": int, "scheduler_timeout_s": float, "run_id": str, "selector": str, "data_dir": str, "extra": dict,
 }
 
 

@@ -65,6 +65,8 @@ FIELD_HELP: dict[str, str] = {
     "eval_every_epochs": "evaluate on the test split every this many epochs (and at the end)",
     "sink_every": "flush metric rows every this many iterations",
     "checkpoint": "write epoch checkpoints (a failed run can then be resumed)",
+    "max_restarts": "Dask runs: restarts (from the newest checkpoint) when a rank's worker leaves or dies",
+    "scheduler_timeout_s": "Dask runs: seconds a rank trains on while its worker has no scheduler connection",
     "run_id": "name of the run's results folder (none: a fresh id)",
     "extra": "KEY=JSON extra setting, repeatable (a value that is not JSON stays a string)",
 }

@@ -49,6 +49,8 @@ SAMPLES: dict[str, list[tuple[list[str], object]]] = {
     "device": [(["cpu"], "cpu")],
     "eval_every_epochs": [(["2"], 2)],
     "sink_every": [(["5"], 5)],
+    "max_restarts": [(["2"], 2)],
+    "scheduler_timeout_s": [(["30"], 30.0)],
     "run_id": [(["my-run"], "my-run")],
     "extra": [(["a=1"], {"a": 1}), (["b=text"], {"b": "text"})],
 }

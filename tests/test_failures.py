@@ -105,6 +105,9 @@ def test_killed_worker_fails_run_naming_lost_rank_then_next_run_succeeds(lab):
     assert time.monotonic() - t_kill <= lab.timeout_s
     assert summary["status"] == "failed"
     assert "rank 1 lost" in summary["error"] and victim in summary["error"]
+    # no goodbye from a SIGKILLed worker: the summary says so (the OOM killer's signal)
+    assert "killed (SIGKILL, e.g. by the kernel's OOM killer) or crashed" in summary["error"]
+    assert summary["failure"] == {"rank": 1, "worker": victim, "cause": "killed"}
     _, stored_metrics = load_runs(lab.out)
     assert (stored_metrics["run_id"] == handle.run_id).sum() >= 10  # rows so far were saved
     # the nanny restarts the worker on a new port; the next run uses the new worker

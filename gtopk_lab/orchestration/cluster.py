@@ -6,6 +6,8 @@ Client side. What ``Lab.__init__`` and the Lab's monitor ask of the cluster:
    one thread each, everything on 127.0.0.1), or a ``Client`` to a scheduler address
    (``tcp://`` or ``tls://`` with a ``Security`` object or certificate files; an address
    that does not answer within the connect timeout raises :class:`SchedulerUnreachable`).
+   A script that would start the embedded cluster at its top level without a
+   ``__main__`` guard ends with one line first (:mod:`~gtopk_lab.orchestration.script_guard`).
 2. **Method plugins** (:func:`install_method_plugins`): the client's
    ``$GTOPK_LAB_METHODS`` modules are imported here first (a broken one fails on the
    client, with one line), single-file ones uploaded, and a worker plugin imports them
@@ -74,8 +76,13 @@ def connect(scheduler: str | None, n_workers: int | None, security: Any, *,
     from distributed import Client
 
     if scheduler is None:
+        import dask.config
         from distributed import LocalCluster
 
+        from gtopk_lab.orchestration.script_guard import check_main_guard
+
+        # one line instead of a page of spawn tracebacks for an unguarded script
+        check_main_guard(dask.config.get("distributed.worker.multiprocessing-method", "spawn"))
         cluster = LocalCluster(
             n_workers=n_workers or 4, threads_per_worker=1, processes=True, host="127.0.0.1",
             dashboard_address="127.0.0.1:0", resources=resources, silence_logs=logging.ERROR,
@@ -112,8 +119,13 @@ def worker_info(client: Any) -> dict[str, dict[str, Any]]:
 
     Not ``client.scheduler_info(n_workers=-1)``: that returns a cache which the
     client's periodic refresh (``n_workers=0``) may overwrite with an empty worker
-    list between the fetch and the return, so live workers would look gone.
+    list between the fetch and the return, so live workers would look gone. A client that
+    gave up on its scheduler raises :class:`SchedulerUnreachable` (not Dask's
+    ``AttributeError`` on its dropped scheduler handle).
     """
+    if getattr(client, "scheduler", None) is None or str(getattr(client, "status", "")) in ("closing", "closed"):
+        raise SchedulerUnreachable(f"scheduler unreachable: the Dask client is "
+                                   f"{getattr(client, 'status', 'closed')}")
     info = client.sync(client.scheduler.identity, n_workers=-1)
     return dict(info.get("workers", {}))
 

@@ -19,6 +19,12 @@ those:
    not stop in time, or release the workers of an ended run once its tasks drained.
 5. **Ended.** :meth:`RunHandle.record_end` writes the run folder and the summary (once);
    :meth:`RunHandle.mark_done` closes the progress bar and wakes ``wait``/``result``.
+6. **Restarted** (``RunConfig.max_restarts``, a lost worker only):
+   :meth:`RunHandle.begin_restart` lets the surviving rank tasks drain (poll says
+   ``"restart"`` once they did), :meth:`RunHandle.prepare_restart` drops the rows past the
+   checkpoint the run continues from (summary: ``restarts``, ``restart_reasons``,
+   ``restart_iterations``), and the handle goes back to the front of the queue;
+   rows of an earlier start that arrive late are dropped by their rendezvous key.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ _SETTLED = ("finished", "error", "cancelled")
 
 Subscriber = Callable[[pd.DataFrame], None]
 #: What :meth:`RunHandle.poll` asks the monitor to do next.
-Step = Literal["fail", "complete", "cancel-timeout", "release"]
+Step = Literal["fail", "complete", "cancel-timeout", "release", "restart"]
 
 
 class RunFailed(RuntimeError):
@@ -70,6 +76,8 @@ class RankError:
     message: str
     traceback: str
     failed_at: float
+    #: gtopk_lab.worker.faults.failure_cause: "out of memory", "peer lost", "error", ...
+    cause: str = "error"
 
 
 def rank_error(rank: int, addr: str, future: Any) -> RankError:
@@ -81,7 +89,7 @@ def rank_error(rank: int, addr: str, future: Any) -> RankError:
         exc = err
     if isinstance(exc, RankFailed):
         return RankError(rank, exc.worker, exc.message, exc.traceback_text,
-                         getattr(exc, "failed_at", time.time()))
+                         getattr(exc, "failed_at", time.time()), getattr(exc, "cause", "error"))
     text = "".join(_tb.format_exception(exc)) if isinstance(exc, BaseException) else repr(exc)
     return RankError(rank, addr, f"{type(exc).__name__}: {exc}", text, time.time())
 
@@ -143,6 +151,14 @@ class RunHandle:
         self._drain_deadline: float | None = None
         self._released = False
         self._progress: Any = None
+        #: rank -> (cause, detail) of lost workers (gtopk_lab.orchestration.faults)
+        self._lost_causes: dict[int, tuple[str, str]] = {}
+        #: Restarts so far, and why each was needed (RunConfig.max_restarts).
+        self.restarts = 0
+        self.restart_reasons: list[str] = []
+        self._restarting = False
+        #: Added to the stored summary (failure details, restarts).
+        self.summary_extra: dict[str, Any] = {}
 
     # --- public ------------------------------------------------------------------------
     @property
@@ -223,6 +239,8 @@ class RunHandle:
             return
         with self._lock:
             if self.done():
+                return
+            if msg.get("key") not in (None, self._key):  # a late batch of an earlier start
                 return
             self._add_rows(rows)
 
@@ -324,17 +342,25 @@ class RunHandle:
 
         ``alive`` is the set of workers in the cluster, ``now`` ``time.monotonic()``.
         """
-        if self.done():  # failed/cancelled already reported: drain, then release
+        if self.done() or self._restarting:  # ended or restarting: drain, then release
             remaining = [f for r, f in enumerate(self._futures)
                          if r not in self._lost and f.status not in _SETTLED]
             if not remaining or (self._drain_deadline is not None and now >= self._drain_deadline):
-                return "release"
+                return "restart" if self._restarting and not self.done() else "release"
             return None
         for rank, (addr, future) in enumerate(zip(self.workers, self._futures)):
             if future.status == "error" and rank not in self._errors:
                 self._errors[rank] = rank_error(rank, addr, future)
             elif addr not in alive and rank not in self._lost and future.status != "finished":
                 self._lost[rank] = addr
+            elif (future.status == "cancelled" and not self._cancel_requested
+                  and rank not in self._lost):
+                # Not cancelled by this Lab: the client lost the scheduler and reconnected
+                # (Dask cancels every future then), or someone cancelled it on the dashboard.
+                self._lost[rank] = addr
+                self._lost_causes[rank] = ("task cancelled", "had its rank task cancelled outside "
+                                           "the Lab (the client lost its scheduler connection, or "
+                                           "a Dask client cancelled it)")
         if self._errors or self._lost:
             if self._first_error_at is None:
                 self._first_error_at = now
@@ -361,19 +387,78 @@ class RunHandle:
         lines: list[str] = []
         if self._lost:
             for rank, addr in sorted(self._lost.items()):
-                lines.append(f"rank {rank} lost: Dask worker {addr} left the cluster during the run "
-                             f"(killed or crashed)")
+                cause, detail = self._lost_causes.get(
+                    rank, ("killed", "left the cluster during the run (killed or crashed)"))
+                lines.append(f"rank {rank} lost: Dask worker {addr} {detail}")
+            first_rank = min(self._lost)
+            first_worker, first_cause = self._lost[first_rank], self._lost_causes.get(
+                first_rank, ("killed", ""))[0]
             for err in sorted(self._errors.values(), key=lambda e: e.failed_at):
                 lines.append(f"rank {err.rank} on {err.worker} then failed: {err.message}")
         else:
             ordered = sorted(self._errors.values(), key=lambda e: e.failed_at)
             first = ordered[0]
-            lines.append(f"rank {first.rank} on {first.worker} failed: {first.message}")
+            why = f" ({first.cause})" if first.cause not in ("error", "cancelled") else ""
+            lines.append(f"rank {first.rank} on {first.worker} failed{why}: {first.message}")
             lines.append(first.traceback.rstrip())
             for err in ordered[1:]:
                 lines.append(f"rank {err.rank} on {err.worker} then failed: {err.message}")
+            first_rank, first_worker, first_cause = first.rank, first.worker, first.cause
         status = "cancelled" if cancelled and not self._lost else "failed"
+        if status == "failed":
+            self.note_failure(first_rank, first_worker, first_cause)
         return status, "\n".join(lines)
+
+    # --- run life: faults (gtopk_lab.orchestration.faults) -----------------------------
+    def lost_ranks(self) -> dict[int, str]:
+        """``{rank: worker address}`` of ranks whose worker left during this start."""
+        return dict(self._lost)
+
+    def explain_lost(self, causes: dict[int, tuple[str, str]]) -> None:
+        """``{rank: (cause, detail)}`` of lost ranks (``faults.lost_worker_cause``), used
+        by :meth:`failure_report`."""
+        for rank, cause in causes.items():
+            self._lost_causes.setdefault(rank, cause)
+
+    def note_failure(self, rank: int | None, worker: str | None, cause: str) -> None:
+        """Record which rank failed first and why, as ``summary["failure"]``."""
+        self.summary_extra["failure"] = {"rank": rank, "worker": worker, "cause": cause}
+
+    def can_restart(self) -> bool:
+        """Whether a failure :meth:`poll` found may restart the run: a worker was lost
+        (not only a rank's own exception), the run was not cancelled and
+        ``config.max_restarts`` is not used up."""
+        return (bool(self._lost) and not self._cancel_requested
+                and self.restarts < self.config.max_restarts)
+
+    def begin_restart(self, reason: str, drain_deadline: float) -> None:
+        """Start restart number ``restarts + 1``: record ``reason``; :meth:`poll` says
+        ``"restart"`` once the surviving rank tasks ended or ``drain_deadline`` passed."""
+        self.restarts += 1
+        self.restart_reasons.append(reason)
+        self.summary_extra.update(restarts=self.restarts, restart_reasons=list(self.restart_reasons))
+        self._restarting = True
+        self._drain_deadline = drain_deadline
+
+    def prepare_restart(self, resume_iteration: int | None) -> None:
+        """Forget the last start (tasks, errors, lost workers) and keep only the rows before
+        ``resume_iteration`` (the checkpoint it continues from; None: from iteration 0).
+        The handle is then queued again; its next start draws a new rendezvous key."""
+        with self._lock:
+            self.resume = resume_iteration is not None
+            it = resume_iteration or 0
+            self.summary_extra.setdefault("restart_iterations", []).append(it)
+            self._rows = [r for r in self._rows
+                          if (r.get("iteration", 0) <= it if r.get("kind") == "epoch"
+                              else r.get("iteration", 0) < it)]
+            self._seen_keys = {(r.get("kind"), r.get("rank"), r.get("iteration")) for r in self._rows}
+            self._frame_cache = None
+            self._undelivered = []
+        self._futures, self._errors, self._lost, self._lost_causes = [], {}, {}, {}
+        self._first_error_at = None
+        self._drain_deadline = None
+        self._released = False
+        self._restarting = False
 
     # --- run life: end -----------------------------------------------------------------
     def record_end(self, out: str, status: str, error: str | None,
@@ -386,7 +471,8 @@ class RunHandle:
             self.finished_at = utc_now()
             extra = {"submitted_at": self.submitted_at, "started_at": self.started_at,
                      "finished_at": self.finished_at, "dask_workers": self.workers,
-                     "device": self.device, "source": self.source, "simulated": self.simulated}
+                     "device": self.device, "source": self.source, "simulated": self.simulated,
+                     **self.summary_extra}
             if backend:
                 extra["backend"] = backend
             summary = run_summary(self.config, rank0_summary, status=status, error=error, extra=extra)

@@ -20,12 +20,21 @@ submitted, and is what makes a :class:`~gtopk_lab.orchestration.handle.RunHandle
    earliest is reported); a reserved worker that leaves the cluster fails it naming the
    lost rank, and the task pinned to it is cancelled (it would otherwise wait forever);
    surviving ranks get ``timeout_s`` to notice. A cancelled run whose ranks do not stop
-   within ``timeout_s`` is abandoned. Losing the scheduler for more than ``timeout_s``
-   fails every run.
+   within ``timeout_s`` is abandoned. Why a worker left is looked up in the scheduler's
+   event log (``faults.lost_worker_cause``); a run with ``RunConfig.max_restarts`` left
+   restarts instead (step 6).
+   Losing the scheduler: while the client reconnects the monitor sends nothing; once it
+   gave up, or after ``min(timeout_s, 30 s)``, every run fails with one line,
+   ``scheduler tcp://... unreachable (...)`` (``faults.SchedulerWatch``).
 5. **End.** The handle writes its run folder (``RunHandle.record_end``), new rows are
    delivered, the metrics topic unsubscribed and waiters woken; once its rank tasks
    drained (or their deadline passed) the workers are released and its rendezvous
    variable deleted.
+6. **Restart.** A run that lost a worker with restarts left waits until its surviving
+   rank tasks ended, gives its workers back, drops its rows past its newest complete
+   checkpoint and goes back to the front of the queue; it starts again from that
+   checkpoint on free workers. If the cluster has fewer eligible workers than the run
+   needs for ``timeout_s``, it fails saying so: a restart never waits forever.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gtopk_lab.orchestration import faults as _faults
 from gtopk_lab.orchestration import results as _results
 from gtopk_lab.orchestration.cluster import eligible_workers, wants_cuda, worker_info
 from gtopk_lab.orchestration.handle import RunHandle
@@ -63,6 +73,11 @@ class RunMonitor:
         self._closed = False
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gtopk-lab-monitor", daemon=True)
+        self._scheduler = _faults.SchedulerWatch(client, timeout_s=timeout_s)
+        #: last worker_info entry of each reserved worker (its memory when it is lost)
+        self._last_seen: dict[str, dict[str, Any]] = {}
+        #: monotonic deadline by which a restarted run must find enough eligible workers
+        self._restart_deadlines: dict[str, float] = {}
 
     # --- used by the Lab ---------------------------------------------------------------
     def start(self) -> None:
@@ -160,6 +175,7 @@ class RunMonitor:
                 self._start(handle, chosen)
 
     def _start(self, handle: RunHandle, workers: list[str]) -> None:
+        self._restart_deadlines.pop(handle.run_id, None)
         for addr in workers:
             self._reserved[addr] = handle.run_id
         handle.mark_started(workers)
@@ -196,6 +212,13 @@ class RunMonitor:
         while not self._closed:
             self._wake.wait(self.poll_interval_s)
             self._wake.clear()
+            lost = self._scheduler.check()
+            if lost is not None:  # the scheduler is gone: end every run with one line
+                self._fail_all(lost)
+                last_ok = time.monotonic()
+                continue
+            if not self._scheduler.connected:  # reconnecting: no requests until it is back
+                continue
             try:
                 self._tick()
                 last_ok = time.monotonic()
@@ -204,19 +227,22 @@ class RunMonitor:
                     break
                 logger.warning("gtopk-lab monitor: %s: %s", type(exc).__name__, exc)
                 if time.monotonic() - last_ok > self.timeout_s:
-                    self._fail_all(f"lost contact with the Dask scheduler for more than "
-                                   f"{self.timeout_s:.0f} s: {type(exc).__name__}: {exc}")
+                    self._fail_all(f"no answer for {self.timeout_s:.0f} s: "
+                                               f"{type(exc).__name__}: {exc}")
                     last_ok = time.monotonic()
 
-    def _fail_all(self, error: str) -> None:
-        """The scheduler is gone: end every queued and running run as failed."""
+    def _fail_all(self, detail: str) -> None:
+        """The scheduler is gone: end every queued and running run as failed, each with
+        the one line of ``faults.unreachable_message``."""
         with self._lock:
             handles = list(self._pending) + list(self._active)
             self._pending.clear()
             self._active.clear()
             self._reserved.clear()
         for handle in handles:
-            self.finish(handle, "failed", error)
+            handle.note_failure(None, None, _faults.SCHEDULER_UNREACHABLE)
+            self.finish(handle, "failed", _faults.unreachable_message(
+                self._scheduler.address, detail, handle.config, self.out))
 
     def _tick(self) -> None:
         with self._lock:
@@ -225,11 +251,14 @@ class RunMonitor:
         for fn in posted:
             fn()
         if active:
-            alive = set(worker_info(self.client))
+            workers = worker_info(self.client)
+            self._remember(workers)
+            alive = set(workers)
             for handle in active:
                 self._check(handle, alive)
         for handle in active:
             handle.deliver()
+        self._expire_restarts()
         self._dispatch()
 
     def _check(self, handle: RunHandle, alive: set[str]) -> None:
@@ -241,12 +270,21 @@ class RunMonitor:
             self._fail(handle)
         elif step == "complete":
             self._complete(handle)
+        elif step == "restart":
+            self._restart(handle)
         elif step == "cancel-timeout":
             self.finish(handle, "cancelled", f"cancelled; ranks did not stop within {handle.timeout_s:.0f} s")
             handle.drain_by(now)
             self._release(handle)
 
     def _fail(self, handle: RunHandle) -> None:
+        lost = handle.lost_ranks()
+        if lost:  # say why each worker left (one event-log read each)
+            handle.explain_lost({rank: _faults.lost_worker_cause(self.client, addr, self._last_seen.get(addr))
+                                 for rank, addr in lost.items()})
+        if handle.can_restart():
+            self._begin_restart(handle)
+            return
         status, error = handle.failure_report()
         self.finish(handle, status, error)
         # Tasks pinned to a lost worker would wait forever: cancel them now. Surviving
@@ -268,6 +306,76 @@ class RunMonitor:
         self.finish(handle, "completed", None, rank0_summary=rank0,
                     backend=outputs[0].get("backend") if outputs else None)
         self._release(handle)
+
+    # --- faults: restarts and what lost workers looked like ---------------------------
+    def _remember(self, workers: dict[str, dict[str, Any]]) -> None:
+        """Keep the newest worker_info entry of every reserved worker (a lost one keeps
+        its last entry: its memory then goes into the failure message)."""
+        with self._lock:
+            reserved = set(self._reserved)
+        self._last_seen = {a: workers.get(a, self._last_seen.get(a, {})) for a in reserved}
+
+    def _begin_restart(self, handle: RunHandle) -> None:
+        """A worker of ``handle`` was lost and it may restart: cancel the lost rank tasks
+        and let the survivors drain (``poll`` then says "restart")."""
+        _, reason = handle.failure_report()
+        handle.summary_extra.pop("failure", None)  # not failed (yet)
+        logger.warning("gtopk-lab: run %s restarts (%d of %d): %s", handle.run_id,
+                       handle.restarts + 1, handle.config.max_restarts, reason.splitlines()[0])
+        lost_futures = handle.lost_futures()
+        if lost_futures:
+            self.client.cancel(lost_futures)
+        handle.begin_restart(reason.splitlines()[0], time.monotonic() + handle.timeout_s + 5.0)
+
+    def _restart(self, handle: RunHandle) -> None:
+        """The last start of ``handle`` drained: give its workers back and queue it again
+        (first), from its newest complete checkpoint."""
+        latest = _faults.restart_point(_results.checkpoint_folder(self.out, handle.run_id), handle.config)
+        with self._lock:
+            pending = handle.unfinished_futures()
+            if pending:
+                self.client.cancel(pending)
+            for addr in handle.workers:
+                if self._reserved.get(addr) == handle.run_id:
+                    del self._reserved[addr]
+            if handle in self._active:
+                self._active.remove(handle)
+            handle.prepare_restart(latest["iteration"] if latest else None)
+            self._pending.insert(0, handle)
+            self._restart_deadlines[handle.run_id] = time.monotonic() + handle.timeout_s
+        try:  # the old start's rendezvous variable
+            from distributed import Variable
+
+            Variable(rendezvous_name(handle.rendezvous_key), client=self.client).delete()
+        except Exception:
+            pass
+        self._wake.set()
+
+    def _expire_restarts(self) -> None:
+        """Fail restarted runs that waited ``timeout_s`` in a cluster with fewer eligible
+        workers than they need (a run that only waits for busy workers keeps waiting)."""
+        now = time.monotonic()
+        with self._lock:
+            waiting = [h for h in self._pending if h.run_id in self._restart_deadlines]
+        if not waiting:
+            return
+        workers = worker_info(self.client)
+        for handle in waiting:
+            if now < self._restart_deadlines[handle.run_id]:
+                continue
+            eligible = len(eligible_workers(handle.config, workers))
+            if eligible >= handle.config.workers:
+                continue
+            with self._lock:
+                if handle not in self._pending:
+                    continue
+                self._pending.remove(handle)
+                self._restart_deadlines.pop(handle.run_id, None)
+            handle.note_failure(None, None, _faults.WORKER_LEFT)
+            self.finish(handle, "failed", (
+                f"could not restart after {handle.restart_reasons[-1]}: the cluster has {eligible} "
+                f"eligible worker(s) and the run needs workers={handle.config.workers}; waited "
+                f"{handle.timeout_s:.0f} s"))
 
     def _release(self, handle: RunHandle) -> None:
         with self._lock:

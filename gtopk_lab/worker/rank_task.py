@@ -20,10 +20,18 @@ One run of P ranks is P calls of :func:`run_rank`, one per Dask worker:
    and raises ``RunCancelled`` once the client has flagged the run as cancelled.
 4. **Cleanup** (``finally``): the process group is destroyed, which closes the gloo
    sockets so that peers blocked in a collective fail at once instead of waiting.
+5. **Watchdog** (:class:`~gtopk_lab.worker.faults.SchedulerWatchdog`, all steps): when the
+   worker shuts down (its scheduler gone, SIGTERM) or has run without a scheduler
+   connection for ``config.scheduler_timeout_s``, the sink raises ``WorkerClosing`` /
+   ``SchedulerLost`` so that the rank ends on its own (step 4 frees its peers); a rank
+   stuck past the collective timeout after that ends its worker process. A rank's
+   failure carries its cause (:func:`~gtopk_lab.worker.faults.failure_cause`: out of
+   memory, scheduler lost, peer lost, ...) to the client.
 
 Cost per sink call: a msgpack check of the batch and one message on the worker's
 batched stream to the scheduler (asynchronous, no round trip); the cancel check is a
-set lookup. benchmarks/streaming_overhead.py measures it against the iteration time.
+set lookup, the watchdog check an Event read. benchmarks/streaming_overhead.py measures it
+against the iteration time.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ import time
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+from gtopk_lab.worker.faults import SchedulerWatchdog, failure_cause
 
 #: Prefix of the per-run log_event topic that carries metric rows.
 TOPIC_PREFIX = "gtopk-"
@@ -118,24 +128,31 @@ class EventSink:
     Called by ``train_rank`` every ``sink_every`` iterations with the buffered rows;
     one call is one event (msgpack check + hand-off to the worker's batched stream, no
     round trip). Raises :class:`RunCancelled` when the client has cancelled the run
-    (a set lookup: the client pushes the flag with :func:`mark_cancelled`).
+    (a set lookup: the client pushes the flag with :func:`mark_cancelled`), and
+    ``WorkerClosing``/``SchedulerLost`` once ``watchdog`` trips. Each event carries the start's
+    ``key``, so the client can drop rows of an earlier start of a restarted run.
     """
 
-    def __init__(self, worker: Any, run_id: str, rank: int, cancel_key: str | None = None) -> None:
+    def __init__(self, worker: Any, run_id: str, rank: int, cancel_key: str | None = None,
+                 watchdog: SchedulerWatchdog | None = None) -> None:
         self.worker = worker
         self.topic = topic_for(run_id)
         self.run_id = run_id
         self.rank = rank
         self.cancel_key = cancel_key or run_id
+        self.watchdog = watchdog
         self.rows_sent = 0
 
     def __call__(self, rows: list[dict]) -> None:
         if rows:
             batch = [to_plain(dict(r)) for r in rows]
-            self.worker.log_event(self.topic, {"run_id": self.run_id, "rank": self.rank, "rows": batch})
+            self.worker.log_event(self.topic, {"run_id": self.run_id, "rank": self.rank,
+                                               "key": self.cancel_key, "rows": batch})
             self.rows_sent += len(batch)
         if self.cancelled():
             raise RunCancelled(f"run {self.run_id} was cancelled by the client")
+        if self.watchdog is not None:
+            self.watchdog.check()
 
     def cancelled(self) -> bool:
         """True once the client has cancelled the run."""
@@ -209,6 +226,10 @@ def run_rank(
 
     store = None
     initialised = False
+    # After a trip, a rank still running past the collective timeout is stuck (module faults).
+    watchdog = SchedulerWatchdog(worker, timeout_s=config.scheduler_timeout_s,
+                                 hard_stop_after_s=float(timeout_s) + 10.0,
+                                 label=f"rank {rank} of run {run_id}").start()
     try:
         if rank == 0:
             host = _worker_host(worker)
@@ -221,7 +242,7 @@ def run_rank(
         dist.init_process_group(backend, store=store, rank=rank, world_size=config.workers,
                                 timeout=timeout)
         initialised = True
-        sink = EventSink(worker, run_id, rank, cancel_key=key)
+        sink = EventSink(worker, run_id, rank, cancel_key=key, watchdog=watchdog)
         ckpt_kwargs = {name: value for name, value in (("checkpoint_dir", checkpoint_dir),
                                                        ("resume_from", resume_from))
                        if value is not None}
@@ -242,8 +263,9 @@ def run_rank(
         # Name the rank and worker in the message the client shows; keep the chain.
         tb = traceback.format_exc()
         raise RankFailed(rank, str(worker.address), f"{type(exc).__name__}: {exc}", tb,
-                         time.time()) from None
+                         time.time(), failure_cause(exc)) from None
     finally:
+        watchdog.stop()
         if initialised:
             try:
                 dist.destroy_process_group()
@@ -253,12 +275,15 @@ def run_rank(
 
 
 class RankFailed(RuntimeError):
-    """A rank's exception, carried to the client with the rank, worker and traceback."""
+    """A rank's exception, carried to the client with the rank, worker, traceback and
+    cause (:func:`~gtopk_lab.worker.faults.failure_cause`)."""
 
     def __init__(self, rank: int, worker: str, message: str, traceback_text: str,
-                 failed_at: float = 0.0) -> None:
-        super().__init__(rank, worker, message, traceback_text, failed_at)
+                 failed_at: float = 0.0, cause: str = "error") -> None:
+        # every argument goes to args: exceptions are unpickled as cls(*args)
+        super().__init__(rank, worker, message, traceback_text, failed_at, cause)
         self.failed_at = failed_at
+        self.cause = cause
         self.rank = rank
         self.worker = worker
         self.message = message
