@@ -251,7 +251,8 @@ from gtopk_lab.analysis.predict import predict_scaling
 from gtopk_lab.analysis.scaling import baseline_note
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.plotting.live_study import live_convergence_study, live_scaling
-from gtopk_lab.plotting.report_tables import efficiency_pivot
+from gtopk_lab.plotting.report_figures import efficiency_figure
+from gtopk_lab.plotting.report_tables import check_lines, efficiency_pivot, with_links
 """),
     md("## 1. Launch the study (returns at once)"),
     code("""
@@ -277,7 +278,8 @@ convergence = live_convergence_study(study)
 scaling.finish()
 convergence.finish()
 status = study.status()
-print(f"{(status.status == 'completed').sum()} of {len(status)} runs completed")
+print(f"{status.status.str.startswith('completed').sum()} of {len(status)} points completed "
+      f"({(status.status == 'completed (stored)').sum()} of them stored by an earlier run of this study)")
 """),
     md("""
 ## 3. The table, and which points to trust
@@ -286,13 +288,22 @@ against the alpha-beta prediction; a point more than 10 points away (or above 10
 noise) grew compute with P (contention, stragglers) or has a formula that does not hold.
 """),
     code("""
-table = efficiency_pivot(study.efficiency(), study.points())
+points = study.points()
+efficiency = with_links(study.efficiency(), points)
+table = efficiency_pivot(efficiency)
 display(table.set_index([c for c in table.columns if not c.startswith("P=")]))
 print(baseline_note(["dense P=1"]), "Seeds and sources (real / simulated) have their own baseline.")
-for line in study.check_lines():
-    print(line)
-checked = study.check()
-checked[["method", "workers", "source", "efficiency_mean", "predicted", "error", "trusted"]].round(3)
+checked = with_links(study.check(), points)
+for line in check_lines(checked):
+    print("check:", line)
+checked[["link", "method", "workers", "source", "efficiency_mean", "predicted", "error", "trusted"]].round(3)
+"""),
+    md("""
+The same points as the HTML report draws them (`gtopk-lab report`): one panel per network, error
+bars over seeds, and the paper's 32-worker values as open markers on 1 GbE, where they apply.
+"""),
+    code("""
+show(efficiency_figure(efficiency, with_links(study.predicted(), points)))
 """),
     md("## 4. Where the time goes, and the bytes"),
     code("""

@@ -32,7 +32,7 @@ from gtopk_lab.analysis.study_tables import (aggregate_seeds, fidelity_check, po
                                              predicted_efficiency)
 from gtopk_lab.network.model import bandwidth_label, format_bandwidth, format_latency
 
-__all__ = ["with_points", "study_tables", "efficiency_pivot", "runs_table", "run_details",
+__all__ = ["with_points", "with_links", "study_tables", "efficiency_pivot", "runs_table", "run_details",
            "constant_fields", "short_run_ids", "check_lines", "link_label", "format_count"]
 
 
@@ -96,6 +96,20 @@ def _link_names(points: pd.DataFrame) -> dict[tuple[float, float], str]:
     return names
 
 
+def with_links(table: pd.DataFrame, points: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``table`` (keyed by ``bandwidth_bps``, ``latency_s``: ``Study.efficiency()``,
+    ``Study.check()``, ...) with a ``link`` column, kept when it has one: the names
+    ``points`` use (``Study.points()``: "1GbE" rather than "888.9 Mbit/s, 436 us"), else
+    the numbers."""
+    if "link" in table.columns:
+        return table.copy()
+    names = _link_names(with_points(points)) if points is not None and len(points) else {}
+    out = table.copy()
+    out["link"] = [names.get((float(b), float(lat))) or link_label(None, None, b, lat)
+                   for b, lat in zip(out["bandwidth_bps"], out["latency_s"])]
+    return out
+
+
 def study_tables(points: pd.DataFrame, time: str = "virtual", tolerance: float = 0.10
                  ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Step 2: ``(efficiency, predicted, check)`` of completed ``points`` (:func:`with_points`).
@@ -141,11 +155,7 @@ def efficiency_pivot(table: pd.DataFrame, points: pd.DataFrame | None = None) ->
     "888.9 Mbit/s, 436 us"), else by their numbers."""
     if table.empty:
         return pd.DataFrame()
-    shown = table.copy()
-    if "link" not in shown.columns:
-        names = _link_names(with_points(points)) if points is not None and len(points) else {}
-        shown["link"] = [names.get((float(b), float(lat))) or link_label(None, None, b, lat)
-                         for b, lat in zip(shown["bandwidth_bps"], shown["latency_s"])]
+    shown = with_links(table, points)
     shown["density"] = shown["density"].map(lambda d: "-" if pd.isna(d) else f"{d:g}")
     shown["cell"] = [_cell(m, s, int(n)) for m, s, n in
                      zip(shown["efficiency_mean"], shown["efficiency_std"], shown["n"])]
