@@ -129,14 +129,17 @@ NOTEBOOKS["01_convergence.ipynb"] = [
 
 Shi et al. (ICDCS'19) claim that gTop-k S-SGD converges "nearly consistently" with dense
 S-SGD at density rho = 0.001. Here every method trains the same model on MNIST-1D with
-the same seed and recipe, on P real ranks, at several densities, and the claim is checked
-with numbers: final test accuracy and loss against the dense run.
+the same seed(s) and recipe, on P real ranks, at several densities, and the claim is checked
+with numbers: final test accuracy and loss against the dense run. The runs are one study
+(`lab.study`: methods x densities x seeds, launched at once on the cluster); the figure
+follows them live in JupyterLab.
 """),
     params("""
 n_workers = 4
 workers = 4
 methods = ["dense", "topk", "gtopk", "gaussiank"]
 densities = [0.01, 0.001]
+seeds = 1                 # runs per (method, density): seeds 0 .. seeds-1; tables give mean +- std
 model = "cnn"
 dataset = "mnist1d"
 epochs = 10
@@ -148,27 +151,36 @@ tolerance_pp = 2.0        # "nearly consistent" means within this many accuracy 
 out = "results/convergence"
 """),
     code(SETUP),
-    code("""
-common = dict(workers=workers, model=model, dataset=dataset, epochs=epochs, train_samples=train_samples,
-              test_samples=test_samples, max_iterations=max_iterations, bandwidth=bandwidth, sink_every=5)
-configs = [RunConfig(method="dense", density=1.0, **common)] if "dense" in methods else []
-configs += [RunConfig(method=m, density=rho, **common) for m in methods if m != "dense" for rho in densities]
-with Lab(n_workers=n_workers, out=out) as lab:
-    summaries = lab.sweep(configs)
-    _, metrics = lab.load()
-summaries = pd.DataFrame(summaries)
-metrics = metrics[metrics.run_id.isin(summaries.run_id)]
-summaries[["run_id", "method", "density", "k", "numel", "status", "final_train_loss", "final_test_accuracy"]]
+    md("""
+## 1. The study
+A dense run has nothing to select, so the study runs it once (not once per density).
 """),
     code("""
-show(figures.convergence_figure(metrics, x="epoch"))
+lab = Lab(n_workers=n_workers, out=out)
+study = lab.study(methods=methods, workers=workers, density=densities, seeds=seeds, bandwidth=bandwidth,
+                  base=dict(model=model, dataset=dataset, epochs=epochs, train_samples=train_samples,
+                            test_samples=test_samples, max_iterations=max_iterations, sink_every=5))
+view = live_convergence(list(study.handles.values()), x="epoch", min_interval_s=1.0)
+"""),
+    code("""
+study.wait()
+view.finish()
+summaries, metrics = study.summaries(), study.metrics()
+summaries["density"] = summaries["density"].where(summaries["method"] != "dense")  # dense selects nothing
+summaries[["run_id", "method", "density", "seed", "k", "numel", "status", "final_train_loss",
+           "final_test_accuracy"]]
+"""),
+    code("""
 show(figures.convergence_figure(metrics, x="virtual_time_s"))
 """),
-    md("## Is convergence \"nearly consistent\"?"),
+    md("## 2. Is convergence \"nearly consistent\"?"),
     code("""
 done = summaries[summaries.status == "completed"]
-dense = done[done.method == "dense"]
-table = done[["method", "density", "final_train_loss", "final_test_accuracy"]].copy()
+table = (done.groupby(["method", "density"], dropna=False)
+             .agg(final_train_loss=("final_train_loss", "mean"), final_test_accuracy=("final_test_accuracy", "mean"),
+                  accuracy_std=("final_test_accuracy", "std"), n=("seed", "count"))
+             .reset_index())
+dense = table[table.method == "dense"]
 if len(dense):
     ref = dense.iloc[0]
     table["accuracy_gap_pp"] = 100 * (table.final_test_accuracy - ref.final_test_accuracy)
@@ -179,10 +191,12 @@ if len(dense):
     for rho, rows in table[table.method != "dense"].groupby("density"):
         worst = rows.loc[rows.accuracy_gap_pp.abs().idxmax()]
         print(f"rho={rho:g}: largest gap to dense {worst.accuracy_gap_pp:+.2f} accuracy points "
-              f"({worst.method}); within {tolerance_pp} pp: {bool(rows.nearly_consistent.all())}")
+              f"({worst.method}, mean of {worst.n} seed(s)); within {tolerance_pp} pp: "
+              f"{bool(rows.nearly_consistent.all())}")
 """),
     md("""
-How to read this: `accuracy_gap_pp` is the final test accuracy minus dense's, in points;
+How to read this: `accuracy_gap_pp` is the final test accuracy minus dense's, in points (means
+over the seeds, `accuracy_std` their spread; with one seed a gap below a point or two is noise);
 `loss_ratio` the final training loss over dense's. The paper's setting is rho = 0.001
 after 141 CIFAR-10 epochs with a density warm-up (`RunConfig.density_warmup=(0.004, 1)`);
 short runs at small rho favour dense, because the error-feedback residuals need iterations
@@ -195,28 +209,36 @@ entries of the summed gradient per iteration (Top-k up to P * k), so it needs mo
 of dense at rho = 0.01 after 120 epochs on `cnn`, and at rho = 0.001 on `cnn_wide`. CI runs this
 notebook with one epoch on a tiny model, so its numbers there say nothing about the claim.
 """),
+    code("lab.close()"),
 ]
 
 # --------------------------------------------------------------------------------------------
 NOTEBOOKS["02_scaling_efficiency.ipynb"] = [
     md("""
-# Scaling efficiency: measured, modelled, and the paper's 32 workers on 1 GbE
+# Scaling efficiency: measured live, modelled, and the paper's 32 workers on 1 GbE
 
 Scaling efficiency = throughput(P) / (P * throughput(1)), with throughput(1) the dense S-SGD
-run on one worker of the same network, the paper's definition (the `baseline` column says when
-a method's own P = 1 run stood in; docs/architecture.md). Compute is measured; communication
-time comes from the virtual clock, i.e. the alpha-beta model of each run's network applied to
-the bytes each collective really moved. Real ranks run on the cluster up to the cores we have;
-beyond that the single-process simulator runs P virtual workers through the same code paths.
-The model then extrapolates to 1024 workers.
+run on one worker of the same network, seed and source, the paper's definition. Compute is
+measured; communication time comes from the virtual clock, i.e. the alpha-beta model of each
+run's network applied to the bytes each collective really moved.
+
+One `lab.study(...)` launches the whole grid (methods x P x networks x seeds) at once and
+returns immediately: P up to the cluster's workers run as real gloo ranks, larger P as
+simulator tasks **on the Dask workers** (several at a time, never in this kernel), with the
+same rows and results folder. `live_scaling(study)` draws each point as soon as its run's
+throughput is steady and moves it while the run goes on (hollow markers: provisional);
+headless (papermill, CI) the figures appear when the study is done. The alpha-beta model then
+extrapolates to 1024 workers.
 """),
     params("""
 n_workers = 4
-real_workers = [1, 2, 4]        # real gloo ranks on the cluster
-sim_workers = [8, 16, 32]       # virtual ranks in the simulator (same code paths)
+workers = [1, 2, 4, 8, 16, 32]  # P: up to real_max_workers on real ranks, beyond in the simulator (on the cluster)
+real_max_workers = None         # None: as many as the cluster has workers
+both_ways = [4]                 # P run real *and* simulated: the simulator's fidelity, side by side
 methods = ["dense", "topk", "gtopk", "oktopk"]
 bandwidths = ["1GbE", "10GbE"]
 density = 0.001
+seeds = 1                       # n > 1: mean +- std over seeds 0 .. n-1 (error bars, table)
 model = "cnn"
 dataset = "mnist1d"
 max_iterations = 30
@@ -226,47 +248,69 @@ out = "results/scaling"
 """),
     code(SETUP + """
 from gtopk_lab.analysis.predict import predict_scaling
+from gtopk_lab.analysis.scaling import baseline_note
 from gtopk_lab.network.model import NetworkModel
-from gtopk_lab.plotting.report import measured_scaling_table, predicted_scaling_table
-from gtopk_lab.training.simulator import simulate
+from gtopk_lab.plotting.live_study import live_convergence_study, live_scaling
+from gtopk_lab.plotting.report_figures import efficiency_figure
+from gtopk_lab.plotting.report_tables import check_lines, efficiency_pivot, with_links
+"""),
+    md("## 1. Launch the study (returns at once)"),
+    code("""
+lab = Lab(n_workers=n_workers, out=out)
+base = dict(model=model, dataset=dataset, epochs=100, max_iterations=max_iterations,
+            train_samples=train_samples, sink_every=5)
+study = lab.study(methods=methods, workers=workers, bandwidth=bandwidths, density=density, seeds=seeds,
+                  real_max_workers=real_max_workers, both_ways=both_ways, base=base)
+print(study)
+study.status().groupby(["source", "workers"]).size().rename("runs").to_frame().T
+"""),
+    md("""
+## 2. Scaling efficiency and convergence, filling in while the cluster runs
+Solid: real ranks; dotted: simulated P; thin dashed: the alpha-beta(-gamma) prediction from
+this study's own measured compute. Convergence: one panel per method, one line per P.
 """),
     code("""
-def config(method, p, bw):
-    return RunConfig(method=method, workers=p, density=1.0 if method == "dense" else density, model=model,
-                     dataset=dataset, epochs=100, max_iterations=max_iterations, train_samples=train_samples,
-                     bandwidth=bw, sink_every=10)
-
-real = [config(m, p, bw) for bw in bandwidths for m in methods for p in real_workers if p <= n_workers]
-with Lab(n_workers=n_workers, out=out) as lab:
-    measured_runs = pd.DataFrame(lab.sweep(real)).assign(source="real ranks")
-sim_rows = []
-for bw in bandwidths:
-    for m in methods:
-        for p in sim_workers:
-            summary = dict(simulate(config(m, p, bw)).summary)
-            summary.update(status="completed", source="simulator")
-            sim_rows.append(summary)
-runs = pd.concat([measured_runs, pd.DataFrame(sim_rows)], ignore_index=True)
-runs[["source", "method", "workers", "network", "samples_per_s_virtual", "bytes_sent_per_rank_per_iter"]]
+scaling = live_scaling(study)
+convergence = live_convergence_study(study)
 """),
-    md("## Measured (solid) vs modelled (dashed)"),
+    md("Wait for the study (the figures above keep moving meanwhile); headless, the final figures are drawn here."),
     code("""
-measured = measured_scaling_table(runs, time_basis="virtual")
-predicted = predicted_scaling_table(runs, workers=sorted(set(real_workers) | set(sim_workers)))
-show(figures.scaling_efficiency_figure(measured, predicted, time_basis="virtual"))
-both = measured.merge(predicted, on=["method", "workers", "density", "bandwidth"], suffixes=("", "_model"))
-both["model_error_pp"] = 100 * (both.scaling_efficiency_model - both.scaling_efficiency)
-both[["bandwidth", "method", "workers", "scaling_efficiency", "scaling_efficiency_model", "model_error_pp"]]
+scaling.finish()
+convergence.finish()
+status = study.status()
+print(f"{status.status.str.startswith('completed').sum()} of {len(status)} points completed "
+      f"({(status.status == 'completed (stored)').sum()} of them stored by an earlier run of this study)")
 """),
-    md("The same measurements as the paper's method x P table (percent), one table per network:"),
-    code("""
-from gtopk_lab.analysis.scaling import scaling_table as method_by_workers
-for bw in bandwidths:
-    print(bw)
-    display(method_by_workers(runs[runs.network.astype(str).str.startswith(bw)].to_dict("records")).round(2))
+    md("""
+## 3. The table, and which points to trust
+Per method and P (percent; `mean ± std (n)` when there are several seeds). Each point is checked
+against the alpha-beta prediction; a point more than 10 points away (or above 100% beyond
+noise) grew compute with P (contention, stragglers) or has a formula that does not hold.
 """),
     code("""
-show(figures.time_breakdown_figure(runs[runs.network.astype(str).str.startswith(bandwidths[0])]))
+points = study.points()
+efficiency = with_links(study.efficiency(), points)
+table = efficiency_pivot(efficiency)
+display(table.set_index([c for c in table.columns if not c.startswith("P=")]))
+print(baseline_note(["dense P=1"]), "Seeds and sources (real / simulated) have their own baseline.")
+checked = with_links(study.check(), points)
+for line in check_lines(checked):
+    print("check:", line)
+checked[["link", "method", "workers", "source", "efficiency_mean", "predicted", "error", "trusted"]].round(3)
+"""),
+    md("""
+The same points as the HTML report draws them (`gtopk-lab report`): one panel per network, error
+bars over seeds, and the paper's 32-worker values as open markers on 1 GbE, where they apply.
+"""),
+    code("""
+show(efficiency_figure(efficiency, with_links(study.predicted(), points)))
+"""),
+    md("## 4. Where the time goes, and the bytes"),
+    code("""
+runs = study.summaries()
+runs = runs[runs.status == "completed"]
+show(figures.time_breakdown_figure(runs[runs.network.astype(str).str.startswith(bandwidths[0])],
+                                   title=f"Time per iteration by phase, {bandwidths[0]}"))
 show(figures.comm_volume_figure(runs))
 """),
     md("""
@@ -302,13 +346,14 @@ implementation's iteration besides compute, selection and the modelled messages)
     md("## Extrapolation to many workers"),
     code("""
 grid = [2 ** i for i in range(0, int(np.log2(extrapolate_to)) + 1)]
-base = runs[(runs.workers == 1) & (runs.method == "dense")].iloc[0]
-compute_s = base.time_breakdown_s["compute"] + base.time_breakdown_s["update"]
+singles = runs[(runs.workers == 1) & (runs.method == "dense")]
+base_run = singles[singles.source == "real"].iloc[0] if (singles.source == "real").any() else singles.iloc[0]
+compute_s = base_run.time_breakdown_s["compute"] + base_run.time_breakdown_s["update"]
 sparse = runs[(runs.method == "gtopk") & (runs.workers > 1)]
 selection_s = float(np.mean([tb["selection"] for tb in sparse.time_breakdown_s])) if len(sparse) else 0.0
 frames = []
 for bw in bandwidths:
-    pred = pd.DataFrame(predict_scaling(int(base.numel), density, compute_s, NetworkModel.from_strings(bw), grid,
+    pred = pd.DataFrame(predict_scaling(int(base_run.numel), density, compute_s, NetworkModel.from_strings(bw), grid,
                                         selection_s=selection_s))
     frames.append(pred.assign(bandwidth=bw))
 extrap = pd.concat(frames)
@@ -318,6 +363,8 @@ show(figures.scaling_efficiency_figure(extrap[["method", "workers", "scaling_eff
                                        paper_models=[], title=f"Modelled scaling efficiency up to {extrapolate_to} workers"))
 extrap[extrap.workers == extrapolate_to][["bandwidth", "method", "iteration_s", "scaling_efficiency"]]
 """),
+    md("Shut the cluster down when done (the results stay in `out`; `gtopk-lab report` makes an HTML report of them):"),
+    code("lab.close()"),
 ]
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 
 from gtopk_lab.cli import main
 from gtopk_lab.config import RunConfig
+from gtopk_lab.network.model import network_model
 from gtopk_lab.orchestration.results import run_summary, rows_to_frame, write_run
 from gtopk_lab.plotting.report import measured_scaling_table, predicted_scaling_table, write_report
 from gtopk_lab.orchestration.results import load_runs
@@ -28,6 +29,38 @@ def _write_results(out: Path) -> None:
             write_run(out, config, metrics, run_summary(config, summary, status="completed"))
     config = RunConfig(method="gtopk", workers=2, run_id="broken")
     write_run(out, config, rows_to_frame([]), run_summary(config, None, status="failed", error="boom"))
+
+
+def write_study_results(out: Path, seeds: int = 2) -> None:
+    """A study as the Lab stores it: dense/topk/gtopk x P in {1, 2, 4, 8} x seeds x two
+    links, P <= 2 on real ranks and P > 2 simulated (with simulated baselines), one failed
+    run. Throughputs follow a simple alpha-beta-like law plus a seed-dependent wobble, so
+    that the efficiency has a spread over seeds and sparse methods scale better on 1GbE."""
+    cost = {"dense": 0.004, "topk": 0.0015, "gtopk": 0.0008}
+    for bandwidth, slow in (("1GbE", 1.0), ("10GbE", 0.1)):
+        for seed in range(seeds):
+            for method, density in (("dense", 1.0), ("topk", 0.01), ("gtopk", 0.01)):
+                for workers in (1, 2, 4, 8):
+                    sources = ["real"] if workers <= 2 else ["simulated"]
+                    if method == "dense" and workers == 1:
+                        sources = ["real", "simulated"]
+                    for source in sources:
+                        run_id = f"2026-{bandwidth}-{method}-p{workers}-s{seed}-{source[:3]}"
+                        rows, summary = synthetic_run(run_id, method, workers, density, seed=workers + 10 * seed)
+                        config = RunConfig(method=method, workers=workers, density=density, run_id=run_id,
+                                           bandwidth=bandwidth, seed=seed)
+                        t = 0.01 + (slow * cost[method] * (workers - 1) ** 0.7 if workers > 1 else 0.0)
+                        t *= 1.0 + 0.04 * ((seed * 7 + workers) % 3 - 1) * (workers > 1)
+                        summary["samples_per_s_virtual"] = 32 * workers / t
+                        summary["batch_size"] = 32
+                        net = network_model(bandwidth)
+                        summary["bandwidth_bps"], summary["latency_s"] = net.bandwidth_bps, net.latency_s
+                        extra = {"source": source, "simulated": source == "simulated"}
+                        metrics = rows_to_frame([{k: v for k, v in r.items() if k != "run_id"} for r in rows])
+                        write_run(out, config, metrics, run_summary(config, summary, status="completed", extra=extra))
+    config = RunConfig(method="gtopk", workers=4, run_id="2026-1GbE-gtopk-p4-broken", bandwidth="1GbE")
+    write_run(out, config, rows_to_frame([]), run_summary(config, None, status="failed",
+                                                          error="RuntimeError: boom\nTraceback ..."))
 
 
 def test_report_is_self_contained_html(tmp_path: Path) -> None:
@@ -156,3 +189,97 @@ def test_real_runs_through_panel_live_figures_and_report(tmp_path: Path) -> None
         assert fig is not None and len(fig.data) == 4
     text = write_report(out, tmp_path / "report.html").read_text()
     assert all(h.run_id in text for h in handles) and "Convergence" in text
+
+
+def test_report_of_a_study_with_seeds_sources_and_two_links(tmp_path: Path) -> None:
+    """Seeds come from config.json, sources from the summary; the efficiency has error bars,
+    the paper's markers sit in the 1 GbE panel only, P has its own shade per method, and the
+    runs table stays narrow with short ids (full ids as tooltips and in the detail view)."""
+    from gtopk_lab.plotting.report_figures import efficiency_figure, paper_applies, point_convergence_figure
+    from gtopk_lab.plotting.report_tables import (efficiency_pivot, run_details, runs_table, short_run_ids,
+                                                  study_tables, with_points)
+
+    write_study_results(tmp_path / "res")
+    summaries, metrics = load_runs(tmp_path / "res")
+    assert "seed" not in summaries.columns  # load_runs has none: with_points reads config.json
+    points = with_points(summaries)
+    assert set(points.seed) == {0, 1} and set(points.source) == {"real", "simulated"}
+    assert set(points.link) == {"1GbE", "10GbE"}
+    table, predicted, check = study_tables(points)
+    assert len(table) == 2 * (3 * 4 + 1) and set(table.n) == {2}  # per link: 3 methods x 4 P + the simulated baseline
+    assert (table[table.workers > 1].efficiency_std > 0).all()
+    # 1 GbE: the sparse methods keep more efficiency at P = 8 than dense (the synthetic law)
+    at8 = table[(table.workers == 8) & (table.link == "1GbE")].set_index("method").efficiency_mean
+    assert at8["gtopk"] > at8["topk"] > at8["dense"]
+    assert {"predicted", "error", "trusted"} <= set(check.columns) and check.predicted.notna().all()
+
+    fig = efficiency_figure(table, predicted)
+    measured = [t for t in fig.data if t.mode == "lines+markers"]
+    assert measured and all(t.error_y.visible for t in measured)
+    paper = [t for t in fig.data if t.name and t.name.startswith("paper") and t.x[0] is not None]
+    assert paper and {t.xaxis for t in paper} == {"x"}  # the first panel is the slowest link: 1GbE
+    assert fig.layout.annotations[0].text == "1GbE"
+    fast = table[table.link == "10GbE"]
+    assert not paper_applies(fast)
+    assert not [t for t in efficiency_figure(fast, predicted).data if t.name and t.name.startswith("paper")]
+
+    conv = point_convergence_figure(metrics, points[points.link == "1GbE"])
+    dense = {t.name: t.line.color for t in conv.data if t.name and t.name.startswith("dense P=") and t.showlegend is not False}
+    assert len(dense) == 5 and len({c for c in dense.values()}) == 4  # P = 1, 2, 4, 8 (real + sim P=1 share)
+
+    runs = runs_table(points)
+    assert len(runs.columns) <= 13 and "run id" not in runs.columns and "model" not in runs.columns
+    assert runs["run"].is_unique and len(runs) == len(points)
+    details = run_details(points)
+    assert "RuntimeError: boom" in set(details.error) and details["run id"].is_unique
+    assert short_run_ids(["20261201-095024-dense-p1-ee662de2-321d", "20261201-095024-dense-p1-ee662de2-4546"]) \
+        == {"20261201-095024-dense-p1-ee662de2-321d": "321d", "20261201-095024-dense-p1-ee662de2-4546": "4546"}
+    pivot = efficiency_pivot(table)
+    assert list(pivot.columns[:4]) == ["link", "source", "method", "density"]
+    assert pivot.link.iloc[0] == "1GbE" and "(n=2)" in pivot["P=8"].iloc[-1]
+
+    text = write_report(tmp_path / "res", tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "Runs (52 completed of 53)" in text and "error bars +- 1 std (up to n=2)" in text
+    assert "every run: ρ 0.01 (sparse runs), model cnn, dataset mnist1d" in text
+    assert "title='2026-1GbE-gtopk-p4-broken'" in text and "<span class='bad'>failed</span>" in text
+    assert "Model check" in text and "Convergence vs iteration, 1GbE" in text
+    assert text.index("id='scaling'") < text.index("id='convergence'") < text.index("id='runs'")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_report_in_chromium_offline(tmp_path: Path) -> None:
+    """The report of a study in Chromium with every request aborted: each figure draws SVG
+    traces, no horizontal scroll at 1280 px, no script error; screenshot in test-artifacts/."""
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (apt-get install chromium; .ci/run does this)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    write_study_results(tmp_path / "res")
+    path = write_report(tmp_path / "res", tmp_path / "report.html")
+    artifacts = Path(__file__).resolve().parents[1] / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    aborted: list[str] = []
+    errors: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:")
+                       else (aborted.append(r.request.url), r.abort()))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(path.as_uri(), wait_until="load", timeout=60_000)
+            page.wait_for_timeout(1000)
+            traces = page.evaluate("""() => Array.from(document.querySelectorAll('.plotly-graph-div'))
+                .map(div => div.querySelectorAll('.main-svg .trace').length)""")
+            width = page.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+            page.screenshot(path=str(artifacts / "report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert not aborted and not errors, (aborted, errors)  # self-contained: nothing to fetch
+    assert len(traces) == 8 and all(n > 0 for n in traces), traces
+    assert width[0] <= width[1], f"horizontal scroll: {width}"

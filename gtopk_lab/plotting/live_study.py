@@ -46,7 +46,7 @@ def _series_label(row: Any, several: dict[str, bool]) -> str:
     if several["density"] and row.density >= 0:  # -1: a method without density
         parts.append(f"rho={row.density:g}")
     if several["network"]:
-        parts.append(bandwidth_label(row.bandwidth_bps) if math.isfinite(row.bandwidth_bps) else "unthrottled")
+        parts.append(format_bandwidth(row.bandwidth_bps) if math.isfinite(row.bandwidth_bps) else "unthrottled")
     if several["source"]:
         parts.append(str(row.source))
     return " ".join(parts)

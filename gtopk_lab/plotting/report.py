@@ -5,12 +5,27 @@
 offline: plotly.js (from the installed plotly package) is inlined once in ``<head>``, each
 figure is a ``<div>`` drawn by it, and tables are plain HTML. No CDN, no kernel.
 
-Sections: runs table (status, accuracy, throughput), convergence (vs iteration and vs
-virtual time), scaling efficiency (measured on the virtual clock, the alpha-beta model's
-prediction dashed, the paper's 32-worker 1 GbE points) with its table, time breakdown,
-communication volume, and the paper's 32-worker table for comparison.
+Every run is a point of a study: its ``seed`` (from config.json) and ``source`` (real ranks /
+simulator) join the summary (:func:`~gtopk_lab.plotting.report_tables.with_points`), so a
+point divides by the dense P = 1 run of its own link, seed and source, and seeds average.
+Sections, after a one-line overview and links to each:
 
-Cost: O(rows) pandas work plus about 4.7 MB of inlined plotly.js.
+1. scaling efficiency (:mod:`~gtopk_lab.plotting.report_figures`): mean over seeds with
+   +- std error bars, the alpha-beta(-gamma) prediction dashed, a panel per link, the
+   paper's 32-worker values as markers on 1 GbE; the method x P table (mean +- std (n))
+   and the model check (which points not to trust)
+2. convergence vs iteration and vs virtual time, per link: a line per point, its shade
+   of the method's colour = P, seeds averaged with a +- std band
+3. time per iteration by phase (per link), communication volume
+4. runs: at most a dozen narrow columns with short run ids (the full id on hover), the
+   fields every run shares said once above, a folded detail view (full ids, sizes,
+   timings, errors)
+5. the paper's 32-worker 1 GbE table
+
+:func:`measured_scaling_table` / :func:`predicted_scaling_table` stay for callers of the
+sweep-era tables (one baseline per network, no seeds or sources).
+
+Cost: O(rows) pandas work, one small JSON read per run, plus about 4.8 MB of inlined plotly.js.
 
 Example::
 
@@ -39,7 +54,9 @@ from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.model import format_bandwidth, format_latency
 from gtopk_lab.orchestration.results import load_runs
 from gtopk_lab.plotting import figures
-from gtopk_lab.analysis.scaling import baseline_note
+from gtopk_lab.plotting.report_figures import efficiency_figure, paper_applies, point_convergence_figure
+from gtopk_lab.plotting.report_tables import (check_lines, constant_fields, efficiency_pivot, run_details,
+                                              runs_table, study_tables, with_points)
 
 __all__ = ["write_report", "measured_scaling_table", "predicted_scaling_table", "render_report"]
 
@@ -163,74 +180,172 @@ def _figure_div(fig: go.Figure) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, config={"responsive": True})
 
 
-def _section(title: str, body: str, note: str = "") -> str:
+def _section(title: str, body: str, note: str = "", anchor: str = "") -> str:
     note_html = f"<p class='note'>{html.escape(note)}</p>" if note else ""
-    return f"<section><h2>{html.escape(title)}</h2>{note_html}{body}</section>\n"
+    anchor_attr = f" id='{anchor}'" if anchor else ""
+    return f"<section{anchor_attr}><h2>{html.escape(title)}</h2>{note_html}{body}</section>\n"
 
 
-def _table(frame: pd.DataFrame, percent: tuple[str, ...] = ()) -> str:
+def _table(frame: pd.DataFrame, percent: tuple[str, ...] = (), classes: str = "runs") -> str:
     shown = frame.copy()
     for col in percent:
         if col in shown.columns:
             shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{100 * float(v):.2f}%")
-    return shown.to_html(index=False, border=0, classes="runs", na_rep="", float_format=lambda v: f"{v:.4g}")
+    return shown.to_html(index=False, border=0, classes=classes, na_rep="", float_format=lambda v: f"{v:.4g}")
+
+
+def _runs_html(points: pd.DataFrame) -> str:
+    """The compact runs table (full ids as tooltips), the fields all runs share said once
+    above it, and the detail view (full ids, timings, errors) folded below it."""
+    table = runs_table(points)
+    details = run_details(points)
+    full = dict(zip(details["run"], details["run id"]))
+    # Cells are escaped here and the table written with escape=False, so that the run cell
+    # can carry its full id as a tooltip and a failed status its colour.
+    shown = table.apply(lambda col: col.map(lambda v: html.escape("" if v is None or (isinstance(v, float)
+                                                                                      and math.isnan(v)) else str(v))))
+    shown["run"] = [f"<span class='id' title='{html.escape(full[r])}'>{html.escape(r)}</span>" for r in table["run"]]
+    shown["status"] = [f"<span class='bad'>{html.escape(v)}</span>" if v in ("failed", "cancelled") else html.escape(v)
+                       for v in table["status"].astype(str)]
+    body = shown.to_html(index=False, border=0, classes="runs compact", na_rep="", escape=False)
+    shared = constant_fields(points)
+    head = ("<p class='note'>every run: " + ", ".join(f"{html.escape(k)} {html.escape(v)}" for k, v in shared.items())
+            + ". Hover a run for its full id.</p>") if shared else "<p class='note'>Hover a run for its full id.</p>"
+    folded = ("<details><summary>Run details: full ids, sizes, timings, errors</summary>"
+              + details.to_html(index=False, border=0, classes="runs details", na_rep="") + "</details>")
+    return head + body + folded
+
+
+def _scaling_html(points: pd.DataFrame) -> str:
+    """Figure (error bars over seeds, model dashed, paper markers), the method x P table
+    and the model check, from the seed- and source-aware study tables."""
+    table, predicted, check = study_tables(points, "virtual")
+    if table.empty:
+        return ""
+    fig = efficiency_figure(table, predicted)
+    seeds = int(table["n"].max())
+    paper = paper_applies(table)
+    note = ("throughput(P) / (P x throughput of dense S-SGD at P=1) on the virtual clock (compute measured, "
+            "communication modelled on each run's link); every point against the dense P=1 run of its own link, "
+            "seed and source (real ranks / simulator). "
+            + (f"Mean over seeds, error bars +- 1 std (up to n={seeds}). " if seeds > 1 else "One seed per point. ")
+            + "Thin dashed: the alpha-beta(-gamma) prediction from this folder's own dense P=1 compute. "
+            + ("Open markers at P=32: the paper's measured values on 1 GbE (Shi et al., ICDCS'19)."
+               if paper else "The paper's 32-worker values are for 1 GbE, which no run here used: not drawn."))
+    lines = check_lines(check)
+    check_html = ("<ul class='check'>" + "".join(
+        f"<li class='{'bad' if 'do not trust' in line else 'ok'}'>{html.escape(line)}</li>" for line in lines)
+        + "</ul>") if lines else ""
+    return _section("Scaling efficiency", _figure_div(fig)
+                    + "<h3>Efficiency per method and P (percent; mean ± std (n) over seeds)</h3>"
+                    + _table(efficiency_pivot(table), classes="runs pivot")
+                    + ("<h3>Model check (measured vs alpha-beta, 10-point tolerance)</h3>" + check_html
+                       if check_html else ""),
+                    note, anchor="scaling")
 
 
 def render_report(summaries: pd.DataFrame, metrics: pd.DataFrame, title: str = "gtopk-lab report") -> str:
     """The report's HTML text from ``(summaries, metrics)`` frames (see :func:`write_report`)."""
     parts: list[str] = []
-    completed = _completed(summaries)
-    run_cols = [c for c in ("run_id", "status", "method", "workers", "density", "k", "numel", "bandwidth_bps",
-                            "latency_s", "iterations", "final_train_loss", "final_test_accuracy",
-                            "samples_per_s_wall", "samples_per_s_virtual", "bytes_sent_per_rank_per_iter")
-                if c in summaries.columns]
-    parts.append(_section(f"Runs ({len(completed)} completed of {len(summaries)})",
-                          _table(summaries[run_cols], percent=("final_test_accuracy",))
-                          if len(summaries) else "<p>No runs in this folder.</p>"))
+    points = with_points(summaries) if len(summaries) else summaries
+    completed = _completed(points)
+    parts.append(_scaling_html(completed) if len(completed) else "")
     done_ids = set(completed["run_id"]) if "run_id" in completed.columns else set()
     m = metrics[metrics["run_id"].isin(done_ids)] if "run_id" in metrics.columns else metrics
     if len(m) and "kind" in m.columns:
-        parts.append(_section("Convergence", _figure_div(figures.convergence_figure(m, x="iteration"))
-                              + _figure_div(figures.convergence_figure(m, x="virtual_time_s")),
-                              "Train loss (mean over ranks) and test accuracy per run; colour = method, "
-                              "dash = density."))
+        seeds = int(completed.groupby(["method", "workers", "link", "source"], dropna=False)["run_id"]
+                    .count().max()) if len(completed) else 1
+        # one pair of figures per link: the legend of one figure stays a few rows long
+        by_link = _by_link(completed)
+        body = ""
+        for link, runs in by_link:
+            suffix = f", {link}" if len(by_link) > 1 else ""
+            for x, name in (("iteration", "iteration"), ("virtual_time_s", "virtual time (s)")):
+                body += _figure_div(point_convergence_figure(m, runs, x=x, title=f"Convergence vs {name}{suffix}"))
+        parts.append(_section(
+            "Convergence", body,
+            "Train loss (mean over ranks) and test accuracy (rank 0) per point; colour = method, its shade = P "
+            "(light: smallest P, dark: largest; marker symbol = P on the accuracy panel), dash = density."
+            + (" The seeds of a point are averaged, the band is +- 1 std." if seeds > 1 else ""),
+            anchor="convergence"))
     if len(completed):
-        measured = measured_scaling_table(summaries, "virtual")
-        try:
-            predicted = predicted_scaling_table(summaries)
-        except (ImportError, ValueError, TypeError) as exc:  # model unavailable or bad sizes
-            predicted = None
-            parts.append(f"<p class='note'>model prediction unavailable: {html.escape(str(exc))}</p>")
-        if len(measured):
-            parts.append(_section(
-                "Scaling efficiency",
-                _figure_div(figures.scaling_efficiency_figure(measured, predicted, time_basis="virtual"))
-                + _table(measured.drop(columns=["run_id"]), percent=("scaling_efficiency",)),
-                "throughput(P) / (P * throughput(1)) on the virtual clock (compute measured, "
-                "communication modelled on each run's network). Dashed: alpha-beta model. Open markers: "
-                "the paper's 32 workers on 1 GbE. " + baseline_note(measured["baseline"])))
-        try:
-            parts.append(_section("Time per iteration", _figure_div(figures.time_breakdown_figure(completed))))
-        except ValueError:
-            pass
+        by_link = _by_link(completed)
+        figs = ""
+        for link, runs in by_link:
+            try:
+                figs += _figure_div(figures.time_breakdown_figure(
+                    runs, title=f"Time per iteration by phase{', ' + str(link) if len(by_link) > 1 else ''}"))
+            except ValueError:  # runs without a breakdown (e.g. written by an older version)
+                pass
+        if figs:
+            parts.append(_section("Time per iteration", figs, "Mean seconds per iteration of each phase, "
+                                  "averaged over the runs (seeds, sources) of a method and P.", anchor="time"))
         if "bytes_sent_per_rank_per_iter" in completed.columns and completed["bytes_sent_per_rank_per_iter"].notna().any():
             vol = completed[completed["bytes_sent_per_rank_per_iter"].notna()]
-            parts.append(_section("Communication volume", _figure_div(figures.comm_volume_figure(vol))))
+            parts.append(_section("Communication volume", _figure_div(figures.comm_volume_figure(vol)),
+                                  anchor="volume"))
+    parts.append(_section(f"Runs ({len(completed)} completed of {len(summaries)})",
+                          _runs_html(points) if len(summaries) else "<p>No runs in this folder.</p>",
+                          anchor="runs"))
     paper = figures.paper_scaling_table().pivot(index="model", columns="method", values="scaling_efficiency")
     paper = paper.reset_index()[["model", "dense", "topk", "gtopk"]]
     paper.columns.name = None
     parts.append(_section("Paper: scaling efficiency at 32 workers, 1 GbE (Shi et al., ICDCS'19)",
-                          _table(paper, percent=("dense", "topk", "gtopk"))))
+                          _table(paper, percent=("dense", "topk", "gtopk")), anchor="paper"))
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = (f"<meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<script type='text/javascript'>{get_plotlyjs()}</script>"
-            "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}"
-            "table.runs{border-collapse:collapse;font-size:13px;margin:1em 0}"
-            "table.runs td,table.runs th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}"
-            ".note{color:#555}</style>")
+            f"<style>{_CSS}</style>")
+    toc = " · ".join(f"<a href='#{a}'>{t}</a>" for a, t in (
+        ("scaling", "scaling efficiency"), ("convergence", "convergence"), ("time", "time per iteration"),
+        ("volume", "communication volume"), ("runs", "runs"), ("paper", "paper"))
+        if f"id='{a}'" in "".join(parts))
     return (f"<!DOCTYPE html>\n<html><head>{head}</head><body>\n<h1>{html.escape(title)}</h1>\n"
-            f"<p class='note'>generated {stamp} with plotly {plotly.__version__}</p>\n"
+            f"<p class='note'>{html.escape(_overview(summaries, points))} · generated {stamp} with plotly "
+            f"{plotly.__version__}</p>\n<nav>{toc}</nav>\n"
             + "".join(parts) + "</body></html>\n")
+
+
+#: Narrow, readable tables: small type, no wrapping inside numbers, ids in monospace.
+_CSS = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;padding:0 1em;color:#222}"
+        "h2{margin-top:1.6em;border-bottom:1px solid #ccc}h3{font-size:15px;margin:1.2em 0 .3em}"
+        "nav a{margin-right:.2em}"
+        "table.runs{border-collapse:collapse;font-size:13px;margin:.6em 0}"
+        "table.runs td,table.runs th{padding:3px 9px;border-bottom:1px solid #e3e3e3;text-align:right;"
+        "white-space:nowrap}"
+        "table.runs th{background:#f4f4f4;position:sticky;top:0}"
+        "table.runs tbody tr:hover{background:#f7faff}"
+        "span.id{font-family:ui-monospace,monospace;color:#555;cursor:help}"
+        "span.bad,li.bad{color:#b00020}li.ok{color:#236b23}"
+        "table.details td{white-space:normal;max-width:28em;word-break:break-word;text-align:left}"
+        "details{margin:.6em 0}summary{cursor:pointer;color:#345}"
+        ".note{color:#555;max-width:75em}ul.check{font-size:14px}")
+
+
+def _by_link(points: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """``points`` split by link, slowest link first (the paper's 1 GbE before 10 GbE)."""
+    if "link" not in points.columns or points.empty:
+        return [("", points)]
+    speed = pd.to_numeric(points["bandwidth_bps"], errors="coerce").fillna(math.inf) \
+        if "bandwidth_bps" in points.columns else pd.Series(0.0, index=points.index)
+    order = points.assign(_bps=speed).groupby("link")["_bps"].min().sort_values(kind="stable")
+    return [(str(link), points[points["link"] == link]) for link in order.index]
+
+
+def _overview(summaries: pd.DataFrame, points: pd.DataFrame) -> str:
+    """One line: how many runs, which methods, P, links, seeds and sources."""
+    if summaries.empty:
+        return "no runs"
+    status = summaries["status"].value_counts().to_dict() if "status" in summaries.columns else {}
+    parts = [f"{len(summaries)} runs (" + ", ".join(f"{n} {s}" for s, n in status.items()) + ")"]
+    order = {m: i for i, m in enumerate(("dense", "topk", "gtopk", "gaussiank", "oktopk"))}
+    parts.append("links " + ", ".join(link for link, _ in _by_link(points)))
+    for col, name in (("method", "methods"), ("workers", "P"), ("seed", "seeds"), ("source", "sources")):
+        if col in points.columns:
+            values = sorted(points[col].dropna().unique(), key=lambda v: (order.get(v, 99), v)
+                            if isinstance(v, str) else (0, v))
+            parts.append(f"{name} " + ", ".join(str(v) for v in values))
+    return "; ".join(parts)
 
 
 def write_report(results_dir: str | os.PathLike[str], html_path: str | os.PathLike[str]) -> Path:
