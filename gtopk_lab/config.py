@@ -147,8 +147,13 @@ class RunConfig:
         if not (0.0 < self.density <= 1.0) or math.isnan(self.density):
             raise _fail("density", self.density, "a number in (0, 1]")
         if self.density_warmup is not None:
-            dw = tuple(self.density_warmup)
-            if len(dw) != 2 or not (0.0 < float(dw[0]) <= 1.0) or int(dw[1]) < 0:
+            dw = self.density_warmup
+            try:
+                ok = (isinstance(dw, (list, tuple)) and len(dw) == 2 and 0.0 < float(dw[0]) <= 1.0
+                      and not isinstance(dw[1], bool) and int(dw[1]) == dw[1] and int(dw[1]) >= 0)
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
                 raise _fail("density_warmup", self.density_warmup, "(density in (0, 1], epochs >= 0)")
             self.density_warmup = (float(dw[0]), int(dw[1]))
         for name, low in (("workers", 1), ("epochs", 1), ("batch_size", 1), ("train_samples", 1),
@@ -167,6 +172,13 @@ class RunConfig:
         for name in ("momentum", "weight_decay", "lr_warmup_epochs"):
             if not getattr(self, name) >= 0:
                 raise _fail(name, getattr(self, name), "a number >= 0")
+        if not self.momentum < 1:
+            raise _fail("momentum", self.momentum, "a number in [0, 1)")
+        if self.seed < 0:
+            raise _fail("seed", self.seed, "an integer >= 0")
+        if not isinstance(self.lr_milestones, (list, tuple)) or any(
+                isinstance(m, bool) or not isinstance(m, int) or m < 0 for m in self.lr_milestones):
+            raise _fail("lr_milestones", self.lr_milestones, "a list of epochs (integers >= 0)")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise _fail("grad_clip", self.grad_clip, "a number > 0 or None")
         self.lr_milestones = tuple(int(m) for m in self.lr_milestones)
@@ -178,6 +190,9 @@ class RunConfig:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             expected = _TYPES.get(f.name)
+            if value is None and f.default is not None and expected is not None:
+                raise TypeError(f"{f.name}=None is invalid: expected {expected.__name__} "
+                                f"(only fields that default to None take None)")
             if expected is None or value is None:
                 continue
             if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -189,6 +204,8 @@ class RunConfig:
                 raise TypeError(
                     f"{f.name}={value!r} has type {type(value).__name__}: expected {expected.__name__}"
                 )
+            if expected is float and not math.isfinite(value):
+                raise ValueError(f"{f.name}={value!r} is invalid: expected a finite number")
 
     # ------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -4,4 +4,7 @@ import sys
 
 from gtopk_lab.cli.main import main
 
-sys.exit(main())
+# Dask's worker processes are spawned and import the main module again (as __mp_main__):
+# the guard keeps them from running the command a second time.
+if __name__ == "__main__":
+    sys.exit(main())

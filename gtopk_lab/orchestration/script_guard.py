@@ -63,6 +63,11 @@ def _main_script_frame() -> FrameType | None:
     main = sys.modules.get("__main__")
     if not getattr(main, "__file__", None):
         return None
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and (spec.name == "__main__" or spec.name.endswith(".__main__")):
+        # ``python -m package``: spawned children do not run a package's __main__ again
+        # (multiprocessing skips it), so no guard is needed there
+        return None
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "<module>" and frame.f_globals is vars(main):

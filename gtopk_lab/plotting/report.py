@@ -261,6 +261,8 @@ def render_report(summaries: pd.DataFrame, metrics: pd.DataFrame, title: str = "
         for link, runs in by_link:
             suffix = f", {link}" if len(by_link) > 1 else ""
             for x, name in (("iteration", "iteration"), ("virtual_time_s", "virtual time (s)")):
+                if x not in m.columns:  # rows written without a clock column: iterations only
+                    continue
                 body += _figure_div(point_convergence_figure(m, runs, x=x, title=f"Convergence vs {name}{suffix}"))
         parts.append(_section(
             "Convergence", body,
