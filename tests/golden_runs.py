@@ -69,6 +69,21 @@ def real(changes: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def real_many(cases: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """:func:`real` of several cases in one 2-rank process group (one process start)."""
+    from gtopk_lab.comm.launch import run_gloo
+    from gtopk_lab.training.loop import gloo_runs_entry
+
+    configs = [config_for(changes, 2).to_dict() for _, changes in cases]
+    results = run_gloo(gloo_runs_entry, 2, configs, timeout_s=60 + 40 * len(cases))
+    out = {}
+    for i, (label, _) in enumerate(cases):
+        fp = fingerprint(results[0][i])
+        fp["iters"] = sorted(fp["iters"] + fingerprint(results[1][i])["iters"])
+        out[label] = fp
+    return out
+
+
 def record(labels: list[str] | None = None) -> dict[str, Any]:
     """Golden outputs of the cases named (all when None); others keep their stored record."""
     old = json.loads(GOLDEN.read_text()) if labels and GOLDEN.exists() else {}

@@ -86,16 +86,27 @@ def test_register_method_refuses_a_taken_name_and_registers_a_callable_selector(
 
 
 # --------------------------------------------------------------------------- the shapes
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("method", ["test-ring", "test-cltk", "test-layerwise", "test-ef21", "test-diloco"])
-def test_test_method_runs_on_real_gloo_ranks_equal_to_the_simulator(method: str) -> None:
+SHAPES = ["test-ring", "test-cltk", "test-layerwise", "test-ef21", "test-diloco"]
+
+
+@pytest.fixture(scope="module")
+def real_shapes(test_methods: None) -> dict[str, list]:
+    """Every test-only method on one 3-rank gloo group (one process start for the five runs)."""
     from gtopk_lab.comm.launch import run_gloo
-    from gtopk_lab.training.loop import gloo_rank_entry
+    from gtopk_lab.training.loop import gloo_runs_entry
+
+    per_rank = run_gloo(gloo_runs_entry, 3, [_config(m).to_dict() for m in SHAPES], timeout_s=300)
+    return {m: [per_rank[r][i] for r in range(3)] for i, m in enumerate(SHAPES)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("method", SHAPES)
+def test_test_method_runs_on_real_gloo_ranks_equal_to_the_simulator(method: str, real_shapes: dict) -> None:
     from gtopk_lab.training.simulator import simulate
 
     config = _config(method)
-    real = run_gloo(gloo_rank_entry, 3, config.to_dict(), timeout_s=150)
+    real = real_shapes[method]
     sim = simulate(config)
     for r in real[1:]:
         assert torch.equal(r.final_weights, real[0].final_weights)

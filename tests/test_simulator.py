@@ -21,12 +21,22 @@ def _config(method: str, workers: int = 4, **kw) -> RunConfig:
     return RunConfig(**base)
 
 
+@pytest.fixture(scope="module")
+def real_runs() -> dict[str, list]:
+    """dense, topk, gtopk on one 4-rank gloo group (one process start for the three runs)."""
+    from gtopk_lab.training.loop import gloo_runs_entry
+
+    methods = ["dense", "topk", "gtopk"]
+    per_rank = run_gloo(gloo_runs_entry, 4, [_config(m).to_dict() for m in methods], timeout_s=200)
+    return {m: [per_rank[r][i] for r in range(4)] for i, m in enumerate(methods)}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("method", ["dense", "topk", "gtopk"])
-def test_simulator_matches_real_gloo_run(method: str) -> None:
+def test_simulator_matches_real_gloo_run(method: str, real_runs: dict) -> None:
     config = _config(method)
-    real = run_gloo(gloo_rank_entry, 4, config.to_dict(), timeout_s=150)
+    real = real_runs[method]
     sim = simulate(config)
     for r in real[1:]:  # synchronous SGD: every real rank holds the same weights
         torch.testing.assert_close(r.final_weights, real[0].final_weights, rtol=0, atol=1e-6)

@@ -62,7 +62,8 @@ from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, i
 from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
 from gtopk_lab.training.step import communicate, communicate_simulated
 
-__all__ = ["RankResult", "train_rank", "resolve_device", "gloo_rank_entry", "gloo_checkpoint_entry"]
+__all__ = ["RankResult", "train_rank", "resolve_device", "gloo_rank_entry", "gloo_checkpoint_entry",
+           "gloo_runs_entry"]
 
 
 def _process_group(config: RunConfig) -> tuple[int, int, bool]:
@@ -258,3 +259,10 @@ def gloo_checkpoint_entry(rank: int, world_size: int, config_dict: dict[str, Any
     """``run_gloo`` target like :func:`gloo_rank_entry`, with checkpoint / resume folders."""
     return train_rank(RunConfig.from_dict(config_dict), checkpoint_dir=checkpoint_dir,
                       resume_from=resume_from)
+
+
+def gloo_runs_entry(rank: int, world_size: int, config_dicts: list[dict[str, Any]]) -> list[RankResult]:
+    """``run_gloo`` target training several configs one after the other in the same process
+    group (each from its own seed, as separate runs would): one process start for many runs,
+    e.g. a test that compares several methods' real and simulated results."""
+    return [train_rank(RunConfig.from_dict(d)) for d in config_dicts]
