@@ -56,9 +56,11 @@ NOTEBOOKS["00_quickstart.ipynb"] = [
 # gtopk-lab quick start
 
 Start (or connect to) a Dask cluster, launch one gTop-k S-SGD run on MNIST-1D and
-watch its loss and accuracy live. In JupyterLab the figure below is a plotly
-`FigureWidget` that grows while the ranks train; executed headless (papermill, CI) the
-same cell shows a static figure once the run ends (`gtopk_lab.plotting.live`).
+watch its loss and accuracy live, then a small study (methods x P) whose scaling
+efficiency fills in while the cluster runs, then a control panel to launch more. In
+JupyterLab the figures are plotly `FigureWidget`s that grow while the ranks train;
+executed headless (papermill, CI) the same cells show static figures once the runs end
+(`gtopk_lab.plotting.live`).
 """),
     params("""
 # Parameters (papermill overrides these)
@@ -76,11 +78,17 @@ bandwidth = "1GbE"        # the modelled network of the virtual clock, "none" fo
 latency = None            # per-message latency like "0.5ms", None for the preset's
 throttle = False          # True sleeps so that each collective lasts its modelled time
 sink_every = 2            # metric rows stream to the notebook every this many iterations
+study_methods = ["dense", "gtopk"]
+study_workers = [1, 2, 4, 8]   # P beyond the cluster's workers runs in the simulator, on the workers
+study_max_iterations = 30
+close_at_end = False      # True: the last cell closes the cluster (the panel above then stops working)
 out = "results/quickstart"
 """),
     code(SETUP),
     md("## 1. A cluster\n`Lab(scheduler=None)` starts a `LocalCluster` on 127.0.0.1 (one process per worker)."),
     code("""
+if isinstance(globals().get("lab"), Lab):  # Run All again: stop the previous cluster first
+    lab.close()
 lab = Lab(scheduler=scheduler, n_workers=n_workers, out=out)
 print(lab)
 print("dashboard:", lab.dashboard_link)
@@ -107,19 +115,53 @@ show(figures.time_breakdown_figure(pd.DataFrame([summary])))
 metrics[metrics.kind == "epoch"][["epoch", "train_loss", "test_loss", "test_accuracy", "virtual_time_s"]]
 """),
     md("""
-## 4. More runs from a control panel
-Pick methods, density, P, network, model and dataset, press **Launch**, and watch the runs in
-the *live* tab; the *finished runs* tab lists `lab.runs()` and draws selected runs side by
-side. (Needs a widget front end; in an executed notebook this cell shows no panel.)
+## 4. A study: scaling efficiency while it runs
+`lab.study(...)` launches a grid (here methods x P) and returns at once; P beyond the
+cluster's workers runs in the simulator as Dask tasks on the workers. The figure is the
+paper's scaling efficiency (dense at P = 1 is 100%) on the virtual clock, the dashed lines
+the alpha-beta prediction; a point appears when its run's throughput is known (hollow
+while provisional).
+"""),
+    code("""
+from gtopk_lab.plotting.live_study import live_scaling
+
+study = lab.study(methods=study_methods, workers=study_workers, density=density, bandwidth=bandwidth,
+                  latency=latency, base={"model": model, "dataset": dataset, "epochs": epochs,
+                                         "train_samples": train_samples, "max_iterations": study_max_iterations,
+                                         "throttle": throttle, "sink_every": sink_every})
+scaling = live_scaling(study)
+"""),
+    code("""
+study.wait()
+scaling.finish()
+print("\\n".join(study.check_lines()))
+study.efficiency()[["method", "workers", "source", "efficiency_mean", "n", "provisional"]]
+"""),
+    md("""
+## 5. More studies from a control panel
+Pick methods, type lists of P, densities, bandwidths and latencies, press **Launch**: the
+*efficiency* and *convergence* tabs follow the study live, one status line per run below
+the form, and the *runs* tab lists every run (sort, filter, select rows, **Compare
+selected**). The panel keeps the cluster running until the kernel shuts down. (Needs a
+widget front end; in an executed notebook this cell shows no panel.)
 """),
     code("""
 from gtopk_lab.plotting.controls import ControlPanel
 
-ControlPanel(lab, defaults={"workers": workers, "density": density, "model": model, "dataset": dataset,
-                            "epochs": epochs, "bandwidth": bandwidth})
+ControlPanel(lab, defaults={"methods": study_methods, "workers": study_workers, "density": density,
+                            "bandwidth": bandwidth, "latency": latency or "", "model": model,
+                            "dataset": dataset, "epochs": epochs},
+             extra={"train_samples": train_samples, "max_iterations": study_max_iterations,
+                    "throttle": throttle, "sink_every": sink_every})
 """),
-    md("Shut the cluster down when done:"),
-    code("lab.close()"),
+    md("""
+The panel above needs the cluster, so *Run All* leaves it running; it stops when the kernel
+shuts down. To stop it now, run `lab.close()` (or set `close_at_end = True`).
+"""),
+    code("""
+if close_at_end:
+    lab.close()
+"""),
 ]
 
 # --------------------------------------------------------------------------------------------

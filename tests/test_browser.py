@@ -1,13 +1,23 @@
-"""Real-browser test: JupyterLab + headless Chromium run 00_quickstart and watch it live.
+"""Real-browser tests: JupyterLab + headless Chromium run 00_quickstart and watch it live.
 
-Starts the venv's JupyterLab on 127.0.0.1 (free port, random token, a temporary root dir
-holding a copy of the quickstart notebook with a run long enough to watch), opens the
-notebook in Debian's ``chromium`` driven by Playwright, runs all cells, and asserts that
-the plotly figure appears and that its number of points grows while the run is live: the
-``FigureWidget`` path of gtopk_lab.plotting.live, end to end through the widget manager.
-A screenshot goes to test-artifacts/ (gitignored).
+One JupyterLab server, one browser page and one kernel serve every test of this module (a
+module-scoped fixture): the venv's JupyterLab on 127.0.0.1 (free port, random token, a
+temporary root dir holding a copy of the quickstart notebook with runs long enough to
+watch), opened in Debian's ``chromium`` driven by Playwright, and *Run All* pressed once.
+The tests then watch what a person would see, in notebook order:
 
-Skipped when no ``chromium`` is on PATH (CI's .ci/run installs it).
+1. the single run's convergence ``FigureWidget`` gains points while the run is live;
+2. the study's scaling-efficiency figure (``lab.study(methods=[...], workers=[1, 2, 4, 8])``
+   on the notebook's 2-worker LocalCluster, ``live_scaling``) gains points while the
+   study is still running (its ``study.wait()`` cell has not finished);
+3. after *Run All* has finished, the ControlPanel still works (the notebook no longer ends
+   with ``lab.close()``): a bad P list shows one line naming the field, and a study
+   launched by clicking fills the panel's efficiency figure, its run lines and its runs
+   table; two rows selected by clicking are compared side by side.
+
+Screenshots (the figures at the width JupyterLab gives them) go to the tests' tmp dir and
+to test-artifacts/ (gitignored). Skipped when no ``chromium`` is on PATH (CI's .ci/run
+installs it).
 """
 
 from __future__ import annotations
@@ -22,7 +32,9 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -31,12 +43,15 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-#: The quickstart's parameters for this test: a 2-rank run that lasts at least ~8 s however
+#: The quickstart's parameters for these tests: a 2-rank run that lasts at least ~8 s however
 #: fast the machine is (throttled to a 40 ms-latency link: 200 iterations x >= 40 ms), so the
-#: live figure has time to grow on screen. Throttling sleeps, so it costs no CPU.
+#: live figure has time to grow on screen. Throttling sleeps, so it costs no CPU. The study
+#: (dense and gTop-k at P = 1, 2 real, 4, 8 simulated) keeps each run to 30 iterations.
 LIVE_PARAMETERS = {"n_workers": 2, "workers": 2, "method": "gtopk", "density": 0.01, "model": "mlp",
                    "epochs": 4, "train_samples": 4000, "max_iterations": 200, "sink_every": 2,
-                   "bandwidth": "1Gbps", "latency": "40ms", "throttle": True}
+                   "bandwidth": "1Gbps", "latency": "40ms", "throttle": True,
+                   "study_methods": ["dense", "gtopk"], "study_workers": [1, 2, 4, 8],
+                   "study_max_iterations": 30}
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -66,12 +81,17 @@ def _notebook_copy(root: Path) -> Path:
     return path
 
 
-@pytest.fixture()
-def jupyter_lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """(url with token, root dir) of a JupyterLab server started for this test only."""
+@pytest.fixture(scope="module")
+def jupyter_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """(url with token, tmp dir) of a JupyterLab server started for this module only."""
+    tmp_path = tmp_path_factory.mktemp("jupyterlab")
     root = tmp_path / "root"
     root.mkdir()
     _notebook_copy(root)
+    # no "Jupyter news?" pop-up over the screenshots
+    settings = tmp_path / "config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     port, token = _free_port(), os.urandom(16).hex()
     env = {k: v for k, v in os.environ.items() if k not in ("GTOPK_LAB_STATIC", "GTOPK_LAB_LIVE")}
     env.update(JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
@@ -99,7 +119,7 @@ def jupyter_lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                     raise RuntimeError("JupyterLab did not start:\n"
                                        + (tmp_path / "jupyter.log").read_text()[-3000:]) from None
                 time.sleep(0.5)
-        yield f"{base}/lab/tree/00_quickstart.ipynb?token={token}&reset", root
+        yield f"{base}/lab/tree/00_quickstart.ipynb?token={token}&reset", tmp_path
     finally:
         # The server, its kernel and the kernel's Dask processes share this session.
         try:
@@ -114,21 +134,41 @@ def jupyter_lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         log.close()
 
 
-_COUNT_POINTS = """() => Array.from(document.querySelectorAll('.jp-OutputArea .js-plotly-plot'))
-    .map(div => (div.data || []).reduce((n, t) => n + (t.x ? t.x.length : 0), 0))"""
+@dataclass
+class Session:
+    """The page of the running quickstart, and where its screenshots and log go."""
+
+    page: Any
+    tmp: Path
+    sync_api: Any
+
+    def shot(self, name: str, locator: Any = None) -> Path:
+        """A screenshot (of ``locator`` when given, else the viewport) into tmp and artifacts."""
+        path = self.tmp / f"{name}.png"
+        (locator.screenshot if locator is not None else self.page.screenshot)(path=str(path))
+        ARTIFACTS.mkdir(exist_ok=True)
+        shutil.copy(path, ARTIFACTS / path.name)
+        return path
+
+    def log(self) -> str:
+        return (self.tmp / "jupyter.log").read_text(errors="replace")[-2000:]
+
+    def outputs(self) -> list[str]:
+        return self.page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
+                                  ".map(e => e.innerText.slice(0, 300))")
 
 
-@pytest.mark.timeout(240)
-def test_quickstart_live_figure_grows_in_jupyterlab(jupyter_lab: tuple[str, Path], tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def quickstart(jupyter_lab: tuple[str, Path]) -> Iterator[Session]:
+    """The quickstart opened in Chromium with *Run All* pressed (not awaited)."""
     chromium = _chromium()
     if chromium is None:
         pytest.skip("no chromium on PATH (apt-get install chromium; .ci/run does this)")
     sync_api = pytest.importorskip("playwright.sync_api")
-    url, root = jupyter_lab
-    ARTIFACTS.mkdir(exist_ok=True)
+    url, tmp = jupyter_lab
     with sync_api.sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True, args=CHROMIUM_ARGS,
+            str(tmp / "chromium-profile"), executable_path=chromium, headless=True, args=CHROMIUM_ARGS,
             viewport={"width": 1400, "height": 1000})
         try:
             page = context.new_page()
@@ -141,7 +181,6 @@ def test_quickstart_live_figure_grows_in_jupyterlab(jupyter_lab: tuple[str, Path
                 const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
                 return k && k.status === 'idle';
             }""", timeout=90_000)
-            # (not awaited: the command's promise resolves only when every cell has run)
             # The widget manager asks the kernel for its widgets (comm_info_request, a shell
             # message) once the kernel connects. Queued behind "run all"'s blocking cells it
             # would be answered only at the end, and no widget would render while the run is
@@ -151,39 +190,201 @@ def test_quickstart_live_figure_grows_in_jupyterlab(jupyter_lab: tuple[str, Path
                 await k.requestCommInfo({target_name: 'jupyter.widget'});
             }""")
             page.wait_for_timeout(1000)
+            # (not awaited: the command's promise resolves only when every cell has run)
+            page.evaluate(_RECORDER)
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            try:
-                page.wait_for_selector(".jp-OutputArea .js-plotly-plot", timeout=120_000)
-            except sync_api.TimeoutError:
-                page.screenshot(path=str(ARTIFACTS / "browser_quickstart_failure.png"), full_page=True)
-                outputs = page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
-                                        ".map(e => e.innerText.slice(0, 300))")
-                log = (tmp_path / "jupyter.log").read_text()[-2000:]
-                raise AssertionError(f"no plotly figure appeared; outputs: {outputs}\njupyter log: {log}") from None
-            samples: list[tuple[float, int]] = []
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                counts = page.evaluate(_COUNT_POINTS)
-                samples.append((time.monotonic(), max(counts) if counts else 0))
-                growth = sorted({n for _, n in samples if n > 0})
-                if len(growth) >= 3:
-                    break
-                page.wait_for_timeout(200)
-            page.screenshot(path=str(ARTIFACTS / "browser_quickstart.png"), full_page=True)
-            distinct = sorted({n for _, n in samples if n > 0})
-            assert len(distinct) >= 2, f"the live figure did not grow: point counts {samples}"
-            firsts = [n for _, n in samples if n > 0]
-            assert firsts == sorted(firsts), f"point counts went down: {firsts}"
-            # the run then completes and the notebook's last cells run
-            page.wait_for_function("""() => {
-                const w = window.jupyterapp.shell.currentWidget;
-                const k = w.sessionContext.session.kernel;
-                return k.status === 'idle' && w.content.widgets.every(c => c.model.type !== 'code'
-                    || (c.model.executionCount !== null));
-            }""", timeout=150_000)
-            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
-                                  " :text('Traceback')").count()
-            page.screenshot(path=str(ARTIFACTS / "browser_quickstart_done.png"), full_page=True)
-            assert errors == 0
+            yield Session(page, tmp, sync_api)
         finally:
             context.close()
+
+
+#: Points per plotly figure on the page: [{title, points (markers and lines), in_panel}].
+_FIGURES = """() => Array.from(document.querySelectorAll('.jp-OutputArea .js-plotly-plot')).map(div => ({
+    title: (div.layout && div.layout.title && (div.layout.title.text || div.layout.title)) || '',
+    points: (div.data || []).reduce((n, t) => n + (t.x ? t.x.length : 0), 0),
+    measured: (div.data || []).filter(t => (t.mode || '').includes('markers'))
+        .reduce((n, t) => n + (t.x ? t.x.length : 0), 0),
+    in_panel: !!div.closest('.gtopk-panel'),
+    width: Math.round(div.getBoundingClientRect().width),
+    drawn: Math.round((div._fullLayout && div._fullLayout.width) || 0)}))"""
+#: True while the cell that holds ``needle`` in its source has not finished (or not started).
+_CELL_PENDING = """(needle) => {
+    const w = window.jupyterapp.shell.currentWidget;
+    const cell = w.content.widgets.find(c => c.model.sharedModel.getSource().includes(needle));
+    return cell.model.executionCount === null;
+}"""
+#: Records in the page, every 100 ms, each change of the figures' point counts and of
+#: whether the study is still running (its ``study.wait()`` cell pending): a Python-side
+#: poll over the DevTools protocol is too slow on 2 loaded cores to see a fast study grow.
+_RECORDER = f"""() => {{
+    window.__gtopkSamples = [];
+    let last = '';
+    setInterval(() => {{
+        const w = window.jupyterapp.shell.currentWidget;
+        const cell = w && w.content.widgets.find(c => c.model.sharedModel.getSource().includes('study.wait()'));
+        const pending = cell ? cell.model.executionCount === null : true;
+        const figures = ({_FIGURES})();
+        const signature = JSON.stringify([pending, figures]);
+        if (signature !== last) {{
+            last = signature;
+            window.__gtopkSamples.push({{t: performance.now(), pending, figures}});
+        }}
+    }}, 100);
+}}"""
+_ALL_DONE = """() => {
+    const w = window.jupyterapp.shell.currentWidget;
+    const k = w.sessionContext.session.kernel;
+    return k.status === 'idle' && w.content.widgets.every(c => c.model.type !== 'code'
+        || (c.model.executionCount !== null));
+}"""
+
+
+def _figures(session: Session, title: str, in_panel: bool = False) -> list[dict[str, Any]]:
+    return [f for f in session.page.evaluate(_FIGURES)
+            if str(f["title"]).startswith(title) and f["in_panel"] == in_panel]
+
+
+@pytest.mark.timeout(240)
+def test_quickstart_live_figure_grows_in_jupyterlab(quickstart: Session) -> None:
+    page, sync_api = quickstart.page, quickstart.sync_api
+    try:
+        page.wait_for_selector(".jp-OutputArea .js-plotly-plot", timeout=120_000)
+    except sync_api.TimeoutError:
+        quickstart.shot("browser_quickstart_failure")
+        raise AssertionError(f"no plotly figure appeared; outputs: {quickstart.outputs()}\n"
+                             f"jupyter log: {quickstart.log()}") from None
+    samples: list[tuple[float, int]] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        counts = [f["points"] for f in page.evaluate(_FIGURES)]
+        samples.append((time.monotonic(), max(counts) if counts else 0))
+        if len({n for _, n in samples if n > 0}) >= 3:
+            break
+        page.wait_for_timeout(200)
+    quickstart.shot("browser_quickstart")
+    distinct = sorted({n for _, n in samples if n > 0})
+    assert len(distinct) >= 2, f"the live figure did not grow: point counts {samples}"
+    firsts = [n for _, n in samples if n > 0]
+    assert firsts == sorted(firsts), f"point counts went down: {firsts}"
+
+
+@pytest.mark.timeout(300)
+def test_study_efficiency_figure_gains_points_while_running(quickstart: Session) -> None:
+    """``live_scaling(study)``: measured points appear while ``study.wait()`` still runs."""
+    page, sync_api = quickstart.page, quickstart.sync_api
+    title = "Scaling efficiency"
+    try:
+        page.wait_for_function(f"() => ({_FIGURES})().some(f => String(f.title).startsWith({title!r}))",
+                               timeout=180_000)
+    except sync_api.TimeoutError:
+        quickstart.shot("browser_study_failure")
+        raise AssertionError(f"no efficiency figure appeared; outputs: {quickstart.outputs()}\n"
+                             f"jupyter log: {quickstart.log()}") from None
+    # The browser-side recorder (see the fixture) saw every change, however fast the study.
+    page.wait_for_function(f"() => !({_CELL_PENDING})('study.wait()')", timeout=180_000)
+    samples = page.evaluate("() => window.__gtopkSamples")
+    while_running = [f["measured"] for s in samples if s["pending"] for f in s["figures"]
+                     if str(f["title"]).startswith(title) and not f["in_panel"]]
+    final = _figures(quickstart, title)[0]["measured"]
+    figure = page.locator(".jp-OutputArea .js-plotly-plot").filter(has_text=title).first
+    figure.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    quickstart.shot("browser_study_done", figure)
+    grew = sorted({n for n in while_running if n > 0})
+    assert len(grew) >= 2, f"the efficiency figure did not gain points while the study ran: {while_running}"
+    # (no check that counts never dip: when the trace list changes shape, live._copy_into
+    # replaces the traces in several messages, and the recorder may see one in between)
+    # 9 points: dense and gTop-k at P = 1, 2 real and 4, 8 simulated on the workers, and the
+    # simulated dense P = 1 (the baseline of the simulated points)
+    assert final == 9 and final >= max(grew), (final, while_running)
+
+
+def _panel(session: Session) -> Any:
+    return session.page.locator(".gtopk-panel").first
+
+
+@pytest.mark.timeout(300)
+def test_control_panel_launches_a_study_by_clicking(quickstart: Session) -> None:
+    """After *Run All* the panel still works: errors name the field, a clicked study runs."""
+    page, sync_api = quickstart.page, quickstart.sync_api
+    page.wait_for_function(_ALL_DONE, timeout=240_000)
+    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+                          " :text('Traceback')").count()
+    assert errors == 0, quickstart.outputs()
+    panel = _panel(quickstart)
+    panel.wait_for(timeout=30_000)
+    panel.scroll_into_view_if_needed()
+    quickstart.shot("browser_panel_idle", panel)
+    field = panel.locator(".widget-text", has_text="P list").locator("input")
+    message = panel.locator(".gtopk-panel-message")
+
+    # a bad value: one line naming the field, nothing launched, no traceback anywhere
+    field.fill("1,x")
+    field.press("Tab")
+    panel.locator("button", has_text="Launch").click()
+    page.wait_for_function("() => (document.querySelector('.gtopk-panel-message') || {}).innerText"
+                           " && document.querySelector('.gtopk-panel-message').innerText.includes('P list')",
+                           timeout=20_000)
+    text = message.inner_text()
+    assert text.startswith("P list:") and "'x'" in text and "\n" not in text.strip(), text
+    assert page.locator(":text('Traceback')").count() == 0
+
+    # a new grid (density 0.05): dense and gTop-k at P = 1, 2 real and 4 simulated, and the
+    # simulated dense P = 1 baseline (a dense run's config carries the density too)
+    field.fill("1,2,4")
+    field.press("Tab")
+    densities = panel.locator(".widget-text", has_text="densities").locator("input")
+    densities.fill("0.05")
+    densities.press("Tab")
+    started = time.monotonic()
+    panel.locator("button", has_text="Launch").click()
+    try:
+        page.wait_for_function(
+            f"() => ({_FIGURES})().some(f => f.in_panel && String(f.title).startsWith('Scaling efficiency')"
+            " && f.measured >= 7)", timeout=120_000)
+    except sync_api.TimeoutError:
+        quickstart.shot("browser_panel_failure", panel)
+        raise AssertionError(f"the panel's figure did not fill: {message.inner_text()!r}; "
+                             f"lines: {panel.locator('.gtopk-panel-lines').inner_text()[:1500]}") from None
+    page.wait_for_function("() => (document.querySelector('.gtopk-panel-lines') || {}).innerText"
+                           " && !/: (running|queued)/.test(document.querySelector('.gtopk-panel-lines').innerText)",
+                           timeout=120_000)
+    elapsed = time.monotonic() - started
+    lines = panel.locator(".gtopk-panel-lines").inner_text()
+    # one line per run (7), none overwritten by the next
+    assert "study 1: 7 point(s): 7 completed" in lines and lines.count(": completed") == 7, lines
+    assert lines.count("gtopk P=4") == 1 and "ρ=0.05" in lines, lines
+    panel.scroll_into_view_if_needed()
+    page.wait_for_timeout(800)
+    quickstart.shot("browser_panel_efficiency", panel)
+    # the figure takes the panel's width (a FigureWidget drawn off screen stays 700 px wide
+    # unless the panel fits it: gtopk_lab.plotting.widget_fit)
+    efficiency = _figures(quickstart, "Scaling efficiency", in_panel=True)[0]
+    assert efficiency["width"] > 750 and abs(efficiency["drawn"] - efficiency["width"]) <= 4, efficiency
+    panel.locator(".lm-TabBar-tab", has_text="convergence").click()
+    page.wait_for_timeout(800)
+    quickstart.shot("browser_panel_convergence", panel)
+
+    # the runs table: every run of the results folder, rows selected by clicking, compared
+    panel.locator(".lm-TabBar-tab", has_text="runs").click()
+    rows = panel.locator("table.dataTable tbody tr")  # (scrollX: the header is a table of its own)
+    rows.first.wait_for(timeout=20_000)
+    info = panel.locator(".dt-info").first.inner_text()
+    assert "of 17 entries" in info, info  # the notebook's run, its study's 9 and the panel's 7
+    search = panel.locator(".dt-search input").first
+    search.fill("0.05")
+    page.wait_for_timeout(500)
+    filtered = rows.count()
+    assert filtered == 3, rows.all_inner_texts()  # gTop-k at P = 1, 2, 4 (dense shows no density)
+    rows.nth(0).click()
+    rows.nth(1).click()
+    panel.locator("button", has_text="Compare selected").click()
+    page.wait_for_function(f"() => ({_FIGURES})().some(f => f.in_panel && String(f.title).includes('side by side'))",
+                           timeout=30_000)
+    assert "comparing 2 run(s)" in message.inner_text()
+    compare = panel.locator(".js-plotly-plot").filter(has_text="side by side").first
+    compare.scroll_into_view_if_needed()
+    page.wait_for_function(f"() => ({_FIGURES})().some(f => f.in_panel && String(f.title).includes('side by side')"
+                           " && f.width > 750 && Math.abs(f.drawn - f.width) <= 4)", timeout=15_000)
+    quickstart.shot("browser_panel_compare", compare)
+    print(f"panel study: {elapsed:.1f} s from click to every run ended")

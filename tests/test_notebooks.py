@@ -30,7 +30,7 @@ NOTEBOOK_DIR = ROOT / "notebooks"
 #: Small parameters per notebook; every notebook's parameters cell is overridden here.
 CI_PARAMETERS: dict[str, dict[str, Any]] = {
     "00_quickstart.ipynb": {"n_workers": 2, "workers": 2, "epochs": 1, "train_samples": 600,
-                            "max_iterations": 12},
+                            "max_iterations": 12, "study_workers": [1, 2, 4], "study_max_iterations": 8},
     "01_convergence.ipynb": {"n_workers": 2, "workers": 2, "methods": ["dense", "topk", "gtopk", "gaussiank"],
                              "densities": [0.01], "seeds": 1, "model": "mlp", "epochs": 1, "train_samples": 640,
                              "test_samples": 200},

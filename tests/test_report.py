@@ -139,58 +139,6 @@ def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert not (tmp_path / "x.html").exists()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_real_runs_through_panel_live_figures_and_report(tmp_path: Path) -> None:
-    """Two tiny real runs (2 gloo ranks each) launched from the control panel: the live
-    FigureWidget is updated in place, the static variant gets every row, the finished-runs
-    table and comparison see both, and the report covers them."""
-    import plotly.graph_objects as go
-
-    from gtopk_lab.orchestration.lab import Lab
-    from gtopk_lab.plotting.controls import ControlPanel
-    from gtopk_lab.plotting.live import live_convergence
-
-    out = tmp_path / "res"
-    with Lab(n_workers=2, out=str(out)) as lab:
-        panel = ControlPanel(lab, defaults={"workers": 2, "method": ["dense", "gtopk"], "density": 0.01,
-                                            "epochs": 1, "model": "mlp"},
-                             extra={"train_samples": 400, "test_samples": 100, "sink_every": 2,
-                                    "max_iterations": 8})
-        panel.bandwidth.value = "fast"
-        assert panel.launch() == [] and "bandwidth=&#x27;fast&#x27; is invalid" in panel.status.value
-        panel.bandwidth.value = "1GbE"
-        handles = panel.launch()
-        assert len(handles) == 2
-        assert panel.live is not None and panel.live.live
-        widget = panel.live.figure
-        assert isinstance(widget, go.FigureWidget)
-        static = live_convergence(handles[1], live=False, min_interval_s=0.0)
-        assert type(static.figure) is go.Figure
-        for handle in handles:
-            assert handle.wait(150), handle
-            assert handle.status == "completed", handle.error
-        final_static = static.finish()
-        final_live = panel.live.finish()
-        assert panel.live.figure is widget  # updated in place, never replaced
-        assert panel.live.refreshes >= 2 and static.refreshes >= 2
-        iterations = handles[0].summary["iterations"]
-        assert 1 <= iterations <= 8
-        for fig, runs in ((final_live, 2), (final_static, 1)):
-            train = [t for t in fig.data if t.xaxis == "x"]
-            assert len(train) == runs and all(len(t.x) == iterations for t in train)
-        assert [len(t.x) for t in widget.data] == [len(t.x) for t in final_live.data]
-        runs = panel.refresh_runs()
-        assert set(runs.run_id) == {h.run_id for h in handles}
-        assert len(panel.compare_select.options) == 2
-        fig = panel.compare()
-        assert fig is None  # nothing selected yet
-        fig = panel.compare([h.run_id for h in handles])
-        assert fig is not None and len(fig.data) == 4
-    text = write_report(out, tmp_path / "report.html").read_text()
-    assert all(h.run_id in text for h in handles) and "Convergence" in text
-
-
 def test_report_of_a_study_with_seeds_sources_and_two_links(tmp_path: Path) -> None:
     """Seeds come from config.json, sources from the summary; the efficiency has error bars,
     the paper's markers sit in the 1 GbE panel only, P has its own shade per method, and the
