@@ -38,7 +38,7 @@ import pandas as pd
 
 from gtopk_lab.analysis.study_tables import (aggregate_seeds, fidelity_check, point_efficiency,
                                              predicted_efficiency)
-from gtopk_lab.network.model import network_model
+from gtopk_lab.network.model import format_bandwidth, network_model
 from gtopk_lab.orchestration import results as _results
 from gtopk_lab.orchestration.study_grid import StudyPoint
 from gtopk_lab.training.rows import steady_seconds_per_iteration, sync_block, warmup_iterations
@@ -181,8 +181,16 @@ class Study:
         """The check as lines a person reads under the table (empty when all is well)."""
         checked = self.check(tolerance)
         bad = checked[~checked["trusted"].fillna(False).astype(bool) & checked["predicted"].notna()]
-        lines = [f"check: {r.method} P={r.workers} ({r.source}) measured {r.efficiency_mean:.0%} vs "
-                 f"predicted {r.predicted:.0%}: do not trust this point"
+        several_links = checked[["bandwidth_bps", "latency_s"]].drop_duplicates().shape[0] > 1
+
+        def link(r: Any) -> str:
+            if not several_links:
+                return ""
+            rate = "unthrottled" if r.bandwidth_bps == float("inf") else format_bandwidth(r.bandwidth_bps)
+            return f", {rate}, {r.latency_s * 1e3:g} ms"
+
+        lines = [f"check: {r.method} P={r.workers} ({r.source}{link(r)}) measured {r.efficiency_mean:.0%} "
+                 f"vs predicted {r.predicted:.0%}: do not trust this point"
                  for r in bad.itertuples()]
         if not lines and len(checked):
             lines.append(f"check: every point within {tolerance:.0%} of the alpha-beta prediction")
@@ -230,8 +238,12 @@ class Study:
             raise TypeError(f"callback={callback!r} is not callable")
         with self._lock:
             self._subscribers.append(callback)
-        self._changed.set()
-        self._start_watcher()
+            finished = self._watcher is not None and not self._watcher.is_alive()
+        if finished or (self._watcher is None and self.done()):
+            callback(self)  # nothing will change any more: one call, now
+        else:
+            self._changed.set()
+            self._start_watcher()
 
         def unsubscribe() -> None:
             with self._lock:
