@@ -37,7 +37,7 @@ demo: $(VENV)/.installed
 	$(BIN)/gtopk-lab demo --out $(OUT)
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
+	$(BIN)/python -m pytest -q --durations=25 $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/collectives.py

@@ -166,9 +166,9 @@ class StudyFigure:
         return self.figure
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from gtopk_lab.plotting.live import static_bundle
+        from gtopk_lab.plotting.live import kernel_bundle
 
-        return static_bundle(self.figure)
+        return kernel_bundle(self.figure)
 
 
 def live_scaling(study: Any, time: str = "virtual", *, live: bool | None = None) -> StudyFigure:
