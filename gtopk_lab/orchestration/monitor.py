@@ -363,8 +363,9 @@ class RunMonitor:
         for handle in waiting:
             if now < self._restart_deadlines[handle.run_id]:
                 continue
-            eligible = len(eligible_workers(handle.config, workers))
-            if eligible >= handle.config.workers:
+            placed = handle.config.replace(workers=1) if handle.simulated else handle.config
+            eligible = len(eligible_workers(placed, workers))
+            if eligible >= handle.workers_needed:
                 continue
             with self._lock:
                 if handle not in self._pending:
@@ -374,7 +375,7 @@ class RunMonitor:
             handle.note_failure(None, None, _faults.WORKER_LEFT)
             self.finish(handle, "failed", (
                 f"could not restart after {handle.restart_reasons[-1]}: the cluster has {eligible} "
-                f"eligible worker(s) and the run needs workers={handle.config.workers}; waited "
+                f"eligible worker(s) and the run needs {handle.workers_needed}; waited "
                 f"{handle.timeout_s:.0f} s"))
 
     def _release(self, handle: RunHandle) -> None:
