@@ -250,6 +250,16 @@ def test_clients_without_a_cluster_certificate_are_refused(tls_cluster: dict, tm
         with pytest.raises((OSError, TimeoutError, TypeError, ValueError)):
             Client(address, security=Security(), timeout=3)
 
-    # The cluster is unharmed by the attempts.
-    with Client(address, security=_client_security(certs), timeout=30) as client:
+    # The cluster is unharmed by the attempts. The refused Client() calls above can leave
+    # distributed's shared loop runner of this process half-started ("assert loop is not
+    # None" in LoopRunner.start, seen once in 2 runs under pytest-xdist): a fresh attempt
+    # then starts it cleanly, and the scheduler side is what this checks.
+    for attempt in range(2):
+        try:
+            client = Client(address, security=_client_security(certs), timeout=30)
+            break
+        except AssertionError:
+            if attempt:
+                raise
+    with client:
         assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2

@@ -238,9 +238,8 @@ class Study:
             raise TypeError(f"callback={callback!r} is not callable")
         with self._lock:
             self._subscribers.append(callback)
-            finished = self._watcher is not None and not self._watcher.is_alive()
-        if finished or (self._watcher is None and self.done()):
-            callback(self)  # nothing will change any more: one call, now
+        if self.done():
+            callback(self)  # every run ended: nothing more will change; one call, now
         else:
             self._changed.set()
             self._start_watcher()
