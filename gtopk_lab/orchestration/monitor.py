@@ -332,23 +332,11 @@ class RunMonitor:
         (first), from its newest complete checkpoint."""
         latest = _faults.restart_point(_results.checkpoint_folder(self.out, handle.run_id), handle.config)
         with self._lock:
-            pending = handle.unfinished_futures()
-            if pending:
-                self.client.cancel(pending)
-            for addr in handle.workers:
-                if self._reserved.get(addr) == handle.run_id:
-                    del self._reserved[addr]
-            if handle in self._active:
-                self._active.remove(handle)
+            self._give_back(handle)
             handle.prepare_restart(latest["iteration"] if latest else None)
             self._pending.insert(0, handle)
             self._restart_deadlines[handle.run_id] = time.monotonic() + handle.timeout_s
-        try:  # the old start's rendezvous variable
-            from distributed import Variable
-
-            Variable(rendezvous_name(handle.rendezvous_key), client=self.client).delete()
-        except Exception:
-            pass
+        self._forget_rendezvous(handle)  # the old start's
         self._wake.set()
 
     def _expire_restarts(self) -> None:
@@ -382,18 +370,26 @@ class RunMonitor:
         with self._lock:
             if not handle.mark_released():
                 return
-            pending = handle.unfinished_futures()
-            if pending:
-                self.client.cancel(pending)
-            for addr in handle.workers:
-                if self._reserved.get(addr) == handle.run_id:
-                    del self._reserved[addr]
-            if handle in self._active:
-                self._active.remove(handle)
-        try:  # the rendezvous variable would outlive the run on the scheduler
+            self._give_back(handle)
+        self._forget_rendezvous(handle)  # it would outlive the run on the scheduler
+        self._wake.set()
+
+    def _give_back(self, handle: RunHandle) -> None:
+        """Cancel the start's unfinished rank tasks and free its workers (lock held)."""
+        pending = handle.unfinished_futures()
+        if pending:
+            self.client.cancel(pending)
+        for addr in handle.workers:
+            if self._reserved.get(addr) == handle.run_id:
+                del self._reserved[addr]
+        if handle in self._active:
+            self._active.remove(handle)
+
+    def _forget_rendezvous(self, handle: RunHandle) -> None:
+        """Delete the start's rendezvous variable on the scheduler (best effort)."""
+        try:
             from distributed import Variable
 
             Variable(rendezvous_name(handle.rendezvous_key), client=self.client).delete()
         except Exception:
             pass
-        self._wake.set()
