@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from gtopk_lab.comm.process_start import adopt_state, child_state, process_context
 
 __all__ = ["free_port", "run_gloo", "set_single_thread", "master_store", "LOCALHOST"]
 
@@ -90,7 +91,9 @@ def master_store(host: str, world_size: int | None, timeout: timedelta) -> dist.
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
-               results: Any, args: tuple[Any, ...], timeout_s: float) -> None:
+               results: Any, args: tuple[Any, ...], timeout_s: float,
+               state: dict[str, Any] | None = None) -> None:
+    adopt_state(state)
     set_single_thread()
     ifname = _loopback_ifname()
     if ifname is not None:  # gloo binds its sockets on loopback only
@@ -135,7 +138,9 @@ def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: flo
              startup_s: float = 60.0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` real gloo ranks; return values in rank order.
 
-    ``fn`` and ``args`` must be picklable (module-level function; spawn start method). Each
+    ``fn`` and ``args`` must be picklable (a module-level function). The ranks start from
+    the preloaded forkserver of :mod:`gtopk_lab.comm.process_start` (spawn where the OS
+    has none), with the caller's environment and working directory. Each
     rank uses one thread, binds gloo to loopback and initialises the default group with
     ``timeout=timeout_s``; the group is destroyed in ``finally``. If any rank raises (or dies),
     every rank is stopped and ``RuntimeError`` carries that rank's traceback. If the ranks
@@ -146,15 +151,17 @@ def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: flo
         raise ValueError(f"world_size={world_size!r} is invalid: expected an integer >= 1")
     if not timeout_s > 0:
         raise ValueError(f"timeout_s={timeout_s!r} is invalid: expected a number > 0")
-    ctx = mp.get_context("spawn")
+    ctx = process_context()
+    state = child_state()
     store = master_store(LOCALHOST, None, timedelta(seconds=timeout_s))
     results = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, name=f"gloo-rank-{r}",
-                         args=(fn, r, world_size, store.port, results, args, timeout_s), daemon=True)
+                         args=(fn, r, world_size, store.port, results, args, timeout_s, state),
+                         daemon=True)
              for r in range(world_size)]
     values: dict[int, Any] = {}
     ready: set[int] = set()
-    # Spawning imports torch in every child: allow for that on a loaded machine until all
+    # A spawned child imports torch: allow for that on a loaded machine until all
     # ranks have joined the group; from then on fn gets timeout_s.
     deadline = time.monotonic() + timeout_s + startup_s
     try:

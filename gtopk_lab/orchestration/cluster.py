@@ -6,7 +6,10 @@ Client side. What ``Lab.__init__`` and the Lab's monitor ask of the cluster:
    one thread each, everything on 127.0.0.1), or a ``Client`` to a scheduler address
    (``tcp://`` or ``tls://`` with a ``Security`` object or certificate files; an address
    that does not answer within the connect timeout raises :class:`SchedulerUnreachable`).
-   A script that would start the embedded cluster at its top level without a
+   The embedded cluster's workers fork from the preloaded forkserver of
+   :mod:`~gtopk_lab.comm.process_start` (torch imported once, not once per worker) with
+   the client's environment and working directory, unless Dask's
+   ``multiprocessing-method`` or ``$GTOPK_LAB_START_METHOD`` asks otherwise. A script that would start the embedded cluster at its top level without a
    ``__main__`` guard ends with one line first (:mod:`~gtopk_lab.orchestration.script_guard`).
 2. **Method plugins** (:func:`install_method_plugins`): the client's
    ``$GTOPK_LAB_METHODS`` modules are imported here first (a broken one fails on the
@@ -26,7 +29,8 @@ from typing import Any
 
 from gtopk_lab.config import RunConfig
 from gtopk_lab.methods.registry import load_plugins, plugin_modules
-from gtopk_lab.worker.plugins import MethodPlugins, single_file_plugins
+from gtopk_lab.comm.process_start import child_state, process_context, start_method
+from gtopk_lab.worker.plugins import ClientProcessState, MethodPlugins, single_file_plugins
 
 
 class SchedulerUnreachable(ConnectionError):
@@ -81,14 +85,31 @@ def connect(scheduler: str | None, n_workers: int | None, security: Any, *,
 
         from gtopk_lab.orchestration.script_guard import check_main_guard
 
+        method = dask.config.get("distributed.worker.multiprocessing-method", "spawn")
+        if method == "spawn" and start_method() == "forkserver":
+            # Dask's default, not a choice: fork the workers from a server that imported
+            # torch once (gtopk_lab.comm.process_start) instead of importing it per worker
+            process_context()
+            method = "forkserver"
         # one line instead of a page of spawn tracebacks for an unguarded script
-        check_main_guard(dask.config.get("distributed.worker.multiprocessing-method", "spawn"))
-        cluster = LocalCluster(
-            n_workers=n_workers or 4, threads_per_worker=1, processes=True, host="127.0.0.1",
-            dashboard_address="127.0.0.1:0", resources=resources, silence_logs=logging.ERROR,
-            security=security,
-        )
-        return Client(cluster, security=security), cluster
+        check_main_guard(method)
+        state = child_state()
+        # Dask's own pre-spawn variables (one OpenMP thread ...) keep precedence as with spawn
+        pre_spawn = dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {}
+        env = {k: v for k, v in state["env"].items() if k not in pre_spawn}
+        with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+            cluster = LocalCluster(
+                n_workers=n_workers or 4, threads_per_worker=1, processes=True, host="127.0.0.1",
+                dashboard_address="127.0.0.1:0", resources=resources, silence_logs=logging.ERROR,
+                security=security, env=env,
+            )
+        try:
+            client = Client(cluster, security=security)
+            client.register_plugin(ClientProcessState(state, sorted(pre_spawn)))
+        except BaseException:
+            cluster.close()
+            raise
+        return client, cluster
     address = validate_scheduler_address(scheduler)
     if address.startswith("tls://") and security is None:
         security = security_from_files(tls_ca_file, tls_cert, tls_key)

@@ -19,7 +19,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from gtopk_lab.methods.registry import PLUGINS_ENV, load_plugins, plugin_modules
 
-__all__ = ["MethodPlugins", "single_file_plugins"]
+__all__ = ["MethodPlugins", "ClientProcessState", "single_file_plugins"]
 
 
 class MethodPlugins(WorkerPlugin):
@@ -34,6 +34,32 @@ class MethodPlugins(WorkerPlugin):
         known = plugin_modules()
         os.environ[PLUGINS_ENV] = ",".join(known + [m for m in self.modules if m not in known])
         load_plugins()
+
+
+class ClientProcessState(WorkerPlugin):
+    """Give an embedded cluster's workers the client's environment and working directory.
+
+    A spawned worker starts with both; a worker forked from the preloaded forkserver
+    (gtopk_lab.comm.process_start) starts with those of the server's first start, which
+    may name a variable the client has dropped since (a test's ``GTOPK_LAB_METHODS``).
+    ``keep`` names variables the worker keeps as its nanny set them (Dask's pre-spawn
+    ones: one OpenMP thread per worker).
+    """
+
+    name = "gtopk-lab-client-process-state"
+
+    def __init__(self, state: dict[str, Any], keep: list[str]) -> None:
+        self.env = dict(state.get("env") or {})
+        self.cwd = state.get("cwd")
+        self.keep = list(keep)
+
+    def setup(self, worker: Any) -> None:
+        kept = {k: os.environ[k] for k in self.keep if k in os.environ}
+        os.environ.clear()
+        os.environ.update(self.env)
+        os.environ.update(kept)
+        if self.cwd and os.path.isdir(self.cwd):
+            os.chdir(self.cwd)
 
 
 def single_file_plugins(modules: list[str]) -> list[str]:
