@@ -266,7 +266,8 @@ def test_panel_study_on_a_cluster_live_figures_compare_and_report(tmp_path: Path
             return sum(len(t.x) for t in efficiency.data if "markers" in (t.mode or ""))
 
         deadline = time.monotonic() + 20  # the watcher's last call comes after the last run ended
-        while measured() < expected and time.monotonic() < deadline:
+        while ((measured() < expected or panel.run_lines.value.count(": completed") < 3)
+               and time.monotonic() < deadline):
             time.sleep(0.1)
         assert measured() == expected == 3, (table, efficiency.data)
         assert panel.run_lines.value.count(": completed") == 3, panel.run_lines.value

@@ -1,9 +1,9 @@
 """A real deployment: `dask scheduler` + `dask worker` subprocesses on free 127.0.0.1 ports,
-driven by `gtopk-lab run --scheduler` (plain tcp:// and tls:// with certificate files)."""
+driven by `gtopk-lab run --scheduler` over tcp:// (tls:// with certificate files:
+tests/test_tls_deployment.py)."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import subprocess
 import sys
@@ -21,43 +21,6 @@ pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 TINY = ["--max-iterations", "3", "--train-samples", "256", "--test-samples", "64", "--batch-size", "16",
         "--epochs", "1", "--density", "0.05", "--no-progress"]
-
-
-def _write_tls_files(folder: Path) -> dict[str, str]:
-    """A throw-away CA and one certificate it signs (CN/SAN 127.0.0.1), as PEM files."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    import ipaddress
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-
-    def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (x509.CertificateBuilder().subject_name(name("gtopk-test-ca")).issuer_name(name("gtopk-test-ca"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(name("127.0.0.1")).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                        x509.DNSName("localhost")]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    paths = {"ca": folder / "ca.pem", "cert": folder / "cert.pem", "key": folder / "key.pem"}
-    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                               serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
-    return {k: str(v) for k, v in paths.items()}
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -143,16 +106,3 @@ def test_cli_run_against_dask_scheduler_and_worker_processes(tmp_path):
     assert [r["status"] for r in json.loads(runs.stdout.strip().splitlines()[-1])] == ["completed"]
 
 
-@pytest.mark.timeout(240)
-def test_cli_run_over_tls(tmp_path):
-    tls = _write_tls_files(tmp_path)
-    out = tmp_path / "res"
-    with deployment(tmp_path, 1, tls=tls) as address:
-        assert address.startswith("tls://")
-        proc = _cli(["run", "--scheduler", address, "--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"],
-                     "--tls-key", tls["key"], "--method", "dense", "--workers", "1", *TINY,
-                     "--out", str(out), "--json"], tmp_path)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        summary = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert summary["status"] == "completed"
-        assert summary["dask_workers"][0].startswith("tls://127.0.0.1:")

@@ -198,6 +198,7 @@ def test_gtopk_job_runs_through_the_cli_over_tls(tls_cluster: dict) -> None:
     assert summary["final_train_loss"] == summary["final_train_loss"]  # not NaN
     assert summary["bytes_sent_per_rank_per_iter"] > 0
     assert (out / summary["run_id"] / "summary.json").exists()
+    assert all(w.startswith("tls://127.0.0.1:") for w in summary["dask_workers"])
 
 
 def _tls_probe(address: str, ca: Path, cert: Path | None, key: Path | None) -> bytes:

@@ -2,7 +2,8 @@
 
 Every process the project starts (a gloo rank of :func:`gtopk_lab.comm.launch.run_gloo`,
 a worker of the embedded Dask ``LocalCluster``) imports torch before it does anything,
-and that import costs about 3 s of CPU on the 2-core build machines. With the ``spawn``
+and that import costs about 3 s of CPU on the 2-core build machines (7 s with what the
+first training step imports lazily: ``torch._dynamo`` through ``torch.optim``). With the ``spawn``
 start method every process pays it again; with a ``forkserver`` that imported torch
 once, a new process is a ``fork()`` of an already-initialised interpreter (tens of ms).
 
@@ -31,9 +32,10 @@ from typing import Any
 
 __all__ = ["PRELOAD", "start_method", "process_context", "child_state", "adopt_state"]
 
-# what the project's worker processes import first; names only, resolved in the server
+# what the project's worker processes import first; names only, resolved in the server.
+# torch._dynamo: torch.optim's first Optimizer() imports it (about 4 s of CPU here).
 PRELOAD: tuple[str, ...] = (
-    "torch", "torch.distributed", "numpy", "distributed",
+    "torch", "torch.distributed", "torch.optim", "torch._dynamo", "numpy", "distributed",
     "gtopk_lab.training.loop", "gtopk_lab.worker.rank_task", "gtopk_lab.worker.sim_task",
 )
 # Dask's nanny sets these before spawning a worker; a forkserver reads them only once
