@@ -187,18 +187,22 @@ def test_lab_load_and_lab_sweep_resume_skip_and_move_damaged_runs(tmp_path, capl
 
 
 @pytest.mark.timeout(180)
-def test_cli_sweep_resume_reruns_a_damaged_point(tmp_path):
+def test_cli_sweep_resume_reruns_a_damaged_point(tmp_path, capsys, caplog):
+    # in-process (main(), as `gtopk-lab sweep` runs it): the subprocess form of the CLI's
+    # stderr line is checked by test_cli_runs_and_report_skip_a_damaged_run
+    from gtopk_lab.cli import main
+
     out = tmp_path / "sweep"
     argv = ["sweep", "--simulate", "--methods", "dense", "--workers", "1", *TINY, "--out", str(out),
             "--no-progress", "--json"]
-    first = _cli(*argv, cwd=tmp_path)
-    assert first.returncode == 0, first.stderr
+    assert main(argv) == 0, capsys.readouterr().err
     [run] = list(out.iterdir())
     _truncate(run / "metrics.parquet", 7)
 
-    again = _cli(*argv, cwd=tmp_path)
-    assert again.returncode == 0, again.stderr
-    lines = [line for line in again.stderr.splitlines() if "damaged" in line]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert main(argv) == 0, capsys.readouterr().err
+    lines = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith(f"skipping damaged run {run}: metrics.parquet: ")
     assert "moved it to" in lines[0]
     names = sorted(p.name for p in out.iterdir())
