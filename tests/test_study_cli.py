@@ -32,8 +32,8 @@ def _completed(out: Path) -> dict[tuple[str, int], str]:
 @pytest.mark.timeout(180)
 def test_study_cli_prints_mean_and_std_and_runs_beyond_the_cluster(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    cmd = [GTOPK_LAB, "study", "--methods", "dense,gtopk", "--workers", "1,2,4", "--seeds", "2",
-           "--n-workers", "2", "--max-iterations", "8", "--epochs", "4", *TINY, "--out", str(out)]
+    cmd = [GTOPK_LAB, "study", "--methods", "dense,gtopk", "--workers", "1,4", "--seeds", "2",
+           "--n-workers", "2", "--max-iterations", "6", "--epochs", "4", *TINY, "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "+-" in done.stdout and "(n=2)" in done.stdout and "simulated" in done.stdout
@@ -57,7 +57,6 @@ def test_sigint_cancels_within_10_s_keeps_completed_points_and_resumes(tmp_path:
         proc.send_signal(signal.SIGINT)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=30)
-        print(f"SIGINT to exit: {time.monotonic() - t0:.1f} s")
         assert time.monotonic() - t0 <= 10.0, f"took {time.monotonic() - t0:.1f} s"
     finally:
         if proc.poll() is None:
