@@ -12,6 +12,7 @@ plugin that the workers cannot import is shipped first with ``Client.upload_file
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from typing import Any
 
@@ -43,7 +44,8 @@ class ClientProcessState(WorkerPlugin):
     (gtopk_lab.comm.process_start) starts with those of the server's first start, which
     may name a variable the client has dropped since (a test's ``GTOPK_LAB_METHODS``).
     ``keep`` names variables the worker keeps as its nanny set them (Dask's pre-spawn
-    ones: one OpenMP thread per worker).
+    ones: one OpenMP thread per worker). It also drops the worker's "Compute Failed" log
+    record of a rank the client cancelled (a Ctrl-C would print one traceback per rank).
     """
 
     name = "gtopk-lab-client-process-state"
@@ -54,12 +56,27 @@ class ClientProcessState(WorkerPlugin):
         self.keep = list(keep)
 
     def setup(self, worker: Any) -> None:
+        _quiet_cancelled_ranks()
         kept = {k: os.environ[k] for k in self.keep if k in os.environ}
         os.environ.clear()
         os.environ.update(self.env)
         os.environ.update(kept)
         if self.cwd and os.path.isdir(self.cwd):
             os.chdir(self.cwd)
+
+
+class _CancelledRankFilter(logging.Filter):
+    """Drops distributed.worker's "Compute Failed" record of a rank the client cancelled:
+    the Lab reports the cancellation itself, and Ctrl-C should not print a traceback per rank."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg.startswith("Compute Failed") and "RunCancelled" in record.getMessage())
+
+
+def _quiet_cancelled_ranks() -> None:
+    log = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, _CancelledRankFilter) for f in log.filters):
+        log.addFilter(_CancelledRankFilter())
 
 
 def single_file_plugins(modules: list[str]) -> list[str]:
