@@ -5,7 +5,8 @@
 one help text wherever it is typed: ``--max-iterations 20``, ``--throttle/--no-throttle``,
 ``--lr-milestones 80,120`` (``80 120`` also parses), ``--density-warmup 0.004,1``
 (``0.004 1`` too), ``--density-schedule 0.015625,0.004``, ``--preset paper``, ``--selector
-none``, ``--extra key=json`` (repeatable). A value that does not parse ends in argparse's usage error (exit 2, one line naming the flag); a value that
+none``, ``--extra key=json`` (repeatable). A value that does not parse ends in argparse's
+usage error (exit 2, one line naming the flag); a value that
 parses but :class:`RunConfig` rejects raises its ``ValueError`` when the config is built.
 
 The module sits beside ``config.py``, below ``training``: the worker-side torchrun entry
