@@ -11,6 +11,7 @@ is allowed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from gtopk_lab.comm.schedules import SPARSE_ALGORITHMS as ALGORITHMS
 from gtopk_lab.compression.residual import RESIDUAL_RULES
 from gtopk_lab.compression.selection import available_selectors
+from gtopk_lab.config_presets import preset_values
 from gtopk_lab.methods import available_methods, get_method
 from gtopk_lab.methods.registry import selector_for
 from gtopk_lab.network.model import network_model
@@ -30,12 +32,41 @@ DATA_SPLITS: tuple[str, ...] = ("iid", "dirichlet")
 #: Fields that say how a run is carried out when something fails, not what it computes:
 #: ``config_hash`` leaves them out, so changing them never makes a sweep point look new.
 POLICY_FIELDS: tuple[str, ...] = ("max_restarts", "scheduler_timeout_s")
+#: Where gradient clipping acts (``grad_clip_mode``): "aggregated" clips the synchronised
+#: update G / P by its L2 norm, identically on every rank (where the references clip);
+#: "local" clips each rank's own gradient before error feedback at grad_clip / sqrt(P) (DGC).
+GRAD_CLIP_MODES: tuple[str, ...] = ("aggregated", "local")
+#: Fields added after runs were stored, with the value that leaves a run as it was:
+#: ``config_hash`` leaves such a field out while it has that value, so stored runs keep
+#: their hash. ``grad_clip_mode`` is left out only while ``grad_clip`` is None (with a
+#: clip set, the default changed what the run computes, and its hash changes with it).
+LATER_FIELDS: dict[str, Any] = {"density_schedule": None, "grad_clip_mode": "aggregated"}
+#: Fields that say how the other fields were chosen, not what is computed: not hashed
+#: (a preset's run and the same fields typed out are one sweep point).
+DERIVED_FIELDS: tuple[str, ...] = ("preset",)
 
 
 def _fail(field_name: str, value: Any, allowed: str) -> ValueError:
     return ValueError(f"{field_name}={value!r} is invalid: expected {allowed}")
 
 
+def _remember_given(cls: type) -> type:
+    """Wrap the dataclass ``__init__`` so each instance knows which fields its caller gave
+    (``_given``): a preset fills only the others, and :meth:`RunConfig.replace` re-derives them."""
+    init = cls.__init__
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        object.__setattr__(self, "_given", frozenset(names[:len(args)]) | frozenset(kwargs))
+        object.__setattr__(self, "_derived", {})
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[misc]
+    return cls
+
+
+@_remember_given
 @dataclass
 class RunConfig:
     """A training run: method, sizes, network and recipe.
@@ -57,6 +88,10 @@ class RunConfig:
     density: float = 0.01
     #: Density warm-up: (0.004, 1) means density 0.004 for the first 1 epoch(s). None: off.
     density_warmup: tuple[float, int] | None = None
+    #: Density per epoch before ``density``: (0.015625, 0.004) is GaussianK-SGD's
+    #: [0.015625, 0.004, 0.001] with density 0.001 (epoch e < len uses entry e). None: off.
+    #: density_warmup (rho0, E) is the schedule (rho0,) * E; the two are not set together.
+    density_schedule: tuple[float, ...] | None = None
     workers: int = 4
 
     # --- model and data ------------------------------------------------------------
@@ -84,9 +119,16 @@ class RunConfig:
     #: Epochs at which the LR is multiplied by lr_decay.
     lr_milestones: tuple[int, ...] = ()
     lr_decay: float = 0.1
+    #: L2-norm clip threshold (None: off); where it acts is ``grad_clip_mode``.
     grad_clip: float | None = None
+    #: "aggregated": clip the synchronised update G / P (the references'); "local": each
+    #: rank's gradient before error feedback at grad_clip / sqrt(P) (DGC's).
+    grad_clip_mode: str = "aggregated"
     momentum_correction: bool = False
     seed: int = 0
+    #: A named configuration (config_presets.PRESETS): "paper" is the seed paper's gTop-k
+    #: (tree, paper residual rule, density warm-up, the model's recipe); fields given win.
+    preset: str | None = None
 
     # --- network ---------------------------------------------------------------------
     #: Link bandwidth as users type it ("1Gbps", "10GbE", "none").
@@ -123,6 +165,14 @@ class RunConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.preset is not None:
+            if not isinstance(self.preset, str):
+                raise TypeError(f"preset={self.preset!r} has type {type(self.preset).__name__}: expected str")
+            derived = preset_values(self.preset, self.model if isinstance(self.model, str) else "",
+                                    getattr(self, "_given", frozenset()))
+            for name, value in derived.items():
+                setattr(self, name, value)
+            object.__setattr__(self, "_derived", dict(derived))
         self._check_types()
         if self.method not in available_methods():
             raise _fail("method", self.method, f"one of {', '.join(available_methods())}")
@@ -156,6 +206,12 @@ class RunConfig:
             if not ok:
                 raise _fail("density_warmup", self.density_warmup, "(density in (0, 1], epochs >= 0)")
             self.density_warmup = (float(dw[0]), int(dw[1]))
+        if self.density_schedule is not None:
+            self.density_schedule = _density_schedule(self.density_schedule)
+            if self.density_warmup is not None:
+                raise ValueError(f"density_schedule={self.density_schedule!r} is invalid with density_warmup="
+                                 f"{self.density_warmup!r}: expected one of the two (the warm-up (rho0, E) "
+                                 "is the schedule (rho0,) * E)")
         for name, low in (("workers", 1), ("epochs", 1), ("batch_size", 1), ("train_samples", 1),
                           ("test_samples", 1), ("eval_every_epochs", 1), ("sink_every", 1)):
             if getattr(self, name) < low:
@@ -181,6 +237,8 @@ class RunConfig:
             raise _fail("lr_milestones", self.lr_milestones, "a list of epochs (integers >= 0)")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise _fail("grad_clip", self.grad_clip, "a number > 0 or None")
+        if self.grad_clip_mode not in GRAD_CLIP_MODES:
+            raise _fail("grad_clip_mode", self.grad_clip_mode, f"one of {', '.join(GRAD_CLIP_MODES)}")
         self.lr_milestones = tuple(int(m) for m in self.lr_milestones)
         # Network strings are parsed here so that a typo fails before anything starts; the
         # parse is cached, so the loops' network_of(config) does not repeat it.
@@ -224,11 +282,29 @@ class RunConfig:
             data["lr_milestones"] = tuple(data["lr_milestones"])
         if data.get("density_warmup") is not None:
             data["density_warmup"] = tuple(data["density_warmup"])
+        if isinstance(data.get("density_schedule"), list):
+            data["density_schedule"] = tuple(data["density_schedule"])
         return cls(**data)
 
     def replace(self, **changes: Any) -> "RunConfig":
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed (validated again).
+
+        The copy is built from the fields this config's caller gave (and any it changed
+        since), plus ``changes``; the others are derived again, so a preset's fields follow
+        a changed ``model`` or ``preset`` (``replace(preset=None)`` drops them).
+        """
+        names = [f.name for f in dataclasses.fields(self)]
+        unknown = sorted(set(changes) - set(names))
+        if unknown:
+            raise TypeError(f"unknown config field(s): {', '.join(unknown)}")
+        given = getattr(self, "_given", None)
+        derived = getattr(self, "_derived", {})
+        defaults = {f.name: f.default for f in dataclasses.fields(self)
+                    if f.default is not dataclasses.MISSING}
+        keep = {name: getattr(self, name) for name in names
+                if given is None or name in given or name not in defaults  # extra: a factory default
+                or getattr(self, name) != derived.get(name, defaults[name])}  # set after construction
+        return type(self)(**{**keep, **changes})
 
     @property
     def default_selector(self) -> str | None:
@@ -247,11 +323,36 @@ _TYPES: dict[str, type] = {
     "test_samples": int, "epochs": int,
     "max_iterations": int, "batch_size": int, "lr": float, "momentum": float,
     "weight_decay": float, "lr_warmup_epochs": float, "lr_decay": float, "grad_clip": float,
+    "grad_clip_mode": str, "preset": str,
     "momentum_correction": bool, "seed": int, "bandwidth": str, "latency": str, "throttle": bool,
     "virtual_merge_cpu": bool,
     "device": str, "eval_every_epochs": int, "sink_every": int, "checkpoint": bool,
     "max_restarts": int, "scheduler_timeout_s": float, "run_id": str, "selector": str, "data_dir": str, "extra": dict,
 }
+
+
+def _density_schedule(value: Any) -> tuple[float, ...]:
+    """``value`` as a tuple of densities in (0, 1]; ``ValueError`` naming the field otherwise."""
+    ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 < v <= 1.0 for v in value)
+    if not ok:
+        raise _fail("density_schedule", value, "a non-empty list of densities in (0, 1], one per epoch, "
+                    "e.g. (0.015625, 0.004), or None")
+    return tuple(float(v) for v in value)
+
+
+def hashed_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """What ``config_hash`` hashes of a config dict: all but ``run_id``, ``POLICY_FIELDS``,
+    ``DERIVED_FIELDS`` and the ``LATER_FIELDS`` at their earlier value. O(fields)."""
+    out = dict(data)
+    for name in ("run_id", "config_hash", *POLICY_FIELDS, *DERIVED_FIELDS):
+        out.pop(name, None)
+    for name, value in LATER_FIELDS.items():
+        if name in out and out[name] == value and not (name == "grad_clip_mode" and out.get("grad_clip")):
+            out.pop(name)
+    if out.get("grad_clip") is None:
+        out.pop("grad_clip_mode", None)  # no clip: where it would act changes nothing
+    return out
 
 
 def k_for(numel: int, density: float) -> int:

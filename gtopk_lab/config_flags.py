@@ -4,8 +4,9 @@
 (worker side) both call :func:`add_config_flags`, so a field has one flag, one syntax and
 one help text wherever it is typed: ``--max-iterations 20``, ``--throttle/--no-throttle``,
 ``--lr-milestones 80,120`` (``80 120`` also parses), ``--density-warmup 0.004,1``
-(``0.004 1`` too), ``--selector none``, ``--extra key=json`` (repeatable). A value that does
-not parse ends in argparse's usage error (exit 2, one line naming the flag); a value that
+(``0.004 1`` too), ``--density-schedule 0.015625,0.004``, ``--preset paper``, ``--selector
+none``, ``--extra key=json`` (repeatable). A value that does not parse ends in argparse's
+usage error (exit 2, one line naming the flag); a value that
 parses but :class:`RunConfig` rejects raises its ``ValueError`` when the config is built.
 
 The module sits beside ``config.py``, below ``training``: the worker-side torchrun entry
@@ -37,6 +38,7 @@ FIELD_HELP: dict[str, str] = {
     "residual_rule": "error-feedback rule: mass (mass-conserving) or paper (the reference code's)",
     "density": "fraction rho of the parameters each worker selects, in (0, 1]; k = max(1, floor(rho d))",
     "density_warmup": "RHO,EPOCHS: density RHO for the first EPOCHS epochs, e.g. 0.004,1 (none: off)",
+    "density_schedule": "comma-separated density per epoch before --density, e.g. 0.015625,0.004 (none: off)",
     "workers": "ranks P",
     "model": "model name ('gtopk-lab models' lists them)",
     "dataset": "dataset name",
@@ -54,9 +56,13 @@ FIELD_HELP: dict[str, str] = {
     "lr_warmup_epochs": "linear LR warm-up from lr/P to lr over this many epochs (0: off)",
     "lr_milestones": "comma-separated epochs at which the LR is multiplied by lr_decay, e.g. 80,120",
     "lr_decay": "LR factor at each milestone",
-    "grad_clip": "clip each rank's gradient to this L2 norm before compression (none: off)",
+    "grad_clip": "L2-norm clip threshold (none: off); where it acts: --grad-clip-mode",
+    "grad_clip_mode": "aggregated (clip the synchronised update G/P, as the references) or local "
+                      "(each rank's gradient before compression at grad_clip/sqrt(P), as DGC)",
     "momentum_correction": "DGC momentum correction: a local velocity replaces the gradient (sparse methods)",
     "seed": "random seed (initial weights, data order, per-rank generators)",
+    "preset": "named configuration: paper = the seed paper's gTop-k (tree, paper residual rule, its "
+              "warm-ups and the model's recipe); flags given win (none: off)",
     "bandwidth": "link rate, preset or calibration JSON (1Gbps, 10GbE, net.json, none)",
     "latency": "per-message latency, e.g. 0.5ms or 50us (none: the preset's or calibrated value)",
     "throttle": "sleep so that every collective lasts at least its modelled time",
@@ -92,6 +98,12 @@ def _none_or(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 def _int_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(t) for t in text.split(",") if t.strip())
+
+
+def _float_tuple(text: str) -> tuple[float, ...] | None:
+    if text.strip().lower() in _NONE_WORDS:
+        return None
+    return tuple(float(t) for t in text.split(",") if t.strip())
 
 
 def _density_warmup(text: str) -> tuple[float, int] | None:
@@ -173,6 +185,10 @@ def flag_spec(name: str) -> dict[str, Any]:
         return spec | {"action": _Joined, "nargs": "+", "metavar": "RHO,EPOCHS",
                        "convert": _density_warmup, "expected": "RHO,EPOCHS (e.g. 0.004,1) or none",
                        "help": f"{text} (default {default!r})"}
+    if name == "density_schedule":
+        return spec | {"action": _Joined, "nargs": "+", "metavar": "RHO,RHO",
+                       "convert": _float_tuple, "expected": "comma-separated densities (e.g. 0.015625,0.004) "
+                       "or none", "help": f"{text} (default {default!r})"}
     if origin is tuple:
         return spec | {"action": _Joined, "nargs": "*", "metavar": "N,N",
                        "convert": _int_tuple, "expected": "comma-separated integers (e.g. 80,120)",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,10 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     # recorded as "oktopk" before issue 16 made the reference's Ok-Topk the default
     ("oktopk-exact", {"method": "oktopk-exact"}),
     ("oktopk", {"method": "oktopk"}),
-    ("gtopk-dgc", {"method": "gtopk", "momentum_correction": True, "grad_clip": 1.0}),
+    # recorded when local clipping was unscaled at 1.0; DGC's local clip is grad_clip / sqrt(P),
+    # so the record is kept by giving grad_clip = 1.0 * sqrt(P) (config_for: "local_clip")
+    ("gtopk-dgc", {"method": "gtopk", "momentum_correction": True, "grad_clip_mode": "local",
+                   "local_clip": 1.0}),
 ]
 
 
@@ -40,6 +44,9 @@ def config_for(changes: dict[str, Any], workers: int) -> Any:
     base = dict(workers=workers, model="mlp", dataset="mnist1d", train_samples=320, test_samples=64,
                 batch_size=8, epochs=2, max_iterations=14, density=0.05, lr=0.05, momentum=0.9,
                 bandwidth="1GbE", sink_every=5, extra={"return_weights": True})
+    changes = dict(changes)
+    if "local_clip" in changes:  # each rank's threshold: grad_clip / sqrt(P) = local_clip exactly
+        changes["grad_clip"] = changes.pop("local_clip") * math.sqrt(workers)
     base.update(changes)
     return RunConfig(**base)
 

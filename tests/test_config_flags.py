@@ -43,6 +43,10 @@ SAMPLES: dict[str, list[tuple[list[str], object]]] = {
                       ([], ())],
     "lr_decay": [(["0.25"], 0.25)],
     "grad_clip": [(["0.25"], 0.25), (["none"], None)],
+    "grad_clip_mode": [(["local"], "local")],
+    "density_schedule": [(["0.015625,0.004"], (0.015625, 0.004)), (["0.015625", "0.004"], (0.015625, 0.004)),
+                         (["none"], None)],
+    "preset": [(["paper"], "paper"), (["none"], None)],
     "seed": [(["7"], 7)],
     "bandwidth": [(["10GbE"], "10GbE")],
     "latency": [(["50us"], "50us"), (["none"], None)],
@@ -58,7 +62,8 @@ BOOLS = ("momentum_correction", "throttle", "virtual_merge_cpu", "checkpoint")
 
 #: Bad values of each kind of flag: argparse's usage error must name the flag.
 BAD = [("workers", "two"), ("density", "dense"), ("max_iterations", "many"), ("lr_milestones", "80,x"),
-       ("density_warmup", "0.004"), ("density_warmup", "0.004,1,2"), ("extra", "novalue")]
+       ("density_warmup", "0.004"), ("density_warmup", "0.004,1,2"), ("density_schedule", "0.1,x"),
+       ("extra", "novalue")]
 
 
 def _run_parser() -> argparse.ArgumentParser:

@@ -156,7 +156,7 @@ def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, stat
     given here). Keys missing from rank 0's summary (for example when the run failed
     before rank 0 finished) are filled from the config where known, else None. Beyond the
     contract keys it records ``config_hash`` and the config's ``algorithm, bandwidth,
-    latency, model, dataset, selector, residual_rule`` (so tables need not open
+    latency, model, dataset, selector, residual_rule, preset`` (so tables need not open
     config.json) and ``provenance`` (:func:`gtopk_lab.provenance.provenance`: versions,
     git commit, host, device, network calibration).
     """
@@ -169,7 +169,8 @@ def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, stat
     summary["status"] = status
     summary["error"] = error
     summary["config_hash"] = config_hash(config)
-    for key in ("algorithm", "bandwidth", "latency", "model", "dataset", "selector", "residual_rule"):
+    for key in ("algorithm", "bandwidth", "latency", "model", "dataset", "selector", "residual_rule",
+                "preset"):
         summary.setdefault(key, getattr(config, key))
     if extra:
         summary.update(extra)

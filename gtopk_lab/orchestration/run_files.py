@@ -30,7 +30,7 @@ import pandas as pd
 
 from gtopk_lab.jsonsafe import json_safe as _jsonable  # the one sanitiser
 from gtopk_lab.atomic_io import atomic_path, atomic_write_bytes
-from gtopk_lab.config import POLICY_FIELDS, RunConfig
+from gtopk_lab.config import RunConfig, hashed_fields
 from gtopk_lab.network.model import portable_bandwidth
 
 CONFIG_FILE = "config.json"
@@ -57,9 +57,11 @@ SUMMARY_KEYS: tuple[str, ...] = (
 def config_hash(config: RunConfig | dict[str, Any]) -> str:
     """SHA-256 (first 16 hex digits) of the canonical JSON of a config without its run_id.
 
-    Two configs that differ only in ``run_id`` or in the failure policy
-    (``config.POLICY_FIELDS``: ``max_restarts``, ``scheduler_timeout_s``) hash equal; any
-    other field changes it. A calibration-file ``bandwidth`` hashes as the constants in it
+    Two configs that differ only in ``run_id``, in the failure policy
+    (``config.POLICY_FIELDS``: ``max_restarts``, ``scheduler_timeout_s``) or in ``preset``
+    (``config.DERIVED_FIELDS``: the fields it set are hashed) hash equal; fields added later
+    (``config.LATER_FIELDS``) are hashed only away from their earlier value, so stored runs
+    keep their hash (:func:`gtopk_lab.config.hashed_fields`); any other field changes it. A calibration-file ``bandwidth`` hashes as the constants in it
     (the form the Lab stores, :func:`gtopk_lab.network.model.portable_bandwidth`).
     """
     data = config.to_dict() if isinstance(config, RunConfig) else dict(config)
@@ -68,9 +70,7 @@ def config_hash(config: RunConfig | dict[str, Any]) -> str:
             data["bandwidth"] = portable_bandwidth(data["bandwidth"])
         except ValueError:  # unreadable file: hash the path; submitting will say what is wrong
             pass
-    for name in ("run_id", "config_hash", *POLICY_FIELDS):
-        data.pop(name, None)
-    text = json.dumps(_jsonable(data), sort_keys=True, separators=(",", ":"))
+    text = json.dumps(_jsonable(hashed_fields(data)), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -4,7 +4,8 @@ One iteration on rank i of P (docs/architecture.md, "Data flow of one iteration"
 
 1. forward + backward on the rank's shard; every parameter's ``.grad`` is a view into
    one model-sized flat buffer, so the gradient ``g`` is that buffer (no copy)
-2. optional local gradient clipping (``grad_clip``: ``g *= min(1, clip / ||g||)``) and,
+2. with ``grad_clip_mode="local"``, clipping of the local gradient at ``grad_clip / sqrt(P)``
+   (DGC's) and,
    with ``momentum_correction`` (DGC, Lin et al. 2018), local velocity
    ``u = m * u + g`` which replaces ``g`` in what follows
 3. ``acc = memory.compensate(g)``; sparse methods: ``values, indices = selector(acc, k)``
@@ -14,7 +15,9 @@ One iteration on rank i of P (docs/architecture.md, "Data flow of one iteration"
 5. ``ErrorFeedback.update`` (rule ``config.residual_rule``); with momentum correction the
    velocity is zeroed at this rank's own selection S_i (DGC's momentum factor masking: the
    entries whose accumulated velocity just left the residual)
-6. the aggregated ``G / P`` is written into the flat gradient buffer and SGD steps
+6. the aggregated ``G / P`` (with ``grad_clip_mode="aggregated"``, the default, clipped to
+   L2 norm ``grad_clip`` as the references do after synchronisation) is written into the
+   flat gradient buffer and SGD steps
    (momentum / weight decay as configured, LR from :func:`~gtopk_lab.training.optim.lr_at`)
 7. one metric row (docs/architecture.md schema), flushed to ``sink`` every ``sink_every``
 

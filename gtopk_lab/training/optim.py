@@ -6,20 +6,15 @@ value without communication:
 
 - **learning rate**: linear warm-up from ``lr / P`` to ``lr`` over ``lr_warmup_epochs``
   (Goyal et al. 2017), then step decay ``lr * lr_decay ** #{milestones <= e}``.
-- **density**: ``density_warmup = (rho0, E)`` uses density ``rho0`` while ``e < E``,
-  then ``density`` (the paper warms up with 0.004 for the first epoch).
+- **density**: ``density_schedule = (rho_0, ..., rho_{n-1})`` uses ``rho_e`` in epoch
+  ``e = floor(progress) < n``, then ``density`` (GaussianK-SGD's ``_dynamic_densities =
+  [0.015625, 0.004, 0.001]`` is ``density_schedule=(0.015625, 0.004), density=0.001``);
+  ``density_warmup = (rho0, E)`` is the schedule ``(rho0,) * E`` (the seed paper's code
+  warms up with 0.004 for the first epoch). :func:`density_stages` gives the list.
 
-Recipes reproduce the reference configurations in docs/background (Shi et al. 2019):
-
-==================  =========================================================================
-``resnet20-cifar10``  lr 0.1, batch 32/worker, momentum 0.9, wd 1e-4, 141 epochs, rho 0.001
-``vgg16-cifar10``     same recipe as ResNet-20
-``lstm-ptb``          lr 1.0, batch 20, momentum 0, grad clip 0.25, rho 0.001
-``cnn-mnist1d``       MNIST-1D 4000/1000, CNN, lr 0.05, batch 32, 120 epochs, rho 0.001
-==================  =========================================================================
-
-All use density warm-up (0.004, 1 epoch) and a linear LR warm-up; the CIFAR milestones
-(81, 122) are the usual He et al. step points, not a figure of the paper.
+Recipes (``RECIPES``, defined in :mod:`gtopk_lab.config_presets` so that the ``paper``
+preset of ``RunConfig`` can use them) reproduce the references' configurations, LR
+warm-up lengths included: 10 epochs for the CIFAR recipes, none for ``lstm-ptb``.
 
 Example::
 
@@ -29,43 +24,18 @@ Example::
 from __future__ import annotations
 
 import bisect
+import math
 from typing import Any
 
 import torch
 from torch import nn
 
 from gtopk_lab.config import RunConfig
+from gtopk_lab.config_presets import RECIPES
 from gtopk_lab.methods import get_method
 
-RECIPES: dict[str, dict[str, Any]] = {
-    "resnet20-cifar10": dict(
-        model="resnet20", dataset="cifar10", train_samples=50_000, test_samples=10_000,
-        epochs=141, batch_size=32, lr=0.1, momentum=0.9, weight_decay=1e-4,
-        lr_warmup_epochs=5.0, lr_milestones=(81, 122), lr_decay=0.1,
-        density=0.001, density_warmup=(0.004, 1),
-    ),
-    "vgg16-cifar10": dict(
-        model="vgg16", dataset="cifar10", train_samples=50_000, test_samples=10_000,
-        epochs=141, batch_size=32, lr=0.1, momentum=0.9, weight_decay=1e-4,
-        lr_warmup_epochs=5.0, lr_milestones=(81, 122), lr_decay=0.1,
-        density=0.001, density_warmup=(0.004, 1),
-    ),
-    "lstm-ptb": dict(
-        model="lstm", dataset="ptb", train_samples=1_000_000, test_samples=1_000_000,
-        epochs=40, batch_size=20, lr=1.0, momentum=0.0, weight_decay=0.0, grad_clip=0.25,
-        lr_warmup_epochs=1.0, lr_milestones=(20, 30), lr_decay=0.25,
-        density=0.001, density_warmup=(0.004, 1),
-    ),
-    "cnn-mnist1d": dict(
-        model="cnn", dataset="mnist1d", train_samples=4000, test_samples=1000,
-        # 120 epochs (3,720 iterations at P=4): with 60, gTop-k at rho 0.01 (it applies k
-        # entries of the sum per iteration, Top-k up to P*k) had not converged yet
-        # (benchmarks/RESULTS.md, Training).
-        epochs=120, batch_size=32, lr=0.05, momentum=0.9, weight_decay=0.0,
-        lr_warmup_epochs=1.0, lr_milestones=(90,), lr_decay=0.1,
-        density=0.001, density_warmup=(0.004, 1),
-    ),
-}
+#: re-exported: the recipes live below config (the ``paper`` preset reads them)
+__all__ = ["RECIPES"]
 
 
 def recipe(name: str, **overrides: Any) -> RunConfig:
@@ -86,13 +56,23 @@ def lr_at(config: RunConfig, epoch: float, world_size: int | None = None) -> flo
     return lr * config.lr_decay ** decays
 
 
-def density_at(config: RunConfig, epoch: float) -> float:
-    """Density rho at fractional epoch ``epoch`` (``density_warmup`` first, then ``density``)."""
+def density_stages(config: RunConfig) -> tuple[float, ...]:
+    """The densities of the first epochs, one per epoch, before ``density`` takes over:
+    ``density_schedule``, or ``density_warmup = (rho0, E)`` as ``(rho0,) * E``, else ()."""
+    if config.density_schedule is not None:
+        return config.density_schedule
     if config.density_warmup is not None:
         warm_density, warm_epochs = config.density_warmup
-        if epoch < warm_epochs:
-            return float(warm_density)
-    return config.density
+        return (float(warm_density),) * int(warm_epochs)
+    return ()
+
+
+def density_at(config: RunConfig, epoch: float) -> float:
+    """Density rho at fractional epoch ``epoch``: stage ``floor(epoch)`` of
+    :func:`density_stages` while there is one, then ``density``. O(E) for E stages."""
+    stages = density_stages(config)
+    index = math.floor(epoch)
+    return stages[index] if 0 <= index < len(stages) else config.density
 
 
 #: Optimisers ``make_optimizer`` builds, chosen by ``config.extra["optimizer"]`` (default "sgd").

@@ -186,7 +186,8 @@ class RankState:
                            split=config.data_split, alpha=config.dirichlet_alpha)
         self.step = RankStep(self.method, replica.numel, replica.device, rank=rank,
                              residual_rule=config.residual_rule, selector=config.selector,
-                             grad_clip=config.grad_clip, momentum_correction=config.momentum_correction,
+                             grad_clip=config.grad_clip, grad_clip_mode=config.grad_clip_mode,
+                             momentum_correction=config.momentum_correction,
                              momentum=config.momentum, algorithm=config.algorithm, layout=replica.layout,
                              world=world_size, options=config.extra,
                              collective_options=config.extra.get("collective_options"))

@@ -160,6 +160,8 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
                              "communication_model": mean("comm_model_s")},
         "model": config.model, "dataset": config.dataset, "algorithm": config.algorithm,
         "residual_rule": config.residual_rule, "batch_size": config.batch_size,
+        "preset": config.preset, "grad_clip": config.grad_clip,
+        "grad_clip_mode": config.grad_clip_mode if config.grad_clip is not None else None,
         "status": status, "error": error,
     }
     if extra:

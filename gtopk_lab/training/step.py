@@ -4,8 +4,9 @@ Used by real ranks (:func:`~gtopk_lab.training.loop.train_rank`), the simulator 
 :class:`RankStep` s, one in-process collective), the DDP hook and wait-free overlap
 (:mod:`gtopk_lab.integrations`). One iteration of rank i of P:
 
-1. ``g`` = the flat gradient; optional local clipping (``g *= min(1, clip / ||g||)``) and,
-   with ``momentum_correction`` (DGC), local velocity ``u = m u + g`` replacing ``g``
+1. ``g`` = the flat gradient; with ``grad_clip_mode="local"`` clipped at ``c = clip / sqrt(P)``
+   (DGC's scaling: ``g *= c / ||g||`` when ``||g|| > c``) and, with ``momentum_correction``
+   (DGC), local velocity ``u = m u + g`` replacing ``g``
 2. ``acc = memory.compensate(g)`` (error feedback: ``g + residual``; no memory: ``g``)
 3. ``values, indices = selector(acc, k)`` for sparse collectives (a :class:`Contribution`)
 4. the method's collective: ``Collective.run`` on real ranks, ``Collective.simulate`` for
@@ -13,18 +14,22 @@ Used by real ranks (:func:`~gtopk_lab.training.loop.train_rank`), the simulator 
 5. ``memory.update(acc, values, indices, result)``; the velocity is zeroed at the rank's own
    selection (DGC's momentum factor masking)
 6. the caller writes ``G / P`` into the gradient buffer and steps its optimiser
-   (:meth:`RankStep.aggregate` gives G; a memory may map it, e.g. EF21's running mean)
+   (:meth:`RankStep.aggregate` gives G; a memory may map it, e.g. EF21's running mean; with
+   ``grad_clip_mode="aggregated"`` G is scaled so that ``||G / P|| <= clip``, as the
+   references' ``clip_grad_norm_`` after synchronisation: :func:`clip_aggregate`)
 
 Infrequent synchronisation (``Method.sync_every`` = H > 1, DiLoCo-shaped) wraps this in
 :class:`LocalSteps`: H local optimiser steps on the rank's own gradient, then steps 1-5 on
 the pseudo-gradient ``anchor - w`` and an outer optimiser step from the anchor.
 
-Cost: O(d) for compensation and update, plus the selector's and the collective's.
+Cost: O(d) for compensation and update (clipping: one more O(d) norm), plus the selector's
+and the collective's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,7 +41,7 @@ from gtopk_lab.methods.base import CommCall, Contribution, Method
 from gtopk_lab.methods.registry import selector_for
 
 __all__ = ["RankStep", "LocalSteps", "communicate", "communicate_simulated", "aggregate_dense",
-           "flat_params", "load_flat_params"]
+           "clip_aggregate", "flat_params", "load_flat_params"]
 
 
 def flat_params(params: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -59,7 +64,8 @@ class RankStep:
 
     ``selector``: a registered selector name overriding the method's (``RunConfig.selector``).
     ``layout``: parameter shapes in flat-buffer order (handed to the collective).
-    ``world``: P (given to memory factories with ``needs_world``).
+    ``world``: P (given to memory factories with ``needs_world``; the clip scales with it).
+    ``grad_clip`` / ``grad_clip_mode``: see steps 1 and 6 (``RunConfig.grad_clip_mode``).
     ``options``: the run's ``config.extra``; the method's declared options are read from it
     (:meth:`~gtopk_lab.methods.base.Method.run_options`) and handed to its memory factory
     (keyword ``options``, only for methods that declare options) and to every ``CommCall``.
@@ -67,7 +73,8 @@ class RankStep:
 
     def __init__(self, method: Method, numel: int, device: torch.device, *, rank: int = 0,
                  residual_rule: str = "mass", selector: str | None = None, grad_clip: float | None = None,
-                 momentum_correction: bool = False, momentum: float = 0.0, algorithm: str | None = None,
+                 grad_clip_mode: str = "aggregated", momentum_correction: bool = False,
+                 momentum: float = 0.0, algorithm: str | None = None,
                  layout: Sequence[tuple[int, ...]] = (), world: int = 1,
                  options: Mapping[str, Any] | None = None,
                  collective_options: dict[str, Any] | None = None) -> None:
@@ -77,7 +84,10 @@ class RankStep:
         self.options = {**dict(options or {}), **method.run_options(options)}
         self.select, self.exact_k = selector_for(method, selector)
         self.algorithm = method.comm.algorithm_for(method.algorithm or algorithm)
-        self.grad_clip, self.momentum = grad_clip, momentum
+        if grad_clip_mode not in ("aggregated", "local"):
+            raise ValueError(f"grad_clip_mode={grad_clip_mode!r} is invalid: expected aggregated or local")
+        self.grad_clip, self.grad_clip_mode, self.momentum = grad_clip, grad_clip_mode, momentum
+        self.world = world
         memory = method.memory
         if memory == "residual":
             self.memory: Any = ErrorFeedback(numel, rule=residual_rule, device=device)
@@ -100,10 +110,13 @@ class RankStep:
 
     def prepare(self, g: torch.Tensor, k: int) -> Contribution:
         """Steps 1-3: clip, momentum correction, compensation, selection."""
-        if self.grad_clip is not None:
+        if self.grad_clip is not None and self.grad_clip_mode == "local":
+            # DGC clips each of the P local gradients at clip / sqrt(P), so that their sum's
+            # norm stays near what one worker's clip would allow on the whole batch
+            threshold = self.grad_clip / math.sqrt(self.world)
             norm = float(torch.linalg.vector_norm(g))
-            if norm > self.grad_clip:
-                g = g * (self.grad_clip / (norm + 1e-12))
+            if norm > threshold:
+                g = g * (threshold / (norm + 1e-12))
         if self.velocity is not None:
             self.velocity.mul_(self.momentum).add_(g)
             g = self.velocity
@@ -142,7 +155,10 @@ class RankStep:
         first (EF21-shaped memories keep the running sum of the compressed differences)."""
         dense = aggregate_dense(result, self.numel, device)
         hook = getattr(self.memory, "aggregate", None)
-        return hook(dense) if hook is not None else dense
+        dense = hook(dense) if hook is not None else dense
+        if self.grad_clip is not None and self.grad_clip_mode == "aggregated":
+            dense = clip_aggregate(dense, self.grad_clip, self.world)
+        return dense
 
     # --- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -182,6 +198,22 @@ def aggregate_dense(result: CollectiveResult, numel: int, device: torch.device) 
     dense = torch.zeros(numel, dtype=result.values.dtype, device=device)
     dense[result.indices.long()] = result.values
     return dense
+
+
+def clip_aggregate(total: torch.Tensor, max_norm: float, world: int) -> torch.Tensor:
+    """``total`` (the sum G) scaled so that the update ``G / P`` has L2 norm <= ``max_norm``.
+
+    1. ``n = ||G / P||``
+    2. ``c = max_norm / (n + 1e-6)`` (``torch.nn.utils.clip_grad_norm_``'s rule, which both
+       references call on the synchronised mean gradient)
+    3. ``G * c`` when ``c < 1``, else ``G`` itself
+
+    A new tensor when it scales (a memory's own buffer is never changed). Every rank holds
+    the same G, so every rank scales alike. Cost: O(d).
+    """
+    norm = float(torch.linalg.vector_norm(total / world))
+    coef = max_norm / (norm + 1e-6)
+    return total * coef if coef < 1.0 else total
 
 
 class LocalSteps:
