@@ -85,6 +85,10 @@ def test_profile_columns_sum_to_the_call_time(capsys) -> None:
             assert 0 < rank["thread_cpu_s"] <= rank["process_cpu_s"] + 1e-3
         merges = prof["phases_mean_s"]["merge"]
         assert merges > 0  # rank 0 merges in both patterns at P = 2
+        # critical path: the slowest rank per call; virtual = 10GbE alpha-beta + merge CPU,
+        # at least one 50 us message per round of the slowest rank
+        assert prof["thread_cpu_max_s"] >= min(rank["thread_cpu_s"] for rank in prof["ranks"])
+        assert prof["virtual_link"] == "10GbE" and prof["virtual_s"] >= 50e-6 * len(prof["rounds"])
     # the text tables print from the same rows
     from gtopk_lab.bench.tables import print_profile
 
@@ -92,6 +96,7 @@ def test_profile_columns_sum_to_the_call_time(capsys) -> None:
     out = capsys.readouterr().out
     assert "# where the time goes" in out and "# per-rank CPU vs wall" in out
     assert "1: butterfly exchange" in out and "sum of phases" in out
+    assert "max thread" in out and "virtual" in out and "on 10GbE" in out
 
 
 def _profiled_and_plain_rank(rank: int, world_size: int) -> list[dict]:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from gtopk_lab.analysis.predict import collective_time_s
-from gtopk_lab.bench.profile import profile_calls, summarise_profile
+from gtopk_lab.bench.profile import VIRTUAL_LINK, profile_calls, summarise_profile
 from gtopk_lab.bench.timing import common_start_s, host_cores
 from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.comm.torch_dist import dense_allreduce, gtopk_allreduce, topk_allgather
@@ -204,6 +204,7 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
                 row["profile"] = summarise_profile(
                     [{**{key: row0[key] for key in ("numel", "k", "workers", "algorithm")},
                       "calls": r["profile_calls"]} for r in rows])
+                row["profile"]["virtual_link"] = bandwidth if bandwidth is not None else VIRTUAL_LINK
             if network is not None:
                 loaded = _nanmax(r["gamma_loaded_s_per_element"] for r in rows)
                 in_collective = _nanmax(r["gamma_in_collective_s_per_element"] for r in rows)

@@ -10,13 +10,21 @@ call records on every rank:
 2. per round (the rank's schedule step: "butterfly exchange", "reduce recv", ...) the
    wall and thread CPU of pack, send/recv, unpack and merge;
 3. per call the prep (checks, wire dtypes, the local sort) and finish (stats, result
-   copies) phases.
+   copies) phases;
+4. the call's virtual time on this rank as :meth:`VirtualClock.collective
+   <gtopk_lab.network.clock.VirtualClock.collective>` with ``include_merge_cpu=True``
+   charges it: the modelled alpha-beta time of the rounds it really sent
+   (``CommStats.steps``) on ``virtual_network`` (the benchmark's ``--bandwidth``, else
+   10GbE) plus its measured merge CPU (``CommStats.merge_cpu_s``, the local sort included).
 
 :func:`summarise_profile` then takes, per rank, the median over calls of each figure and
 reports per round position the mean over the ranks that have such a round (butterfly
 ranks at a power of two P all run the same steps; tree ranks do not, so a tree round
 position mixes e.g. rank 0's "reduce recv" with rank 1's "reduce send" and lists both
-labels). Why thread CPU: on a host with fewer cores than ranks (the 2-core box at
+labels). The critical path is the slowest rank: per call the max over ranks of thread
+CPU (``thread_cpu_max_s``) and of virtual time (``virtual_s``, the clock's max over ranks),
+each the median over calls; a mean over ranks flatters the tree, whose ranks 1..P-1 merge
+less than rank 0, which merges as often as every butterfly rank. Why thread CPU: on a host with fewer cores than ranks (the 2-core box at
 P = 4), a butterfly round has every rank merging at once and a rank's wall time includes
 its wait for a core; CPU time does not, so the two together tell work from contention.
 
@@ -35,17 +43,25 @@ from gtopk_lab.comm.profiling import PHASES, ROUND_PHASES, profiling
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.pacing import pacing
 
-__all__ = ["profile_calls", "summarise_profile"]
+__all__ = ["VIRTUAL_LINK", "profile_calls", "summarise_profile"]
+
+#: the link of the profile's virtual-time column when the benchmark models none
+VIRTUAL_LINK = "10GbE"
 
 
 def profile_calls(call: Callable[..., Any], args: tuple, kwargs: dict[str, Any], repeats: int,
-                  network: NetworkModel | None = None) -> list[dict[str, Any]]:
+                  network: NetworkModel | None = None,
+                  virtual_network: NetworkModel | None = None) -> list[dict[str, Any]]:
     """On one rank (all ranks call it together): ``repeats`` profiled calls of ``call``.
 
     Each call starts at an instant all ranks agreed on, runs with its rounds paced to
     ``network`` when given (as the timed calls are), and yields ``{"wall_s", "thread_cpu_s",
-    "process_cpu_s", "call": {prep, finish, ...}, "rounds": [{label, pack, ...}, ...]}``.
+    "process_cpu_s", "merge_cpu_s", "virtual_s", "call": {prep, finish, ...}, "rounds":
+    [{label, pack, ...}, ...]}``; ``virtual_s`` is the alpha-beta time of the call's steps on
+    ``virtual_network`` (default: ``network``, else 10GbE) plus its merge CPU.
     """
+    if virtual_network is None:
+        virtual_network = network if network is not None else NetworkModel.from_strings(VIRTUAL_LINK)
     out = []
     for _ in range(repeats):
         common_start_s()
@@ -55,11 +71,13 @@ def profile_calls(call: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
                 # the rounds paced as in the timed calls; no top-up sleep after the call
                 # (gTop-k paces every round itself), so the phases cover the whole call
                 with pacing(network):
-                    call(*args, **kwargs)
+                    result = call(*args, **kwargs)
             else:
-                call(*args, **kwargs)
+                result = call(*args, **kwargs)
             wall, cpu, proc = time.perf_counter() - t0, time.thread_time() - c0, time.process_time() - p0
-        out.append({"wall_s": wall, "thread_cpu_s": cpu, "process_cpu_s": proc,
+        merge_cpu = float(result.stats.merge_cpu_s)
+        out.append({"wall_s": wall, "thread_cpu_s": cpu, "process_cpu_s": proc, "merge_cpu_s": merge_cpu,
+                    "virtual_s": virtual_network.steps_time_s(result.stats.steps) + merge_cpu,
                     "call": dict(prof.call), "rounds": [dict(r) for r in prof.rounds]})
     return out
 
@@ -117,6 +135,12 @@ def _round_rows(per_rank_calls: Sequence[Sequence[dict[str, Any]]]) -> list[dict
     return rows
 
 
+def _median_of_max(per_rank: Sequence[dict[str, Any]], key: str) -> float:
+    """Median over calls of the max over ranks of ``key`` (the slowest rank of each call)."""
+    return _median([max(float(c.get(key, 0.0)) for c in calls)
+                    for calls in zip(*(p["calls"] for p in per_rank))])
+
+
 def summarise_profile(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One row from every rank's profile of one (P, numel, algorithm).
 
@@ -124,7 +148,9 @@ def summarise_profile(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     of rank r. The row has ``ranks`` (per rank: medians of wall, thread/process CPU, phase
     totals and their sum), ``rounds`` (per round position, mean over ranks of each phase),
     and the means over ranks ``wall_mean_s``, ``thread_cpu_mean_s``, ``process_cpu_mean_s``,
-    ``phases_mean_s`` plus ``wall_max_s`` (the slowest rank's median wall time).
+    ``phases_mean_s`` plus ``wall_max_s`` (the slowest rank's median wall time) and the
+    critical path: ``thread_cpu_max_s`` and ``virtual_s``, per call the max over ranks, then
+    the median over calls (calls are aligned: every rank makes the same ones in turn).
     """
     first = per_rank[0]
     ranks = [_rank_summary(r, p["calls"]) for r, p in enumerate(per_rank)]
@@ -138,6 +164,8 @@ def summarise_profile(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "wall_mean_s": statistics.fmean(r["wall_s"] for r in ranks),
         "thread_cpu_mean_s": statistics.fmean(r["thread_cpu_s"] for r in ranks),
         "process_cpu_mean_s": statistics.fmean(r["process_cpu_s"] for r in ranks),
+        "thread_cpu_max_s": _median_of_max(per_rank, "thread_cpu_s"),
+        "virtual_s": _median_of_max(per_rank, "virtual_s"),
         "phases_mean_s": {p: statistics.fmean(r["phases_s"][p] for r in ranks) for p in PHASES},
         "phases_cpu_mean_s": {p: statistics.fmean(r["phases_cpu_s"][p] for r in ranks) for p in PHASES},
     }

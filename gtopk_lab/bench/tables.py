@@ -101,7 +101,8 @@ def print_profile(rows: list[dict[str, Any]], cores: int) -> None:
     ranks that have it; tree ranks differ, so several step labels may share a line), then
     ``prep``/``finish``, the sum of all phases and the median call time, each the mean over
     ranks. Second table: per (P, numel, algorithm) the mean over ranks of wall, thread CPU
-    and process CPU per call, the slowest rank's wall, and merge wall vs merge CPU.
+    and process CPU per call, the slowest rank's wall, merge wall vs merge CPU, and the
+    critical path: the slowest rank's thread CPU and virtual time per call.
     """
     profiles = [r["profile"] for r in rows if r.get("profile")]
     if not profiles:
@@ -129,11 +130,15 @@ def print_profile(rows: list[dict[str, Any]], cores: int) -> None:
     ranks = max(p["workers"] for p in profiles)
     print(f"# per-rank CPU vs wall, ms per call (mean over ranks; {cores} cores"
           + (f", up to {ranks} ranks share them: wall includes waiting for a core)" if ranks > cores else ")"))
+    print(f"# critical path: max thread = the slowest rank's thread CPU, virtual = the slowest rank's "
+          f"alpha-beta time of its rounds on {profiles[0].get('virtual_link', '10GbE')} + its merge CPU "
+          "(VirtualClock with include_merge_cpu); both per call, median over calls")
     print(f"{'P':>3} {'numel':>6} {'algorithm':<9} {'wall':>8} {'max wall':>8} {'thread':>8} {'process':>8} "
-          f"{'cpu/wall':>8} {'merge':>8} {'merge cpu':>9}")
+          f"{'cpu/wall':>8} {'merge':>8} {'merge cpu':>9} {'max thread':>10} {'virtual':>8}")
     for prof in profiles:
         wall, cpu = prof["wall_mean_s"], prof["thread_cpu_mean_s"]
         print(f"{prof['workers']:>3} {fmt_count(prof['numel']):>6} {prof['algorithm']:<9} "
               f"{wall * 1e3:>8.3f} {prof['wall_max_s'] * 1e3:>8.3f} {cpu * 1e3:>8.3f} "
               f"{prof['process_cpu_mean_s'] * 1e3:>8.3f} {cpu / wall if wall else float('nan'):>8.2f} "
-              f"{prof['phases_mean_s']['merge'] * 1e3:>8.3f} {prof['phases_cpu_mean_s']['merge'] * 1e3:>9.3f}")
+              f"{prof['phases_mean_s']['merge'] * 1e3:>8.3f} {prof['phases_cpu_mean_s']['merge'] * 1e3:>9.3f} "
+              f"{prof['thread_cpu_max_s'] * 1e3:>10.3f} {prof['virtual_s'] * 1e3:>8.3f}")

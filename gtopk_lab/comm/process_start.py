@@ -33,10 +33,12 @@ from typing import Any
 __all__ = ["PRELOAD", "start_method", "process_context", "child_state", "adopt_state"]
 
 # what the project's worker processes import first; names only, resolved in the server.
-# torch._dynamo: torch.optim's first Optimizer() imports it (about 4 s of CPU here).
+# torch._dynamo: torch.optim's first Optimizer() imports it (about 4 s of CPU here);
+# fast_merge_warm: numba + the compiled merge kernels, ~1 s of CPU per process at its first merge
 PRELOAD: tuple[str, ...] = (
     "torch", "torch.distributed", "torch.optim", "torch._dynamo", "numpy", "distributed",
     "gtopk_lab.training.loop", "gtopk_lab.worker.rank_task", "gtopk_lab.worker.sim_task",
+    "gtopk_lab.compression.fast_merge_warm",
 )
 # Dask's nanny sets these before spawning a worker; a forkserver reads them only once
 _PRE_START_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",

@@ -1,0 +1,99 @@
+"""The compiled merge and sort (gtopk_lab.compression.fast_merge) equal the torch paths bitwise.
+
+Oracle: ``merge_sparse_torch`` (the vectorised path every other merge test checks against
+its own oracles) and a stable ``numpy.argsort``; inputs are adversarial for the tie rule
+and the arithmetic: all-equal and two-valued magnitudes, +-0.0, +-inf, shared indices,
+k above the union, empty operands; int64 indices (above 2**31) take the torch path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gtopk_lab.compression import fast_merge
+from gtopk_lab.compression.merge import merge_sparse, merge_sparse_torch, sort_by_index
+
+pytestmark = pytest.mark.skipif(not fast_merge.HAVE_NUMBA, reason="needs numba")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32) if t.dtype == torch.float32 else t
+
+
+def _same(got: tuple, want: tuple) -> bool:
+    return all(a.dtype == b.dtype and torch.equal(_bits(a), _bits(b)) for a, b in zip(got, want))
+
+
+def _operands(rng: np.random.Generator, trial: int) -> tuple[torch.Tensor, ...]:
+    numel = int(rng.integers(1, 300))
+    high = numel if trial % 5 else 2**40  # sparse over a huge buffer: int64 indices
+    n_a, n_b = (int(rng.integers(0, min(numel, 80) + 1)) for _ in range(2))
+    pool = rng.choice(numel, size=min(numel, n_a + n_b), replace=False) * (high // numel)
+    # about half the entries shared: b draws from a's indices too
+    i_a = np.sort(pool[:n_a])
+    i_b = np.sort(np.unique(np.concatenate([pool[n_a:], rng.choice(i_a, size=len(i_a) // 2)
+                                            if len(i_a) else np.empty(0, dtype=pool.dtype)])))
+    kind = trial % 4
+    draw = {0: lambda n: rng.standard_normal(n),
+            1: lambda n: rng.integers(-2, 3, n).astype(float),       # many ties
+            2: lambda n: np.full(n, rng.choice([1.0, -1.0, 0.0, -0.0])),  # all equal
+            3: lambda n: rng.choice([0.0, -0.0, np.inf, 1.0, -1.0, 2.0], n)}[kind]
+    dtype = torch.int64 if high > numel else torch.int32
+    return (torch.tensor(draw(len(i_a)), dtype=torch.float32), torch.tensor(i_a, dtype=dtype),
+            torch.tensor(draw(len(i_b)), dtype=torch.float32), torch.tensor(i_b, dtype=dtype))
+
+
+@pytest.mark.timeout(120)
+def test_compiled_merge_equals_torch_path_bitwise() -> None:
+    rng = np.random.default_rng(18)
+    taken = 0
+    for trial in range(1500):
+        ops = _operands(rng, trial)
+        k = int(rng.integers(1, 120))
+        want = merge_sparse_torch(*ops, k)
+        if ops[1].dtype == torch.int64:  # the kernel takes int32 (the wire's) only
+            assert not fast_merge.merge_applies(*ops)
+            assert _same(merge_sparse(*ops, k), want)
+            continue
+        assert fast_merge.merge_applies(*ops)
+        got = fast_merge.numba_merge(*ops, k)
+        if got is None:  # declined: only for a NaN sum (inf + -inf here)
+            assert any(bool(torch.isnan(t).any()) for t in want[::2]), trial
+            continue
+        taken += 1
+        assert _same(got, want), f"trial {trial}"
+        assert _same(merge_sparse(*ops, k), want)
+    assert taken > 900
+
+
+@pytest.mark.timeout(60)
+def test_declines_non_canonical_operands_and_falls_back(monkeypatch) -> None:
+    v = torch.tensor([3.0, -1.0, 2.0])
+    i = torch.tensor([5, 1, 9], dtype=torch.int32)  # not ascending
+    w, j = torch.tensor([1.0, 4.0]), torch.tensor([1, 7], dtype=torch.int32)
+    assert fast_merge.numba_merge(v, i, w, j, 2) is None
+    assert _same(merge_sparse(v, i, w, j, 2), merge_sparse_torch(v, i, w, j, 2))
+    nan = torch.tensor([float("nan"), 1.0])
+    assert fast_merge.numba_merge(nan, j, w, j, 1) is None
+    monkeypatch.setenv(fast_merge.FAST_MERGE_ENV, "0")
+    assert not fast_merge.merge_applies(w, j, w, j) and fast_merge.numba_sort_by_index(v, i) is None
+
+
+@pytest.mark.timeout(60)
+def test_compiled_sort_by_index_is_the_stable_sort() -> None:
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        n = int(rng.integers(2, 5000))
+        high = int(rng.choice([3, 1000, 2**31 - 1]))
+        dtype = torch.int32
+        i = torch.tensor(rng.integers(0, high, n), dtype=dtype)  # duplicates when high is small
+        v = torch.tensor(rng.standard_normal(n), dtype=torch.float32)
+        got = fast_merge.numba_sort_by_index(v, i)
+        assert got is not None
+        perm = np.argsort(i.numpy(), kind="stable")
+        assert torch.equal(got[1], i[perm]) and torch.equal(_bits(got[0]), _bits(v[perm]))
+        assert _same(sort_by_index(v, i), got)
+    assert fast_merge.numba_sort_by_index(torch.ones(2), torch.tensor([-1, 1], dtype=torch.int32)) is None
+    assert fast_merge.numba_sort_by_index(torch.ones(2), torch.tensor([2, 1])) is None  # int64: torch path
