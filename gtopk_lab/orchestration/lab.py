@@ -8,13 +8,15 @@ into P rank tasks and returns a :class:`RunHandle`.
 
 How a run is placed and watched:
 
-1. **Reservation.** The Lab keeps a client-side table of the workers its running
-   runs hold, and also treats a worker that is processing any task (for example a
-   rank of another client's run) as busy. A run starts on P free, distinct workers
-   (GPU workers, those with resource ``GPU >= 1``, when the run wants CUDA); otherwise
-   it waits in a FIFO queue. Runs therefore never share a worker, and each has its
-   own rendezvous (``gtopk_lab.worker.rank_task``). A cluster with fewer than
-   P eligible workers fails at once with ``ValueError`` (or waits, if asked).
+1. **Reservation.** The workers of a run are reserved in one table on the scheduler,
+   shared by every client (:mod:`~gtopk_lab.orchestration.reservations`): all P at
+   once or none, and a worker another run holds or that processes any other task is
+   not free. A run starts on P free, distinct workers (GPU workers, those with resource
+   ``GPU >= 1``, when the run wants CUDA); otherwise it waits in a FIFO queue, saying
+   why (``RunHandle.queue_reason``). Runs therefore never share a worker, whichever
+   client submitted them, and each has its own rendezvous
+   (``gtopk_lab.worker.rank_task``). A cluster with fewer than P eligible workers fails
+   at once with ``ValueError`` (or waits, if asked).
 2. **Tasks.** ``client.submit(run_rank, ..., workers=[addr], allow_other_workers=False,
    pure=False, retries=0)``, one per rank.
 3. **Live metrics.** Each rank's sink calls ``Worker.log_event("gtopk-<run_id>", rows)``;

@@ -364,6 +364,9 @@ class ControlPanel:
                 density = f" ρ={row.density:g}" if selects(row.method) else ""
                 network = str(row.bandwidth) + (f", {row.latency}" if row.latency else "")
                 rows = "" if row.rows is None or pd.isna(row.rows) else f", {int(row.rows)} rows"
+                reason = getattr(row, "queue_reason", None)
+                if state == "queued" and isinstance(reason, str):  # e.g. workers another client holds
+                    rows += f" ({reason})"
                 text = (f"{_STATUS_MARK.get(state, '·')} {row.method} P={row.workers}{density} {network} "
                         f"seed {row.seed} {row.source}: {state}{stored}{rows}  [{row.run_id}]")
                 lines.append(f"<span style='color:{_STATUS_COLOR.get(state, '#333')}'>{html.escape(text)}</span>")
