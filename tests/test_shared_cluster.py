@@ -9,6 +9,7 @@ without a cluster first.
 from __future__ import annotations
 
 import html
+import importlib
 import json
 import os
 import signal
@@ -115,10 +116,20 @@ def test_runs_command_and_control_panel_show_why_a_run_waits(tmp_path, capsys):
 
 # --- two clients, one scheduler, two workers ----------------------------------------------
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory) -> Iterator[Deployment]:
+def out(tmp_path_factory) -> str:
+    """The one results folder both clients write to."""
+    return str(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, out) -> Iterator[tuple[Deployment, "OtherClient"]]:
+    """The scheduler, two workers and the other client's process, started together (the
+    client imports torch while the workers start: the two cores are shared better)."""
     dep = Deployment(tmp_path_factory.mktemp("shared"))
+    other: OtherClient | None = None
     try:
         dep.start(2)
+        other = OtherClient(dep, out)
         from distributed import Client
 
         deadline = time.monotonic() + 60
@@ -126,20 +137,24 @@ def deployment(tmp_path_factory) -> Iterator[Deployment]:
             try:
                 with Client(dep.address, timeout=5) as client:
                     client.wait_for_workers(2, timeout=max(1.0, deadline - time.monotonic()))
+                    # the ranks' imports (torch) now, while the other client still imports its own
+                    client.run(importlib.import_module, "fault_ranks")
                 break
             except OSError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        yield dep
+        yield dep, other
     finally:
+        if other is not None:
+            other.kill()
         dep.stop()
 
 
 @pytest.fixture(scope="module")
-def lab(deployment, tmp_path_factory) -> Iterator[Lab]:
-    with Lab(deployment.address, out=str(tmp_path_factory.mktemp("runs")), timeout_s=TIMEOUT_S,
-             connect_timeout_s=3, train_fn=fault_ranks.toy_train) as lab:
+def lab(deployment, out) -> Iterator[Lab]:
+    with Lab(deployment[0].address, out=out, timeout_s=TIMEOUT_S, connect_timeout_s=3,
+             train_fn=fault_ranks.toy_train) as lab:
         yield lab
 
 
@@ -165,7 +180,8 @@ OTHER_CLIENT = textwrap.dedent("""
 
     if __name__ == "__main__":
         address, out = sys.argv[1:3]
-        with Lab(address, out=out, timeout_s=20, connect_timeout_s=3, train_fn=fault_ranks.toy_train) as lab:
+        # connect_timeout_s: the scheduler may still be starting
+        with Lab(address, out=out, timeout_s=20, connect_timeout_s=60, train_fn=fault_ranks.toy_train) as lab:
             say({"ready": True})
             for line in sys.stdin:
                 order = json.loads(line)
@@ -203,13 +219,10 @@ class OtherClient:
 
 
 @pytest.fixture(scope="module")
-def other(deployment, lab) -> Iterator[OtherClient]:
-    client = OtherClient(deployment, lab.out)  # the same results folder as this Lab's
-    try:
-        assert client.answer() == {"ready": True}
-        yield client
-    finally:
-        client.kill()
+def other(deployment) -> OtherClient:
+    client = deployment[1]
+    assert client.answer() == {"ready": True}
+    return client
 
 
 def _spans(marker_dir: Path) -> list[tuple[float, float]]:
@@ -245,6 +258,8 @@ def test_two_clients_submitting_at_once_both_complete_on_disjoint_turns(lab, oth
     a, b = sorted([_spans(tmp_path / "mine"), _spans(tmp_path / "other")], key=min)
     assert len(a) == len(b) == 2
     assert max(end for _, end in a) <= min(start for start, _ in b)
+    print(f"\nshared cluster: the waiting client's ranks began {min(t for t, _ in b) - max(t for _, t in a):.2f} s "
+          "after the first run's ranks ended")
     waited = reasons | set(answers[1]["reasons"])
     assert any("held by other clients' runs" in r for r in waited), waited
     assert reservations.snapshot(lab.client)["held"] == {}  # everything given back
@@ -268,6 +283,11 @@ def test_a_killed_clients_workers_are_freed_and_its_ranks_stop(lab, other, tmp_p
     assert stored["status"] == "queued" and stored["queue_reason"] == handle.queue_reason
     killed_at = time.time()
     other.kill()
+    while handle.status == "queued":
+        assert time.time() - killed_at < 15, "the dead client's workers were never freed"
+        time.sleep(0.02)
+    print(f"\nshared cluster: the queued run started {time.time() - killed_at:.2f} s after its "
+          "holder was SIGKILLed")
     _, summary = handle.result(timeout_s=45)
     assert summary["status"] == "completed", summary["error"]
     orphans = _markers(tmp_path / "killed")
