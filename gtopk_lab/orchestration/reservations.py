@@ -28,8 +28,9 @@ all-or-nothing and atomic across clients.
    (``SchedulerPlugin.remove_client``); a waiting entry not renewed for
    :data:`WAITING_STALE_S` is dropped too (its client stopped asking).
 
-Cost: reserve is O(W + R) for W candidate workers and R waiting runs, one scheduler round
-trip per dispatch attempt; release is O(W).
+Cost: reserve is O(R W + H) for W candidate workers, R waiting runs and H held workers
+(tens at most), one scheduler round trip per dispatch attempt of the head of a Lab's
+queue (every ``poll_interval_s`` while it waits); release is O(H).
 """
 
 from __future__ import annotations
