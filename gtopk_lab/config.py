@@ -44,6 +44,9 @@ LATER_FIELDS: dict[str, Any] = {"density_schedule": None, "grad_clip_mode": "agg
 #: Fields that say how the other fields were chosen, not what is computed: not hashed
 #: (a preset's run and the same fields typed out are one sweep point).
 DERIVED_FIELDS: tuple[str, ...] = ("preset",)
+#: The most ranks a run may have, real or simulated: far beyond any cluster, and small
+#: enough that a simulator or a study never tries to build 10**30 ranks from a typo.
+MAX_WORKERS = 2**16
 
 
 def _fail(field_name: str, value: Any, allowed: str) -> ValueError:
@@ -216,6 +219,8 @@ class RunConfig:
                           ("test_samples", 1), ("eval_every_epochs", 1), ("sink_every", 1)):
             if getattr(self, name) < low:
                 raise _fail(name, getattr(self, name), f"an integer >= {low}")
+        if self.workers > MAX_WORKERS:
+            raise _fail("workers", self.workers, f"an integer in [1, {MAX_WORKERS}]")
         if self.max_restarts < 0:
             raise _fail("max_restarts", self.max_restarts, "an integer >= 0")
         if not (0 < self.scheduler_timeout_s < math.inf):

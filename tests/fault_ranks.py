@@ -78,8 +78,10 @@ def toy_train(config: RunConfig, sink=None, device=None, checkpoint_dir: str | N
     ``config.extra``: ``iters_per_epoch`` (4), ``sleep_s`` per iteration (0.01),
     ``oom_rank``/``oom_at`` (that rank allocates under RLIMIT_AS at that iteration),
     ``marker_dir`` (each rank writes ``rank<R>-from<I>.json`` when it ends: how, when,
-    from which iteration). The summary's ``final_train_loss`` is the weights' sum.
+    from which iteration, and ``began``: when the rank started training). The summary's
+    ``final_train_loss`` is the weights' sum.
     """
+    began = time.time()
     extra = config.extra
     rank, world = dist.get_rank(), dist.get_world_size()
     per_epoch = int(extra.get("iters_per_epoch", 4))
@@ -120,6 +122,7 @@ def toy_train(config: RunConfig, sink=None, device=None, checkpoint_dir: str | N
     finally:
         if extra.get("marker_dir"):
             Path(extra["marker_dir"], f"rank{rank}-from{start}.json").write_text(json.dumps(
-                {"rank": rank, "ended": ended, "at": time.time(), "start": start}))
+                {"rank": rank, "ended": ended, "at": time.time(), "start": start,
+                 "began": began}))
     return SimpleNamespace(rows=rows, summary={"iterations": len(rows),
                                                "final_train_loss": float(w.sum())})

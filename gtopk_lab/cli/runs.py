@@ -14,7 +14,7 @@ HELP = "list stored runs (status, method, P, density, accuracy, throughput) of a
 
 COLUMNS: tuple[str, ...] = ("run_id", "status", "method", "workers", "density", "bandwidth",
                             "iterations", "final_test_accuracy", "samples_per_s_virtual",
-                            "wall_time_s")
+                            "wall_time_s", "queue_reason")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,5 +49,10 @@ def run(args: argparse.Namespace) -> int:
     for col in ("samples_per_s_virtual", "wall_time_s"):
         if col in shown:
             shown[col] = shown[col].map(lambda v: "" if v is None or v != v else f"{float(v):.4g}")
+    if "queue_reason" in shown:  # why a queued run waits; blank for every other run
+        shown["queue_reason"] = [r if s == "queued" and isinstance(r, str) else ""
+                                 for s, r in zip(shown["status"], shown["queue_reason"])]
+        if not shown["queue_reason"].any():
+            shown = shown.drop(columns=["queue_reason"])
     print(shown.fillna("").to_string(index=False))
     return 0

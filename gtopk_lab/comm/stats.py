@@ -100,21 +100,30 @@ class CollectiveResult(NamedTuple):
 
 # ---------------------------------------------------------------------------------------
 # validation helpers
-def check_k(k: int, numel: int) -> None:
+#: The largest buffer an index can address (int64 indices).
+MAX_NUMEL = 2**63 - 1
+
+
+def check_k(k: int, numel: int, name: str = "k") -> None:
+    """``k`` (the caller's argument ``name``) is an int in [1, numel]. O(1), on every call."""
     if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"k={k!r} has type {type(k).__name__}: expected int")
+        raise TypeError(f"{name}={k!r} has type {type(k).__name__}: expected int")
     if not 1 <= k <= numel:
-        raise ValueError(f"k={k!r} is invalid: expected 1 <= k <= numel={numel}")
+        raise ValueError(f"{name}={k!r} is invalid: expected 1 <= {name} <= numel={numel}")
 
 
 def check_numel(numel: int) -> None:
+    """``numel`` is an int in [1, 2**63 - 1]. O(1), on every call."""
     if isinstance(numel, bool) or not isinstance(numel, int):
         raise TypeError(f"numel={numel!r} has type {type(numel).__name__}: expected int")
-    if numel < 1:
-        raise ValueError(f"numel={numel!r} is invalid: expected an integer >= 1")
+    if not 1 <= numel <= MAX_NUMEL:
+        raise ValueError(f"numel={numel!r} is invalid: expected an integer in [1, 2**63 - 1]")
 
 
 def check_algorithm(algorithm: str) -> None:
+    if not isinstance(algorithm, str):
+        raise TypeError(f"algorithm={algorithm!r} has type {type(algorithm).__name__}: expected one of "
+                        f"{', '.join(SPARSE_ALGORITHMS)}")
     if algorithm not in SPARSE_ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r} is invalid: expected one of {', '.join(SPARSE_ALGORITHMS)}")
 

@@ -46,6 +46,9 @@ __all__ = ["dense_allreduce", "topk_allgather", "gtopk_allreduce", "rank_world",
 
 
 def rank_world(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group={group!r} has type {type(group).__name__}: expected a "
+                        "torch.distributed ProcessGroup or None (the default group)")
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("no initialised torch.distributed process group: call "
                          "torch.distributed.init_process_group(...) first (or use the simulator)")
@@ -249,7 +252,7 @@ def topk_allgather(values: torch.Tensor, indices: torch.Tensor, numel: int,
     check_numel(numel)
     check_sparse(values, indices, numel, name="topk_allgather(values, indices)")
     if exact_count is not None:
-        check_k(exact_count, numel)
+        check_k(exact_count, numel, name="exact_count")
         check_exact_k(True, {"this rank": values.numel()}, exact_count, f"exact_count={exact_count}")
     rank, world = rank_world(group)
     out_device = values.device

@@ -205,6 +205,16 @@ class Method:
                              "None or a factory (numel, rule, device) -> memory")
         if self.memory is not None and not isinstance(self.memory, str) and not callable(self.memory):
             raise TypeError(f"memory={self.memory!r} is invalid: expected 'residual', None or a factory")
+        if self.algorithm is not None and not isinstance(self.algorithm, str):
+            raise TypeError(f"algorithm={self.algorithm!r} has type {type(self.algorithm).__name__}: "
+                            "expected a pattern name of the collective or None")
+        for fname in ("requires_lossless",):
+            if not isinstance(getattr(self, fname), bool):
+                raise TypeError(f"{fname}={getattr(self, fname)!r} has type "
+                                f"{type(getattr(self, fname)).__name__}: expected bool")
+        if not isinstance(self.description, str):
+            raise TypeError(f"description={self.description!r} has type {type(self.description).__name__}: "
+                            "expected str")
         _positive_int("sync_every", self.sync_every)
         for fname in ("outer_optimizer", "time_s", "bytes_per_rank", "check_options"):
             value = getattr(self, fname)

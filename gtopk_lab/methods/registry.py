@@ -131,6 +131,8 @@ def register_method(method: Method, *, replace: bool = False) -> Method:
     """
     if not isinstance(method, Method):
         raise TypeError(f"method has type {type(method).__name__}: expected Method")
+    if not isinstance(replace, bool):
+        raise TypeError(f"replace={replace!r} has type {type(replace).__name__}: expected bool")
     if method.name in _METHODS and not replace:
         raise ValueError(f"name={method.name!r} is invalid: a method of that name is already registered "
                          "(pass replace=True to redefine it)")

@@ -124,6 +124,9 @@ class RunHandle(RunLife):
         self.restarts = 0
         self.restart_reasons: list[str] = []
         self._restarting = False
+        #: Why a queued run waits (``"waiting for 2 of 2 workers: 2 held by other clients'
+        #: runs"``); None once it started.
+        self.queue_reason: str | None = None
         #: Added to the stored summary (failure details, restarts).
         self.summary_extra: dict[str, Any] = {}
 

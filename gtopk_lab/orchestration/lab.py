@@ -8,13 +8,15 @@ into P rank tasks and returns a :class:`RunHandle`.
 
 How a run is placed and watched:
 
-1. **Reservation.** The Lab keeps a client-side table of the workers its running
-   runs hold, and also treats a worker that is processing any task (for example a
-   rank of another client's run) as busy. A run starts on P free, distinct workers
-   (GPU workers, those with resource ``GPU >= 1``, when the run wants CUDA); otherwise
-   it waits in a FIFO queue. Runs therefore never share a worker, and each has its
-   own rendezvous (``gtopk_lab.worker.rank_task``). A cluster with fewer than
-   P eligible workers fails at once with ``ValueError`` (or waits, if asked).
+1. **Reservation.** The workers of a run are reserved in one table on the scheduler,
+   shared by every client (:mod:`~gtopk_lab.orchestration.reservations`): all P at
+   once or none, and a worker another run holds or that processes any other task is
+   not free. A run starts on P free, distinct workers (GPU workers, those with resource
+   ``GPU >= 1``, when the run wants CUDA); otherwise it waits in a FIFO queue, saying
+   why (``RunHandle.queue_reason``). Runs therefore never share a worker, whichever
+   client submitted them, and each has its own rendezvous
+   (``gtopk_lab.worker.rank_task``). A cluster with fewer than P eligible workers fails
+   at once with ``ValueError`` (or waits, if asked).
 2. **Tasks.** ``client.submit(run_rank, ..., workers=[addr], allow_other_workers=False,
    pure=False, retries=0)``, one per rank.
 3. **Live metrics.** Each rank's sink calls ``Worker.log_event("gtopk-<run_id>", rows)``;
@@ -60,6 +62,9 @@ import pandas as pd
 from gtopk_lab.config import RunConfig
 from gtopk_lab.network.model import portable_bandwidth
 from gtopk_lab.orchestration import results as _results
+from gtopk_lab.orchestration.arguments import (
+    check_bool, check_configs, check_optional_bool, check_seconds,
+)
 from gtopk_lab.orchestration.cluster import (
     SchedulerUnreachable,
     connect,
@@ -131,12 +136,11 @@ class Lab:
         if n_workers is not None and (isinstance(n_workers, bool) or not isinstance(n_workers, int)
                                       or n_workers < 1):
             raise ValueError(f"n_workers={n_workers!r} is invalid: expected an integer >= 1")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s={timeout_s!r} is invalid: expected a number > 0")
         self.out = str(out)
-        self.timeout_s = float(timeout_s)
-        self.progress = bool(progress)
-        self.poll_interval_s = float(poll_interval_s)
+        self.timeout_s = check_seconds("timeout_s", timeout_s)
+        self.progress = check_bool("progress", progress)
+        self.poll_interval_s = check_seconds("poll_interval_s", poll_interval_s, high=60.0)
+        check_seconds("connect_timeout_s", connect_timeout_s)
         self.train_fn = train_fn
         self.cluster: Any = None
         self._own_client = client is None
@@ -229,9 +233,11 @@ class Lab:
             config = RunConfig.from_dict(config)
         if not isinstance(config, RunConfig):
             raise TypeError(f"config={config!r} has type {type(config).__name__}: expected RunConfig")
-        timeout_s = self.timeout_s if timeout_s is None else float(timeout_s)
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s={timeout_s!r} is invalid: expected a number > 0")
+        # every argument checked before anything is written or submitted
+        timeout_s = self.timeout_s if timeout_s is None else check_seconds("timeout_s", timeout_s)
+        for name, flag in (("wait_for_workers", wait_for_workers), ("resume", resume), ("simulate", simulate)):
+            check_bool(name, flag)
+        check_optional_bool("progress", progress)
         if config.run_id is None:
             config = config.replace(run_id=_results.new_run_id(config))
         # a calibration file is read here: workers get its constants, not a path they may lack
@@ -240,8 +246,6 @@ class Lab:
             config = config.replace(bandwidth=bandwidth)
         if self._monitor.is_active(str(config.run_id)):
             raise ValueError(f"run_id={config.run_id!r} is invalid: a run with this id is active")
-        if not isinstance(simulate, bool):
-            raise TypeError(f"simulate={simulate!r} has type {type(simulate).__name__}: expected bool")
         self._check_capacity(config.replace(workers=1) if simulate else config, wait_for_workers,
                              timeout_s)
 
@@ -324,6 +328,13 @@ class Lab:
         from gtopk_lab.orchestration.study import Study
         from gtopk_lab.orchestration.study_grid import expand_grid
 
+        if base is not None and not isinstance(base, (RunConfig, dict)):
+            raise TypeError(f"base={base!r} has type {type(base).__name__}: expected a RunConfig, a dict "
+                            "of its fields, or None")
+        for name, flag in (("simulate", simulate), ("skip_completed", skip_completed)):
+            check_bool(name, flag)
+        check_optional_bool("progress", progress)
+        refresh_s = check_seconds("refresh_s", refresh_s, high=3600.0)
         if real_max_workers is None:
             real_max_workers = len(self.worker_info())
         points = expand_grid(base, axes, real_max_workers=real_max_workers, both_ways=both_ways,
@@ -339,15 +350,17 @@ class Lab:
         A thin wrapper of :class:`~gtopk_lab.orchestration.study.Study`: with
         ``skip_completed`` a config whose run already completed under ``out`` is not run
         again, so an interrupted sweep resumes where it stopped; a damaged run there is
-        moved aside (``results.read_run``).
+        moved aside (``results.read_run``). ``configs``: a non-empty list of ``RunConfig``
+        (or dicts of its fields).
         """
         from gtopk_lab.orchestration.study import Study
         from gtopk_lab.orchestration.study_grid import StudyPoint
 
+        for name, flag in (("skip_completed", skip_completed), ("simulate", simulate)):
+            check_bool(name, flag)
+        check_optional_bool("progress", progress)
         source = "simulated" if simulate else "real"
-        points = [StudyPoint(config, source) for config in configs]
-        if not points:
-            return pd.DataFrame()
+        points = [StudyPoint(config, source) for config in check_configs(configs)]
         study = Study(self, points, skip_completed=skip_completed, progress=progress)
         study.wait(cancel_on_interrupt=True)
         return study.summaries()

@@ -3,11 +3,12 @@
 Client side. One :class:`RunMonitor` per ``Lab``; it places and watches every run the Lab
 submitted, and is what makes a :class:`~gtopk_lab.orchestration.handle.RunHandle` move:
 
-1. **Reservation.** A client-side table of the workers its running runs hold; a worker
-   that is processing any other task (for example a rank of another client's run) is
-   busy too. A run starts on P free, distinct, eligible workers
-   (:func:`~gtopk_lab.orchestration.cluster.eligible_workers`), otherwise it waits in a
-   FIFO queue. Runs therefore never share a worker, and each has its own rendezvous.
+1. **Reservation.** In one table on the scheduler for every client
+   (:mod:`~gtopk_lab.orchestration.reservations`): the queue's oldest run asks for P of
+   its eligible workers (:func:`~gtopk_lab.orchestration.cluster.eligible_workers`) and
+   gets all P atomically, or none and a reason; it then waits in this FIFO queue saying
+   why (``RunHandle.queue_reason``, ``queue_reason`` in ``summary.json``). Runs never
+   share a worker, whichever client started them, and each has its own rendezvous.
 2. **Tasks.** ``client.submit(run_rank, ..., workers=[addr], allow_other_workers=False,
    pure=False, retries=0)``, one per rank; ``summary.json`` says ``running``. A simulated
    run (``Lab.submit(..., simulate=True)``) is one ``run_simulated`` task on one reserved
@@ -46,6 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gtopk_lab.orchestration import faults as _faults
+from gtopk_lab.orchestration import reservations as _reservations
 from gtopk_lab.orchestration import results as _results
 from gtopk_lab.orchestration.cluster import eligible_workers, wants_cuda, worker_info
 from gtopk_lab.orchestration.handle import RunHandle
@@ -53,6 +55,9 @@ from gtopk_lab.worker.rank_task import mark_cancelled, rendezvous_name, run_rank
 from gtopk_lab.worker.sim_task import run_simulated
 
 logger = logging.getLogger("gtopk_lab.orchestration.lab")  # the Lab's warnings, as before the split
+
+#: Why a run behind the head of the queue waits (stable text: written once per run).
+BEHIND_EARLIER_RUNS = "waiting for earlier runs in this Lab's queue"
 
 
 class RunMonitor:
@@ -68,6 +73,7 @@ class RunMonitor:
         self._lock = threading.RLock()
         self._pending: list[RunHandle] = []
         self._active: list[RunHandle] = []
+        #: this Lab's share of the scheduler's reservation table (worker -> run id)
         self._reserved: dict[str, str] = {}
         self._posted: list[Callable[[], None]] = []
         self._closed = False
@@ -81,6 +87,7 @@ class RunMonitor:
 
     # --- used by the Lab ---------------------------------------------------------------
     def start(self) -> None:
+        _reservations.install(self.client)
         self._thread.start()
 
     @property
@@ -92,6 +99,10 @@ class RunMonitor:
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=join_timeout_s)
+        with self._lock:
+            left = list(self._pending) + list(self._active)
+        for handle in left:  # a client the Lab does not own outlives it: free its share now
+            self._release_on_scheduler(handle)
 
     def handles(self) -> list[RunHandle]:
         """Queued, then running runs."""
@@ -122,6 +133,7 @@ class RunMonitor:
                 return
             if handle in self._pending:
                 self._pending.remove(handle)
+                self._release_on_scheduler(handle)  # its waiting entry there
                 self.finish(handle, "cancelled", "cancelled before it started")
                 return
             if not handle.request_cancel():
@@ -146,36 +158,41 @@ class RunMonitor:
         handle.mark_done()
 
     # --- placing -----------------------------------------------------------------------
-    def _busy_elsewhere(self) -> set[str]:
-        """Workers processing any task that is not one of this Lab's rank tasks."""
-        try:
-            processing = self.client.processing()
-        except Exception:
-            return set()
-        own = {key for h in self._active for key in h.task_keys()}
-        return {addr for addr, keys in processing.items() if any(k not in own for k in keys)}
-
     def _dispatch(self) -> None:
-        """Start queued runs, oldest first, while enough free workers exist."""
+        """Start queued runs, oldest first, while the scheduler grants them workers
+        (one reserve call each, see the module docstring, step 1)."""
         with self._lock:
             if not self._pending or self._closed:
                 return
             workers = worker_info(self.client)
-            busy = set(self._reserved) | self._busy_elsewhere()
             while self._pending:
                 handle = self._pending[0]
                 placed = handle.config.replace(workers=1) if handle.simulated else handle.config
-                free = [a for a in eligible_workers(placed, workers) if a not in busy]
-                if len(free) < handle.workers_needed:
+                answer = _reservations.reserve(self.client, handle.run_id, handle.workers_needed,
+                                               eligible_workers(placed, workers))
+                chosen = answer.get("workers")
+                if not chosen:
+                    self._note_waiting(handle, _reservations.waiting_reason(answer))
                     break
-                chosen = free[: handle.workers_needed]
                 self._pending.pop(0)
-                busy.update(chosen)
                 handle.device = "cuda" if wants_cuda(placed, workers) else "cpu"
-                self._start(handle, chosen)
+                self._start(handle, list(chosen))
+            for handle in self._pending[1:]:
+                self._note_waiting(handle, BEHIND_EARLIER_RUNS)
+
+    def _note_waiting(self, handle: RunHandle, reason: str) -> None:
+        """Say why ``handle`` waits: on the handle and in its ``summary.json`` (written only
+        when the reason changed)."""
+        if handle.queue_reason == reason:
+            return
+        handle.queue_reason = reason
+        _results.RunStore(self.out, handle.run_id).write_summary(_results.run_summary(
+            handle.config, None, status="queued",
+            extra={"submitted_at": handle.submitted_at, "queue_reason": reason}))
 
     def _start(self, handle: RunHandle, workers: list[str]) -> None:
         self._restart_deadlines.pop(handle.run_id, None)
+        handle.queue_reason = None
         for addr in workers:
             self._reserved[addr] = handle.run_id
         handle.mark_started(workers)
@@ -384,6 +401,16 @@ class RunMonitor:
                 del self._reserved[addr]
         if handle in self._active:
             self._active.remove(handle)
+        self._release_on_scheduler(handle)
+
+    def _release_on_scheduler(self, handle: RunHandle) -> None:
+        """Drop the run's reservation and waiting entry on the scheduler (best effort: a
+        scheduler that is gone took its table with it, and a client that leaves has its
+        entries dropped there)."""
+        try:
+            _reservations.release(self.client, handle.run_id)
+        except Exception as exc:
+            logger.debug("could not release %s on the scheduler: %s", handle.run_id, exc)
 
     def _forget_rendezvous(self, handle: RunHandle) -> None:
         """Delete the start's rendezvous variable on the scheduler (best effort)."""

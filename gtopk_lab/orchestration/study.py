@@ -105,7 +105,8 @@ class Study:
         return all(h.done() for h in self.handles.values())
 
     def status(self) -> pd.DataFrame:
-        """One row per point: its fields, source, run id, status and rows received."""
+        """One row per point: its fields, source, run id, status, rows received and, for a
+        queued run, why it waits (``queue_reason``)."""
         rows = []
         for point in self.points_list:
             c = point.config
@@ -113,13 +114,15 @@ class Study:
             if handle is None:
                 summary = self.stored.get(point.key, {})
                 run_id, status, received = summary.get("run_id"), "completed (stored)", None
+                reason = None
             else:
                 run_id, status = handle.run_id, handle.status
+                reason = handle.queue_reason if status == "queued" else None
                 received = len(handle.metrics) if hasattr(handle, "metrics") else None
             rows.append({"method": c.method, "workers": c.workers, "density": c.density,
                          "algorithm": c.algorithm, "bandwidth": c.bandwidth, "latency": c.latency,
                          "seed": c.seed, "source": point.source, "run_id": run_id,
-                         "status": status, "rows": received})
+                         "status": status, "rows": received, "queue_reason": reason})
         return pd.DataFrame(rows)
 
     # --- results -------------------------------------------------------------------------

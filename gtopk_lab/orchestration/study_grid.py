@@ -72,13 +72,17 @@ def _as_list(name: str, value: Any) -> list[Any]:
     return [value]
 
 
+#: The most seeds a count may ask for (``seeds=n``); a list may name more.
+MAX_SEED_COUNT = 1000
+
+
 def _seeds(value: Any, base_seed: int) -> list[int]:
     if isinstance(value, bool):
         raise TypeError(f"seeds={value!r} has type bool: expected an int n >= 1 or a list of seeds")
     if isinstance(value, numbers.Integral):
-        if value < 1:
-            raise ValueError(f"seeds={value!r} is invalid: expected n >= 1 (seeds seed .. seed+n-1) "
-                             "or a list of seeds")
+        if not 1 <= value <= MAX_SEED_COUNT:
+            raise ValueError(f"seeds={value!r} is invalid: expected 1 <= n <= {MAX_SEED_COUNT} "
+                             "(seeds seed .. seed+n-1) or a list of seeds")
         return [base_seed + i for i in range(int(value))]
     seeds = _as_list("seeds", value)
     if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in seeds):
@@ -125,6 +129,9 @@ def expand_grid(base: RunConfig | dict[str, Any] | None, axes: dict[str, Any], *
     seed_list = _seeds(seeds, int(base_fields.get("seed", RunConfig().seed))) if seeds is not None \
         else [int(base_fields.get("seed", RunConfig().seed))]
     grid["seed"] = seed_list
+    if not isinstance(both_ways, (list, tuple, set, frozenset, range)):
+        raise TypeError(f"both_ways={both_ways!r} has type {type(both_ways).__name__}: expected a list "
+                        "of P values")
     both = set(_workers(both_ways, "both_ways"))
     if isinstance(real_max_workers, bool) or not isinstance(real_max_workers, numbers.Integral) \
             or real_max_workers < 0:

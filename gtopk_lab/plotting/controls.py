@@ -55,7 +55,10 @@ from gtopk_lab.methods import available_methods
 from gtopk_lab.plotting import figures
 from gtopk_lab.plotting.live import _copy_into
 from gtopk_lab.plotting.live_study import convergence_study_figure, scaling_study_figure
-from gtopk_lab.plotting.panel_fields import FieldError, StudyRequest, first_line, format_list, study_request
+from gtopk_lab.orchestration.arguments import check_seconds
+from gtopk_lab.plotting.panel_fields import (
+    FieldError, StudyRequest, check_defaults, first_line, format_list, study_request,
+)
 from gtopk_lab.plotting.runs_table import compare_frame, runs_frame, runs_table_widget, selects, update_runs_table
 from gtopk_lab.plotting.widget_fit import FitSignal, fit_width
 
@@ -156,18 +159,19 @@ class ControlPanel:
         for attr in ("study", "runs"):
             if not hasattr(lab, attr):
                 raise TypeError(f"lab has type {type(lab).__name__}: expected a gtopk_lab Lab (missing .{attr})")
+        if defaults is not None and not isinstance(defaults, dict):
+            raise TypeError(f"defaults={defaults!r} has type {type(defaults).__name__}: expected a dict "
+                            f"of form fields ({', '.join(DEFAULT_FIELDS)}) or None")
         d = dict(DEFAULT_FIELDS)
         given = {_DEFAULT_ALIASES.get(k, k): v for k, v in (defaults or {}).items()}
         unknown = sorted(set(given) - set(d))
         if unknown:
             raise ValueError(f"defaults has unknown field(s) {', '.join(unknown)}: expected {', '.join(d)}")
         d.update(given)
-        RunConfig(**(extra or {}))  # fail now, not at the first launch, on a bad extra field
-        if not refresh_s > 0:
-            raise ValueError(f"refresh_s={refresh_s!r} is invalid: expected seconds > 0")
+        check_defaults(d, extra)  # fail now, not at the first launch, on a bad value
         self.lab = lab
         self.extra = dict(extra or {})
-        self.refresh_s = float(refresh_s)
+        self.refresh_s = check_seconds("refresh_s", refresh_s, high=3600.0)
         self.studies: list[Any] = []
         self.study: Any = None
         self._lock = threading.RLock()
@@ -364,6 +368,9 @@ class ControlPanel:
                 density = f" ρ={row.density:g}" if selects(row.method) else ""
                 network = str(row.bandwidth) + (f", {row.latency}" if row.latency else "")
                 rows = "" if row.rows is None or pd.isna(row.rows) else f", {int(row.rows)} rows"
+                reason = getattr(row, "queue_reason", None)
+                if state == "queued" and isinstance(reason, str):  # e.g. workers another client holds
+                    rows += f" ({reason})"
                 text = (f"{_STATUS_MARK.get(state, '·')} {row.method} P={row.workers}{density} {network} "
                         f"seed {row.seed} {row.source}: {state}{stored}{rows}  [{row.run_id}]")
                 lines.append(f"<span style='color:{_STATUS_COLOR.get(state, '#333')}'>{html.escape(text)}</span>")

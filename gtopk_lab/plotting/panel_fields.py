@@ -26,7 +26,7 @@ from typing import Any
 from gtopk_lab.network.model import network_model
 
 __all__ = ["FieldError", "StudyRequest", "format_list", "parse_int_list", "parse_float_list",
-           "parse_text_list", "study_request", "first_line"]
+           "parse_text_list", "study_request", "first_line", "check_defaults"]
 
 
 class FieldError(ValueError):
@@ -134,8 +134,13 @@ def study_request(*, methods: Sequence[str], workers: str, densities: str, bandw
                   max_iterations: int, extra: dict[str, Any] | None = None,
                   real_max_workers: int = 0) -> StudyRequest:
     """Steps 1-2 of the module docstring; raises :class:`FieldError` naming the field."""
+    if isinstance(methods, str) or not isinstance(methods, Sequence) \
+            or not all(isinstance(m, str) for m in methods):
+        raise FieldError("methods", f"{methods!r} is invalid: expected a list of method names")
     if not methods:
         raise FieldError("methods", "nothing selected: select at least one method")
+    if extra is not None and not isinstance(extra, dict):
+        raise FieldError("extra", f"{extra!r} is invalid: expected a dict of RunConfig fields or None")
     p_values = parse_int_list(workers, "P list")
     density_values = parse_float_list(densities, "densities")
     bandwidth_values = parse_text_list(bandwidths, "bandwidths")
@@ -150,12 +155,9 @@ def study_request(*, methods: Sequence[str], workers: str, densities: str, bandw
             network_model("1GbE", latency)
         except (ValueError, TypeError) as exc:
             raise FieldError("latencies", str(exc)) from None
-    if isinstance(seeds, bool) or int(seeds) != seeds or seeds < 1:
-        raise FieldError("seeds", f"{seeds!r} is invalid: expected a count >= 1")
-    if int(epochs) < 1:
-        raise FieldError("epochs", f"{epochs!r} is invalid: expected >= 1")
-    if int(max_iterations) < 0:
-        raise FieldError("max iters", f"{max_iterations!r} is invalid: expected >= 0 (0: all epochs)")
+    seeds = _count(seeds, "seeds", 1, MAX_SEEDS, "a count >= 1")
+    epochs = _count(epochs, "epochs", 1, MAX_EPOCHS, ">= 1")
+    max_iterations = _count(max_iterations, "max iters", 0, MAX_ITERATIONS, ">= 0 (0: all epochs)")
     _check_model(model, dataset)
     base = dict(extra or {})
     base.update(model=model, dataset=dataset, epochs=int(epochs))
@@ -172,6 +174,44 @@ def study_request(*, methods: Sequence[str], workers: str, densities: str, bandw
     except (ValueError, TypeError) as exc:
         raise FieldError(_field_of(str(exc)), str(exc)) from None
     return StudyRequest(axes, base, len(points))
+
+
+#: Bounds of the panel's number boxes (the widgets' own min/max; a script may pass anything).
+MAX_SEEDS, MAX_EPOCHS, MAX_ITERATIONS = 1000, 10_000, 10**9
+
+
+def _count(value: Any, label: str, low: int, high: int, what: str) -> int:
+    """``value`` as an integer in [low, high], else :class:`FieldError` naming ``label``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or int(value) != value or not low <= value <= high:
+        raise FieldError(label, f"{value!r} is invalid: expected {what}, at most {high}")
+    return int(value)
+
+
+#: Panel label -> the ``ControlPanel(defaults=...)`` key that fills that field.
+_DEFAULT_KEYS = {"methods": "methods", "P list": "workers", "densities": "density",
+                 "bandwidths": "bandwidth", "latencies": "latency", "seeds": "seeds", "model": "model",
+                 "dataset": "dataset", "epochs": "epochs", "max iters": "max_iterations"}
+
+
+def check_defaults(defaults: dict[str, Any], extra: Any) -> None:
+    """The ControlPanel's starting values as its form would check them at *Launch*:
+    ``ValueError``/``TypeError`` naming the ``defaults`` key (or ``extra``), at construction."""
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError(f"extra={extra!r} has type {type(extra).__name__}: expected a dict of "
+                        "RunConfig fields or None")
+    methods = defaults["methods"]
+    try:
+        study_request(methods=[methods] if isinstance(methods, str) else methods,
+                      workers=format_list(defaults["workers"]), densities=format_list(defaults["density"]),
+                      bandwidths=format_list(defaults["bandwidth"]), latencies=format_list(defaults["latency"]),
+                      seeds=defaults["seeds"], model=defaults["model"], dataset=defaults["dataset"],
+                      epochs=defaults["epochs"], max_iterations=0 if defaults["max_iterations"] is None else defaults["max_iterations"],
+                      extra=extra)
+    except FieldError as exc:
+        key = _DEFAULT_KEYS.get(exc.label)
+        name = f"defaults[{key!r}]={defaults[key]!r}" if key else exc.label
+        raise ValueError(f"{name} is invalid: {exc}") from None
 
 
 #: RunConfig field named at the start of an error -> the panel field that sets it.
@@ -192,8 +232,8 @@ def _check_model(model: str, dataset: str) -> None:
 
     try:
         spec = get_model_spec(model)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         raise FieldError("model", str(exc)) from None
-    if dataset not in spec.datasets:
+    if not isinstance(dataset, str) or dataset not in spec.datasets:
         raise FieldError("dataset", f"{dataset!r} does not fit model {model!r}: it fits "
                                     f"{', '.join(spec.datasets)}")

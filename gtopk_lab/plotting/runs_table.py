@@ -9,8 +9,9 @@ JupyterLab extension to install), and it is actively maintained (2.x releases th
 
 - :func:`runs_frame`: one row per run of ``lab.runs()`` with short, readable columns (P,
   source, network, test accuracy, samples/s), statuses of runs still going taken from their
-  live handles (a stored summary says "queued" until the run ends), newest last so that a
-  new run never moves the rows a person selected
+  live handles (a stored summary says "queued" until the run ends), why a queued run waits
+  ("waiting for": e.g. workers held by another client's runs), newest last so that a new
+  run never moves the rows a person selected
 - :func:`compare_frame`: selected runs side by side, one column per run
 - :func:`runs_table_widget`: the live widget (click-to-sort headers, a search box,
   per-column filters in the footer, row selection for *compare*)
@@ -33,7 +34,7 @@ __all__ = ["RUN_COLUMNS", "runs_frame", "compare_frame", "runs_table_widget", "u
 
 #: Columns of the table, in order (``run_id`` last: long, but what a person copies).
 RUN_COLUMNS: tuple[str, ...] = ("status", "method", "P", "source", "density", "network", "seed",
-                                "iterations", "test acc", "samples/s virtual", "run_id")
+                                "iterations", "test acc", "samples/s virtual", "waiting for", "run_id")
 #: DataTables options: multi-row selection by click; click-to-sort headers, each with a
 #: search menu (ColumnControl) to filter that column; a search box and page controls even
 #: for a few rows (itables hides its default layout on tables that fit one page, and this
@@ -95,6 +96,7 @@ def runs_frame(summaries: pd.DataFrame, live: pd.DataFrame | None = None) -> pd.
         density = row.get("density")
         source = now.get("source") or row.get("source") or ("simulated" if row.get("simulated") else "real")
         seed = now.get("seed")
+        reason = now.get("queue_reason") if now else row.get("queue_reason")
         records.append({
             "status": status.replace(" (stored)", ""),
             "method": row.get("method"), "P": _int(row.get("workers")), "source": source,
@@ -103,15 +105,24 @@ def runs_frame(summaries: pd.DataFrame, live: pd.DataFrame | None = None) -> pd.
             "iterations": "" if status != "completed" else _int(row.get("iterations")),
             "test acc": "" if _blank(accuracy) or status != "completed" else f"{100 * float(accuracy):.1f}%",
             "samples/s virtual": "" if _blank(speed) or status != "completed" else round(float(speed), 1),
-            "run_id": run_id})
+            "waiting for": _reason(status, reason), "run_id": run_id})
     for run_id, now in live_by_id.items():  # submitted, summary not readable yet
         if run_id not in seen:
             records.append({"status": str(now.get("status")), "method": now.get("method"),
                             "P": _int(now.get("workers")), "source": now.get("source"),
                             "density": "", "network": _network(now),
                             "seed": "" if _blank(now.get("seed")) else int(now["seed"]),
-                            "iterations": "", "test acc": "", "samples/s virtual": "", "run_id": run_id})
+                            "iterations": "", "test acc": "", "samples/s virtual": "",
+                            "waiting for": _reason(str(now.get("status")), now.get("queue_reason")),
+                            "run_id": run_id})
     return pd.DataFrame.from_records(records, columns=list(RUN_COLUMNS))
+
+
+def _reason(status: str, reason: Any) -> str:
+    """What a queued run waits for, without the leading "waiting for " ("" otherwise)."""
+    if status != "queued" or not isinstance(reason, str):
+        return ""
+    return reason.removeprefix("waiting for ")
 
 
 def _int(value: Any) -> Any:

@@ -17,7 +17,10 @@ One run of P ranks is P calls of :func:`run_rank`, one per Dask worker:
 3. **Training.** ``train_rank(config, sink, device)``. The sink sends each batch of
    metric rows to the scheduler with ``Worker.log_event("gtopk-<run_id>", rows)``
    (one event per batch: the scheduler keeps only the last 1000 events per topic),
-   and raises ``RunCancelled`` once the client has flagged the run as cancelled.
+   and raises ``RunCancelled`` once the client has flagged the run as cancelled, or
+   once the scheduler released the rank's own task (its state on the worker is
+   ``cancelled``): that is how the ranks of a client that died (its futures dropped by
+   the scheduler) stop instead of holding workers the scheduler already gave to others.
 4. **Cleanup** (``finally``): the process group is destroyed, which closes the gloo
    sockets so that peers blocked in a collective fail at once instead of waiting.
 5. **Watchdog** (:class:`~gtopk_lab.worker.faults.SchedulerWatchdog`, all steps): when the
@@ -30,7 +33,7 @@ One run of P ranks is P calls of :func:`run_rank`, one per Dask worker:
 
 Cost per sink call: a msgpack check of the batch and one message on the worker's
 batched stream to the scheduler (asynchronous, no round trip); the cancel check is a
-set lookup, the watchdog check an Event read. benchmarks/streaming_overhead.py measures it
+set lookup and one dict lookup of the task's state, the watchdog check an Event read. benchmarks/streaming_overhead.py measures it
 against the iteration time.
 """
 
@@ -134,13 +137,15 @@ class EventSink:
     """
 
     def __init__(self, worker: Any, run_id: str, rank: int, cancel_key: str | None = None,
-                 watchdog: SchedulerWatchdog | None = None) -> None:
+                 watchdog: SchedulerWatchdog | None = None, task_key: Any = None) -> None:
         self.worker = worker
         self.topic = topic_for(run_id)
         self.run_id = run_id
         self.rank = rank
         self.cancel_key = cancel_key or run_id
         self.watchdog = watchdog
+        #: the Dask key of the task this rank runs in (None outside a task)
+        self.task_key = task_key if task_key is not None else current_task_key()
         self.rows_sent = 0
 
     def __call__(self, rows: list[dict]) -> None:
@@ -150,13 +155,25 @@ class EventSink:
                                                "key": self.cancel_key, "rows": batch})
             self.rows_sent += len(batch)
         if self.cancelled():
-            raise RunCancelled(f"run {self.run_id} was cancelled by the client")
+            raise RunCancelled(f"run {self.run_id} was cancelled (by its client, or the scheduler released its task)")
         if self.watchdog is not None:
             self.watchdog.check()
 
     def cancelled(self) -> bool:
-        """True once the client has cancelled the run."""
-        return self.cancel_key in _CANCELLED_KEYS
+        """True once the client has cancelled the run, or the scheduler released this
+        rank's task (cancelled by its client, or its client left the cluster)."""
+        if self.cancel_key in _CANCELLED_KEYS:
+            return True
+        tasks = getattr(getattr(self.worker, "state", None), "tasks", None)
+        task = tasks.get(self.task_key) if tasks is not None and self.task_key is not None else None
+        return task is not None and task.state == "cancelled"
+
+
+def current_task_key() -> Any:
+    """The Dask key of the task running in this thread (None outside one)."""
+    from distributed.worker import thread_state
+
+    return getattr(thread_state, "key", None)
 
 
 def _publish_rendezvous(key: str, value: str, client: Any) -> None:
