@@ -112,11 +112,13 @@ def main() -> None:
                 summary = done[0] if done else run(spec, method, largest, seed, args)[1]
                 pair.setdefault((name, method), []).append(summary)
     print(f"\nSparseLoCo vs SparseLoCo over gTop-k: same seeds (0..{args.seeds - 1}), same budget, largest P")
-    print(f"{'workload':>9} {'method':>17} {'P':>3} {'final val loss (per seed)':>30} {'mean':>7} {'bytes/rank/iter':>15}")
+    print(f"{'workload':>9} {'method':>17} {'P':>3} {'final val loss (per seed)':>30} {'mean':>7} "
+          f"{'bytes/rank/iter':>15}")
     for (name, method), runs in pair.items():
         losses = [s["final_test_loss"] for s in runs]
+        sent = statistics.mean(s["bytes_sent_per_rank_per_iter"] for s in runs)
         print(f"{name:>9} {method:>17} {runs[0]['workers']:>3} {' '.join(f'{v:.4f}' for v in losses):>30} "
-              f"{statistics.mean(losses):>7.4f} {statistics.mean(s['bytes_sent_per_rank_per_iter'] for s in runs):>15.1f}")
+              f"{statistics.mean(losses):>7.4f} {sent:>15.1f}")
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
 

@@ -188,9 +188,10 @@ def auto_target_loss(metrics: pd.DataFrame, summaries: pd.DataFrame, *, slack: f
 
 def method_comparison(summaries: pd.DataFrame, metrics: pd.DataFrame, networks: Sequence[str | NetworkModel],
                       target_loss: float, *, window: int = 5) -> pd.DataFrame:
-    """One row per (network, method, P, source), seeds averaged: ``time_to_target_s``,
-    ``bytes_per_rank_per_iter``, ``final_loss`` (the last validation loss, else training),
-    ``efficiency`` (dense P = 1 of the same seed and source = 1) and ``baseline``."""
+    """One row per (network, method, P, source), seeds averaged: ``time_to_target_s`` (mean
+    over the ``reached`` seeds that got there; NaN when none did), ``bytes_per_rank_per_iter``,
+    ``final_loss`` (the last validation loss, else training), ``efficiency`` (dense P = 1 of
+    the same seed and source = 1), ``baseline`` and ``n`` (seeds)."""
     done = summaries[summaries["status"] == "completed"]
     if "final" not in done.columns:
         done = done.assign(final=True)
@@ -208,7 +209,7 @@ def method_comparison(summaries: pd.DataFrame, metrics: pd.DataFrame, networks: 
     table = table.assign(density=table["density"].where(table["method"] != "dense"))
     keys = ["network", "method", "workers", "source"]
     return (table.groupby(keys, sort=False, dropna=False)
-            .agg(time_to_target_s=("time_to_target_s", "mean"), reached=("time_to_target_s", lambda s: int(s.notna().sum())),
+            .agg(time_to_target_s=("time_to_target_s", "mean"), reached=("time_to_target_s", "count"),
                  bytes_per_rank_per_iter=("bytes_sent_per_rank_per_iter", "mean"),
                  final_loss=("final_loss", "mean"), efficiency=("efficiency_virtual", "mean"),
                  baseline=("baseline", "first"), n=("run_id", "count"))
