@@ -15,6 +15,9 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _build_modern import modern_methods_cells  # noqa: E402 - a sibling file, not a package
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -608,6 +611,9 @@ it.groupby("rank")[["compute_s", "comm_s", "bytes_sent"]].mean()
 """),
     code("lab.close()"),
 ]
+
+# --------------------------------------------------------------------------------------------
+NOTEBOOKS["05_modern_methods.ipynb"] = modern_methods_cells(md, code, params, SETUP)
 
 
 def build(target: Path = HERE) -> list[Path]:

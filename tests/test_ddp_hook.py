@@ -148,3 +148,48 @@ def test_state_validation() -> None:
         SparseHookState(warmup_iterations=-1)
     with pytest.raises(ValueError, match="residual_rule"):
         SparseHookState(residual_rule="none")
+    with pytest.raises(TypeError, match="options=.* expected dict"):
+        SparseHookState(method="powersgd", options=[("powersgd_rank", 2)])
+
+
+#: PowerSGD settings shared by torch's hook and ours: rank 2, every matrix compressed, warm
+#: start, error feedback, two vanilla allreduces first (torch's start_powerSGD_iter; DDP
+#: rebuilds its buckets after iteration 1)
+POWERSGD = {"powersgd_rank": 2, "powersgd_min_compression_rate": 1.0, "powersgd_warm_start": True,
+            "powersgd_seed": 3}
+POWERSGD_STEPS = 10
+
+
+def _powersgd_job(rank: int, world: int) -> dict:
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+
+    out: dict = {}
+    for name in ("torch", "ours", "ddp"):
+        model = DDP(_net(), bucket_cap_mb=100)  # one bucket: torch's hook compresses per bucket
+        if name == "torch":
+            model.register_comm_hook(PowerSGDState(
+                process_group=None, matrix_approximation_rank=POWERSGD["powersgd_rank"], start_powerSGD_iter=2,
+                min_compression_rate=POWERSGD["powersgd_min_compression_rate"], use_error_feedback=True,
+                warm_start=POWERSGD["powersgd_warm_start"], random_seed=POWERSGD["powersgd_seed"]), powerSGD_hook)
+        elif name == "ours":
+            model.register_comm_hook(SparseHookState(method="powersgd", density=1.0, warmup_iterations=2,
+                                                     options=dict(POWERSGD)), gtopk_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        for step in range(POWERSGD_STEPS):
+            x, y = _batch(rank, step)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        out[name] = _flat(model.module)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_powersgd_hook_form_equals_torch_powersgd_hook() -> None:
+    results = run_gloo(_powersgd_job, 2, timeout_s=90)
+    for res in results:
+        # W = 2: the same sums and power-of-two scaling, so torch's numbers up to float noise
+        torch.testing.assert_close(res["ours"], res["torch"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(res["ours"], results[0]["ours"], rtol=0, atol=0)  # identical replicas
+    assert not torch.allclose(results[0]["ours"], results[0]["ddp"], atol=1e-4)  # it did compress

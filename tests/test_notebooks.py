@@ -42,6 +42,11 @@ CI_PARAMETERS: dict[str, dict[str, Any]] = {
     "03_topk_operator.ipynb": {"iterations": 30, "snapshots": [5, 29], "speed_numel": 200_000,
                                "speed_repeats": 2, "densities": [0.001, 0.01, 0.1, 0.5]},
     "04_cluster.ipynb": {"n_workers": 2, "workers": 2, "max_iterations": 8},
+    # every method on both workloads at P = 2 simulated on the 2-worker cluster (dense P = 1
+    # real): 2 x 11 tiny runs
+    "05_modern_methods.ipynb": {"n_workers": 2, "workers": [2], "real_max_workers": 1, "gpt_iterations": 6,
+                                "gpt_batch_size": 4, "gpt_val_sequences": 32, "mnist_model": "mlp", "mnist_iterations": 8,
+                                "mnist_train_samples": 400, "sync_every": 2},
 }
 
 

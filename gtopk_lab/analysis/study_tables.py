@@ -117,6 +117,14 @@ def _merge_s(runs: pd.DataFrame) -> float:
     return float(per_it.mean()) if len(per_it) else 0.0
 
 
+def _sync_every(runs: pd.DataFrame) -> int:
+    """H of the runs' summaries (``sync_every``; 1 for runs stored before it was recorded)."""
+    if "sync_every" not in runs.columns:
+        return 1
+    values = pd.to_numeric(runs["sync_every"], errors="coerce").dropna()
+    return max(1, int(values.iloc[0])) if len(values) else 1
+
+
 def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
     """Step 3: ``predicted`` efficiency per (method, P, density, pattern, network, source)
     of the final ``points``::
@@ -124,8 +132,12 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
         t_1  = the dense P = 1 run's steady virtual time per iteration (its compute)
         sel  = t(method, P=1) - t_1 (the method's own P = 1 run of this source, else of
                another source on the same network, else 0)
-        t_P  = t_1 + sel + alpha-beta time of the collective at P (registry formula)
+        t_P  = t_1 + sel + alpha-beta time of the collective at P (registry formula, divided
+               by the summary's ``sync_every`` H for local-steps methods)
                + merge CPU per iteration the point's runs measured (the gamma term)
+
+    A method whose formula needs more than a summary holds (PowerSGD's parameter layout)
+    gets no prediction.
         eff  = t_1 / t_P
 
     so a measured point that strays from it strays by compute that grew with P
@@ -169,8 +181,13 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
             for p, at_p in runs.groupby("workers"):
                 # the method's own formula: it knows whether its selector promises exactly k
                 # (then Top-k's allgather skips the count round)
-                comm = entry.predicted_time_s(net, numel, k_for(numel, rho), int(p), algorithm=pattern) \
-                    if p > 1 else 0.0
+                try:
+                    comm = entry.predicted_time_s(net, numel, k_for(numel, rho), int(p), algorithm=pattern) \
+                        if p > 1 else 0.0
+                except ValueError:  # a formula that needs what a summary lacks (PowerSGD's layout)
+                    continue
+                # formulas are per synchronisation; a local-steps method syncs every H iterations
+                comm /= _sync_every(at_p)
                 t_p = t_1 + sel + comm + (_merge_s(at_p) if p > 1 else 0.0)
                 rows.append({"method": method, "workers": int(p),
                              "density": math.nan if density < 0 else density,

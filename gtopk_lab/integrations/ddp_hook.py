@@ -12,7 +12,14 @@ The hook runs the project's one training step underneath
 from the registry, :mod:`gtopk_lab.methods`), so a DDP model trained with it follows the same
 trajectory as ``gtopk_lab.training.loop.train_rank`` with the same method
 (tests/test_ddp_hook.py checks it). Every registered per-step method (``sync_every == 1``)
-works, a plugin's too.
+works, a plugin's too; ``options`` carries a method's settings as a run's ``extra`` would, and
+the step sees the parameters' shapes, so PowerSGD runs per layer::
+
+    state = SparseHookState(method="powersgd", warmup_iterations=2,
+                            options={"powersgd_rank": 2, "powersgd_min_compression_rate": 1.0})
+
+(on one bucket, bitwise equal to torch's ``powerSGD_hook`` with the same rank, seed and
+``start_powerSGD_iter=2``: tests/test_ddp_hook.py).
 
 Algorithm of one backward pass (``selection="model"``, the paper's whole-model top-k):
 
@@ -75,7 +82,8 @@ class SparseHookState:
     Tuned by the user: ``density`` (0 < rho <= 1), ``method`` (a per-step registered method:
     :func:`hook_methods`), ``algorithm`` (gTop-k pattern: butterfly | tree), ``residual_rule`` (paper |
     mass), ``warmup_iterations`` (dense iterations first, >= 0), ``selection`` (model |
-    bucket), ``selector`` (registry name; None: the method's), ``process_group`` (None: default).
+    bucket), ``selector`` (registry name; None: the method's), ``process_group`` (None: default),
+    ``options`` (the method's options, as in a run's ``extra``; checked by the method).
     Internal state: ``iteration`` (completed backward passes), per-parameter residuals,
     ``last_stats`` (CommStats of the last sparse collective).
     """
@@ -89,6 +97,8 @@ class SparseHookState:
     selection: str = "model"
     selector: str | None = None
     process_group: Any = None
+    #: the method's options as a run's ``extra`` holds them (e.g. ``powersgd_rank``)
+    options: dict[str, Any] = field(default_factory=dict)
     # internal state
     iteration: int = 0
     last_stats: Any = None
@@ -114,6 +124,9 @@ class SparseHookState:
         if isinstance(w, bool) or not isinstance(w, int) or w < 0:
             raise ValueError(f"warmup_iterations={w!r} is invalid: expected an integer >= 0")
         method = get_method(self.method)
+        if not isinstance(self.options, dict):
+            raise TypeError(f"options={self.options!r} has type {type(self.options).__name__}: expected dict")
+        method.run_options(self.options)  # its ValueError names the option, the value and the type
         if self.selection == "bucket" and method.memory not in ("residual", None):
             raise ValueError(f"selection='bucket' is invalid with method {self.method!r}: its own memory is "
                              "kept for one fixed parameter set; expected selection='model'")
@@ -153,8 +166,10 @@ def _sparse_step(state: SparseHookState, pairs: list[tuple[torch.Tensor, torch.T
     flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads])
     numel = flat.numel()
     method = get_method(state.method)
+    # the parameters' shapes in flat order: a per-layer method (PowerSGD) compresses each one
     step = RankStep(method, numel, flat.device, residual_rule=state.residual_rule, selector=state.selector,
-                    algorithm=state.algorithm)
+                    algorithm=state.algorithm, layout=[tuple(g.shape) for g in grads],
+                    rank=dist.get_rank(state.process_group), world=_world(state), options=state.options)
     step.collective_state = state._collective_state
     residual = method.memory == "residual"
     if residual:  # the hook keeps residuals per parameter, across bucket rebuilds

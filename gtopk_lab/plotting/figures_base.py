@@ -25,6 +25,14 @@ METHOD_COLORS: dict[str, str] = {
     "gtopk": "#00CC96",
     "gaussiank": "#AB63FA",
     "oktopk": "#FFA15A",
+    # the post-2019 methods (docs/modern_methods.md); a variant takes a shade of its family's
+    "clt-k": "#19D3F3",
+    "ef21": "#B6E880",
+    "ef21-sgdm": "#637939",
+    "powersgd": "#FECB52",
+    "diloco": "#FF6692",
+    "sparseloco": "#8C564B",
+    "sparseloco-gtopk": "#C49C94",
 }
 FALLBACK_COLORS = ("#19D3F3", "#FF6692", "#B6E880", "#FF97FF", "#FECB52")
 

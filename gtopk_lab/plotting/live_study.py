@@ -14,7 +14,8 @@ that fills in while the cluster runs, and convergence faceted by method and P.
 4. refreshed from the study's watcher thread (:meth:`Study.subscribe`, at most every
    ``refresh_s``); in a front end with widgets the ``FigureWidget`` updates in place,
    headless (papermill, CI) nothing is shown until :meth:`StudyFigure.finish`, which waits
-   for the study and displays the static figure (:mod:`gtopk_lab.plotting.live` decides)
+   for the study and displays the static figure (:mod:`gtopk_lab.plotting.live` decides);
+   a headless figure does not subscribe, so it costs the running study nothing
 
 ``live_convergence_study(study)``: train loss per iteration, one panel per method, one line
 per P (mean over seeds with a +- std band when there are several seeds).
@@ -36,6 +37,9 @@ from gtopk_lab.analysis.study_tables import point_efficiency, predicted_efficien
 from gtopk_lab.network.model import format_bandwidth
 from gtopk_lab.plotting.figures_base import method_color
 from gtopk_lab.plotting.live import _copy_into, display_static, live_frontend_present
+
+#: Panels per row of the convergence figure (one per method).
+PANELS_PER_ROW = 5
 
 __all__ = ["StudyFigure", "live_scaling", "live_convergence_study", "scaling_study_figure",
            "convergence_study_figure"]
@@ -105,8 +109,16 @@ def convergence_study_figure(metrics: pd.DataFrame) -> go.Figure:
         return go.Figure().update_layout(title="Convergence (no rows yet)", template="plotly_white")
     rows = metrics[(metrics["kind"] == "iter") & (metrics["rank"] == 0)]
     methods = sorted(rows["method"].unique())
-    fig = make_subplots(rows=1, cols=max(1, len(methods)), subplot_titles=methods, shared_yaxes=True)
-    for col, method in enumerate(methods, start=1):
+    # at most PANELS_PER_ROW panels side by side: ten methods in one row leave no room for
+    # their titles or lines
+    cols = max(1, min(len(methods), PANELS_PER_ROW))
+    n_rows = max(1, math.ceil(len(methods) / cols))
+    fig = make_subplots(rows=n_rows, cols=cols, subplot_titles=methods, shared_yaxes=True,
+                        vertical_spacing=0.3 / n_rows if n_rows > 1 else 0.0)
+    for i, method in enumerate(methods):
+        row, col = divmod(i, cols)
+        row += 1
+        col += 1
         sub = rows[rows["method"] == method]
         for p, by_p in sub.groupby("workers"):
             stats = by_p.groupby("iteration")["train_loss"].agg(["mean", "std", "count"]).reset_index()
@@ -114,15 +126,15 @@ def convergence_study_figure(metrics: pd.DataFrame) -> go.Figure:
             fig.add_trace(go.Scatter(x=stats["iteration"], y=stats["mean"], mode="lines",
                                      name=f"{method} P={p}", line={"color": color,
                                                                     "width": 1 + math.log2(max(p, 1)) / 2}),
-                          row=1, col=col)
+                          row=row, col=col)
             if stats["count"].max() > 1:
                 upper, lower = stats["mean"] + stats["std"].fillna(0), stats["mean"] - stats["std"].fillna(0)
                 fig.add_trace(go.Scatter(x=list(stats["iteration"]) + list(stats["iteration"][::-1]),
                                          y=list(upper) + list(lower[::-1]), fill="toself", mode="none",
-                                         fillcolor=color, opacity=0.15, showlegend=False), row=1, col=col)
+                                         fillcolor=color, opacity=0.15, showlegend=False), row=row, col=col)
     fig.update_layout(title="Convergence (train loss, rank 0; mean +- std over seeds)",
-                      template="plotly_white", height=380)
-    fig.update_xaxes(title_text="iteration")
+                      template="plotly_white", height=380 + 260 * (n_rows - 1))
+    fig.update_xaxes(title_text="iteration", row=n_rows)
     fig.update_yaxes(title_text="train loss", col=1)
     return fig
 
@@ -140,7 +152,9 @@ class StudyFigure:
         self._lock = threading.Lock()
         if self.live:
             self._display()
-        self._unsubscribe = study.subscribe(self._refresh)
+        # Headless, nothing shows the figure before finish(): rebuilding it on every update
+        # would only take CPU from the runs (on a small machine they share its cores).
+        self._unsubscribe = study.subscribe(self._refresh) if self.live else (lambda: None)
 
     def _display(self) -> None:
         try:

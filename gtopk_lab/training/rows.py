@@ -72,13 +72,20 @@ def steady_seconds_per_iteration(it_rows: list[dict], warmup: int, time: str,
 def iter_row(config: RunConfig, rank: int, world: int, iteration: int, epoch: float, density: float,
              k: int, loss: float, lr: float, t: dict[str, float], stats: Any, comm_model_s: float,
              wall_time_s: float, virtual_time_s: float) -> dict[str, Any]:
-    """One ``kind="iter"`` row in the docs/architecture.md schema."""
+    """One ``kind="iter"`` row in the docs/architecture.md schema.
+
+    ``comm_rounds`` and ``comm_wire_bytes`` (sum over this rank's rounds of
+    ``max(sent, recv)``) are what the alpha-beta model needs to price the iteration's
+    collective on any other network (:mod:`gtopk_lab.analysis.reprice`).
+    """
+    steps = getattr(stats, "steps", None) or ()
     return {
         "kind": "iter", "rank": rank, "iteration": iteration, "epoch": epoch,
         "method": config.method, "workers": world, "density": density, "k": k,
         "train_loss": loss, "lr": lr, "compute_s": t["compute"], "selection_s": t["selection"],
         "comm_s": t["comm"], "update_s": t["update"], "comm_model_s": comm_model_s,
         "bytes_sent": int(getattr(stats, "bytes_sent", 0)), "bytes_recv": int(getattr(stats, "bytes_recv", 0)),
+        "comm_rounds": len(steps), "comm_wire_bytes": int(sum(max(sent, recv) for sent, recv in steps)),
         "wall_time_s": wall_time_s, "virtual_time_s": virtual_time_s,
     }
 
@@ -162,6 +169,7 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
         "residual_rule": config.residual_rule, "batch_size": config.batch_size,
         "preset": config.preset, "grad_clip": config.grad_clip,
         "grad_clip_mode": config.grad_clip_mode if config.grad_clip is not None else None,
+        "sync_every": sync_block(config),
         "status": status, "error": error,
     }
     if extra:
