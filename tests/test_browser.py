@@ -263,6 +263,8 @@ def test_quickstart_live_figure_grows_in_jupyterlab(quickstart: Session) -> None
         if len({n for _, n in samples if n > 0}) >= 3:
             break
         page.wait_for_timeout(200)
+    # Run All scrolls to the last cell: bring the live figure on screen for the shot
+    page.locator(".jp-OutputArea .js-plotly-plot").first.scroll_into_view_if_needed()
     quickstart.shot("browser_quickstart")
     distinct = sorted({n for _, n in samples if n > 0})
     assert len(distinct) >= 2, f"the live figure did not grow: point counts {samples}"
