@@ -82,7 +82,7 @@ def convergence_figure(metrics: pd.DataFrame, x: str = "iteration", title: str |
                       row=1, col=2)
     fig.update_xaxes(title_text=X_AXES[x])
     fig.update_yaxes(title_text="loss", type="log" if log_loss else "linear", row=1, col=1)
-    fig.update_yaxes(title_text="accuracy", tickformat=".0%", row=1, col=2)
+    fig.update_yaxes(title_text="accuracy", tickformat=".1~%", row=1, col=2)  # 30.5%, not 31% twice
     fig.update_layout(title=title or f"Convergence vs {X_AXES[x]}", legend_title_text="run",
                       template="plotly_white", height=420)
     return fig

@@ -157,7 +157,7 @@ def point_convergence_figure(metrics: pd.DataFrame, points: pd.DataFrame, x: str
               "wall_time_s": "wall-clock time (s)"}.get(x, x)
     fig.update_xaxes(title_text=xtitle)
     fig.update_yaxes(title_text="loss", row=1, col=1)
-    fig.update_yaxes(title_text="accuracy", tickformat=".0%", row=1, col=2)
+    fig.update_yaxes(title_text="accuracy", tickformat=".1~%", row=1, col=2)  # 30.5%, not 31% twice
     fig.update_layout(title=title or f"Convergence vs {xtitle}", template="plotly_white")
     return legend_below(fig, 440)
 
