@@ -121,6 +121,9 @@ class FakeStudy:
         self.callbacks.append(callback)
         return lambda: None
 
+    def done(self) -> bool:
+        return False
+
     def cancel(self) -> None:
         self.cancelled = True
 

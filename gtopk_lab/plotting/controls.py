@@ -348,8 +348,13 @@ class ControlPanel:
         try:
             with self._lock:
                 if study is self.study:
-                    _copy_into(self.efficiency_figure, scaling_study_figure(study.points()))
-                    _copy_into(self.convergence_figure, convergence_study_figure(study.metrics()))
+                    # the study's last call re-sends the figures whole: a front end that
+                    # missed one of the partial updates (the browser test once showed an
+                    # empty efficiency figure after every run had completed) is made whole
+                    final = study.done()
+                    _copy_into(self.efficiency_figure, scaling_study_figure(study.points()), replace=final)
+                    _copy_into(self.convergence_figure, convergence_study_figure(study.metrics()),
+                               replace=final)
                 self.run_lines.value = self._lines_html()
             self.refresh_runs()
         except Exception as exc:  # noqa: BLE001 - a display error must never stop the study

@@ -417,14 +417,16 @@ class LiveFigure:
         return kernel_bundle(self.figure)
 
 
-def _copy_into(target: go.Figure, source: go.Figure) -> None:
+def _copy_into(target: go.Figure, source: go.Figure, replace: bool = False) -> None:
     """Make ``target`` show ``source``: same traces and layout, updated in one batch.
 
     Traces are matched by position and type; when the trace list changed shape (a new
     run appeared) the traces are replaced, otherwise only their data and style change, so
-    a FigureWidget sends one small update.
+    a FigureWidget sends one small update. ``replace`` re-sends every trace and the layout
+    whatever the shape: a last redraw that does not depend on the front end having applied
+    every earlier partial update.
     """
-    same_shape = len(target.data) == len(source.data) and all(
+    same_shape = not replace and len(target.data) == len(source.data) and all(
         a.type == b.type for a, b in zip(target.data, source.data))
     if not same_shape:
         if isinstance(target, go.FigureWidget):
