@@ -10,7 +10,8 @@ Client side. What ``Lab.__init__`` and the Lab's monitor ask of the cluster:
    :mod:`~gtopk_lab.comm.process_start` (torch imported once, not once per worker) with
    the client's environment and working directory, unless Dask's
    ``multiprocessing-method`` or ``$GTOPK_LAB_START_METHOD`` asks otherwise. A script
-   that would start the embedded cluster at its top level without a ``__main__`` guard ends with one line first (:mod:`~gtopk_lab.orchestration.script_guard`).
+   that would start the embedded cluster at its top level without a ``__main__`` guard
+   ends with one line first (:mod:`~gtopk_lab.orchestration.script_guard`).
 2. **Method plugins** (:func:`install_method_plugins`): the client's
    ``$GTOPK_LAB_METHODS`` modules are imported here first (a broken one fails on the
    client, with one line), single-file ones uploaded, and a worker plugin imports them
