@@ -88,7 +88,16 @@ close_at_end = False      # True: the last cell closes the cluster (the panel ab
 out = "results/quickstart"
 """),
     code(SETUP),
-    md("## 1. A cluster\n`Lab(scheduler=None)` starts a `LocalCluster` on 127.0.0.1 (one process per worker)."),
+    md("""
+## 1. A live figure, then a cluster
+The figure comes first and stays empty until section 2 adds a run to it: the browser takes
+seconds to load plotly's widget, and shown here that overlaps the cluster's start-up
+instead of the run. `Lab(scheduler=None)` starts a `LocalCluster` on 127.0.0.1 (one
+process per worker).
+"""),
+    code("""
+view = live_convergence(x="iteration", min_interval_s=0.3)
+"""),
     code("""
 if isinstance(globals().get("lab"), Lab):  # Run All again: stop the previous cluster first
     lab.close()
@@ -96,13 +105,13 @@ lab = Lab(scheduler=scheduler, n_workers=n_workers, out=out)
 print(lab)
 print("dashboard:", lab.dashboard_link)
 """),
-    md("## 2. One run, watched live"),
+    md("## 2. One run, watched live in the figure above"),
     code("""
 config = RunConfig(method=method, workers=workers, density=density, model=model, dataset=dataset,
                    epochs=epochs, train_samples=train_samples, max_iterations=max_iterations,
                    bandwidth=bandwidth, latency=latency, throttle=throttle, sink_every=sink_every)
 handle = lab.submit(config)
-view = live_convergence(handle, x="iteration", min_interval_s=0.3)
+view.add(handle)
 """),
     code("""
 metrics, summary = handle.result()

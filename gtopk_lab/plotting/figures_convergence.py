@@ -47,6 +47,7 @@ def convergence_frames(metrics: pd.DataFrame, x: str = "iteration") -> dict[str,
     result: dict[str, pd.DataFrame] = {}
     for label, rows, _ in split_runs(metrics):
         train, test = _run_convergence(rows, x)
+        any_test = any_test or bool(len(test))
         result[label] = pd.concat([train.assign(series="train"), test.assign(series="test")],
                                   ignore_index=True)
     return result
@@ -68,8 +69,10 @@ def convergence_figure(metrics: pd.DataFrame, x: str = "iteration", title: str |
                         horizontal_spacing=0.1)
     runs = split_runs(metrics)
     dash = density_dash([m["density"] for _, _, m in runs])
+    any_test = False
     for label, rows, meta in runs:
         train, test = _run_convergence(rows, x)
+        any_test = any_test or bool(len(test))
         style = dict(color=method_color(meta["method"]), dash=dash[meta["density"]])
         fig.add_trace(go.Scatter(x=train[x].to_numpy(), y=train["train_loss"].to_numpy(), mode="lines",
                                  name=label, legendgroup=label, line=style,
@@ -83,6 +86,8 @@ def convergence_figure(metrics: pd.DataFrame, x: str = "iteration", title: str |
     fig.update_xaxes(title_text=X_AXES[x])
     fig.update_yaxes(title_text="loss", type="log" if log_loss else "linear", row=1, col=1)
     fig.update_yaxes(title_text="accuracy", tickformat=".1~%", row=1, col=2)  # 30.5%, not 31% twice
+    # before the first evaluation an empty axis would autoscale to -100%..400%
+    fig.update_yaxes(**({"autorange": True} if any_test else {"range": [0, 1]}), row=1, col=2)
     fig.update_layout(title=title or f"Convergence vs {X_AXES[x]}", legend_title_text="run",
                       template="plotly_white", height=420)
     return fig

@@ -450,11 +450,15 @@ def _copy_into(target: go.Figure, source: go.Figure, replace: bool = False) -> N
             target.layout.update(new_layout, overwrite=True)
 
 
-def live_convergence(handles: Any | Sequence[Any], x: str = "iteration", *, live: bool | None = None,
+def live_convergence(handles: Any | Sequence[Any] = (), x: str = "iteration", *, live: bool | None = None,
                      min_interval_s: float = 0.5, **figure_kwargs: Any) -> LiveFigure:
     """Live train-loss / test-accuracy figure of one or more runs (see :class:`LiveFigure`).
 
     ``x`` as in :func:`figures.convergence_figure`; extra keyword arguments go to it.
+    With no handles the figure is displayed empty and runs join it with
+    :meth:`LiveFigure.add`: in JupyterLab plotly's widget takes the browser seconds to
+    load (each ``FigureWidget`` carries its own ~5 MB copy of plotly.js), so a figure
+    shown before the cluster starts is on screen when the run's first rows arrive.
     """
     if x not in figures.X_AXES:
         raise ValueError(f"x={x!r} is invalid: expected one of {', '.join(figures.X_AXES)}")
