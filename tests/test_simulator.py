@@ -21,14 +21,24 @@ def _config(method: str, workers: int = 4, **kw) -> RunConfig:
     return RunConfig(**base)
 
 
+#: fixed compute and selection seconds a rank is charged per iteration (no CPU measured)
+FIXED = {"compute_time_s": 0.05, "selection_time_s": 0.002}
+
+
+def _configs() -> dict[str, RunConfig]:
+    return {"dense": _config("dense"), "topk": _config("topk"), "gtopk": _config("gtopk"),
+            "gtopk-fixed": _config("gtopk", max_iterations=6, extra=dict(FIXED))}
+
+
 @pytest.fixture(scope="module")
 def real_runs() -> dict[str, list]:
-    """dense, topk, gtopk on one 4-rank gloo group (one process start for the three runs)."""
+    """dense, topk, gtopk (and gtopk charged a fixed compute time) on one 4-rank gloo group
+    (one process start for all the runs)."""
     from gtopk_lab.training.loop import gloo_runs_entry
 
-    methods = ["dense", "topk", "gtopk"]
-    per_rank = run_gloo(gloo_runs_entry, 4, [_config(m).to_dict() for m in methods], timeout_s=200)
-    return {m: [per_rank[r][i] for r in range(4)] for i, m in enumerate(methods)}
+    configs = _configs()
+    per_rank = run_gloo(gloo_runs_entry, 4, [c.to_dict() for c in configs.values()], timeout_s=200)
+    return {name: [per_rank[r][i] for r in range(4)] for i, name in enumerate(configs)}
 
 
 @pytest.mark.slow
@@ -49,6 +59,25 @@ def test_simulator_matches_real_gloo_run(method: str, real_runs: dict) -> None:
     assert [x[:3] for x in real_iters] == [x[:3] for x in sim_iters]
     assert all(math.isclose(a[3], b[3], rel_tol=1e-9) for a, b in zip(real_iters, sim_iters))
     assert sim.summary["simulated"] is True and sim.summary["iterations"] == 20
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_real_ranks_charged_a_fixed_compute_time_match_the_simulator_exactly(real_runs: dict) -> None:
+    """extra["compute_time_s"] / ["selection_time_s"] on real ranks: every rank's clock is
+    compute + selection + modelled communication per iteration, whatever the machine's load,
+    so a real run's virtual time equals the simulated one's."""
+    real = real_runs["gtopk-fixed"]
+    sim = simulate(_configs()["gtopk-fixed"])
+    for r in real:
+        iters = [row for row in r.rows if row["kind"] == "iter"]
+        assert len(iters) == 6
+        assert all(row["compute_s"] == 0.05 and row["selection_s"] == 0.002 for row in iters)
+        assert r.summary["compute_time_source"] == "fixed" and r.summary["fixed_compute_time_s"] == 0.05
+        assert r.summary["virtual_time_s"] == pytest.approx(
+            sum(0.05 + 0.002 + row["comm_model_s"] for row in iters), rel=1e-9)
+        assert r.summary["virtual_time_s"] == pytest.approx(sim.summary["virtual_time_s"], rel=1e-9)
+    assert real_runs["gtopk"][0].summary["compute_time_source"] == "measured"
 
 
 @pytest.mark.timeout(60)

@@ -161,29 +161,29 @@ def test_cancelling_a_study_stops_its_runs(lab) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_target_cnn_on_10gbe_every_simulated_point_within_10_points_of_its_prediction(lab) -> None:
-    """Issue 15's target for the simulated half: on 10GbE with the CNN, dense, Top-k and
-    gTop-k at P = 1..16 within 10 points of the alpha-beta prediction and none above 100%.
+@pytest.mark.timeout(200)
+def test_target_cnn_on_10gbe_every_real_and_simulated_point_within_10_points_of_its_prediction(lab) -> None:
+    """Issue 15's target: on 10GbE with the CNN, dense, Top-k and gTop-k at P = 1, 2 on real
+    ranks and P = 16 simulated within 10 points of the alpha-beta prediction, none above 100%.
 
-    Each rank is charged one calibrated compute time (measured once here, the median of a
-    few passes: a loaded 2-core box would otherwise decide the figure); selection, the
-    update and the collectives stay measured / modelled, so what is checked is the whole
-    pipeline from rows to steady-state throughput to the efficiency table. Real points
-    charge their own measured compute and are checked by benchmarks/RESULTS.md on a quiet
-    machine (under the suite's load they drift by more than 10 points)."""
+    Every rank, real or virtual, is charged one calibrated compute time (measured once here,
+    the median of a few passes: a loaded 2-core box, and this suite's other process, would
+    otherwise decide the figure); selection stays measured and the collectives modelled, so
+    what is checked is the whole pipeline from rows to steady-state throughput to the
+    efficiency table, for both sources."""
     from gtopk_lab.config import RunConfig
     from gtopk_lab.training.compute_time import measure_iteration_times
 
     base = dict(model="cnn", max_iterations=24, train_samples=1024, test_samples=64, batch_size=16,
                 sink_every=8, epochs=50, bandwidth="10GbE")
     compute_s = measure_iteration_times(RunConfig(**base, density=0.01), repeats=5)["compute_time_s"]
-    study = lab.study(methods=["dense", "topk", "gtopk"], workers=[1, 4, 16], density=0.01,
-                      base={**base, "extra": {"compute_time_s": compute_s}}, simulate=True,
-                      skip_completed=False)
-    assert study.wait(150)
+    study = lab.study(methods=["dense", "topk", "gtopk"], workers=[1, 2, 16], density=0.01,
+                      base={**base, "extra": {"compute_time_s": compute_s}}, skip_completed=False)
+    assert study.wait(170)
     checked = study.check(tolerance=0.10)
-    assert len(checked) == 9 and checked["predicted"].notna().all(), checked.to_string()
+    assert set(zip(checked.workers, checked.source)) == {(1, "real"), (2, "real"), (16, "simulated"),
+                                                         (1, "simulated")}, checked.to_string()
+    assert checked["predicted"].notna().all(), checked.to_string()
     assert checked["trusted"].all(), checked.to_string()
     assert (checked["efficiency_mean"] <= 1.0 + 1e-9).all(), checked.to_string()
     sparse16 = checked[(checked.workers == 16) & (checked.method != "dense")]

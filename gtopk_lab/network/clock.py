@@ -8,7 +8,9 @@ Two clocks describe a distributed run:
 - **virtual time** is what the run would take on the modelled network with one core per
   rank: each rank's own compute is measured as *CPU time* between collectives
   (``time.process_time``, or the training thread's ``time.thread_time`` when the caller
-  passes ``cpu_timer``, as ranks with one torch thread do), so it is not inflated when 8 ranks share 2 cores, and each
+  passes ``cpu_timer``, as ranks with one torch thread do), so it is not inflated when 8
+  ranks share 2 cores (or, with ``charged_compute=True``, it is what the rank
+  :meth:`~VirtualClock.charge` passes: a fixed, calibrated compute time), and each
   collective costs its *modelled* duration (``NetworkModel.steps_time_s`` of the
   per-round bytes in ``CommStats.steps``), not its loopback wall time. At every
   collective the ranks synchronise: the collective starts when the last rank arrives and
@@ -91,7 +93,8 @@ class VirtualClock:
     """
 
     def __init__(self, network: NetworkModel, throttle: bool = False, group: Any = None,
-                 include_merge_cpu: bool = False, cpu_timer: Callable[[], float] | None = None) -> None:
+                 include_merge_cpu: bool = False, cpu_timer: Callable[[], float] | None = None,
+                 charged_compute: bool = False) -> None:
         if not isinstance(network, NetworkModel):
             raise TypeError(f"network={network!r} has type {type(network).__name__}: expected NetworkModel")
         if not isinstance(throttle, bool):
@@ -105,6 +108,10 @@ class VirtualClock:
         # thread: a Dask worker's own threads (event loop, heartbeats, event streaming) then
         # do not count as the rank's compute, as they do in the process-wide clock.
         self.cpu_timer = cpu_timer or time.process_time
+        # A fixed compute time per iteration (RunConfig.extra["compute_time_s"]): the rank
+        # says what to charge (charge()) and its CPU time is not read, so a loaded machine
+        # cannot move the virtual clock.
+        self.charged_compute = bool(charged_compute)
         # internal state
         self.reset()
 
@@ -120,6 +127,7 @@ class VirtualClock:
         self._time_s = 0.0            # common virtual time after the last synchronisation
         self._cpu_mark = self.cpu_timer()
         self._paused_cpu_s = 0.0
+        self._charged_s = 0.0
         self.collectives = 0
         self.last_compute_s = 0.0     # this rank's CPU time before the last collective
         self.last_wait_s = 0.0        # virtual time this rank waited for the last arrival
@@ -137,7 +145,19 @@ class VirtualClock:
         self.total_merge_cpu_s = 0.0
 
     def _pending_compute_s(self) -> float:
+        if self.charged_compute:
+            return self._charged_s
         return max(0.0, self.cpu_timer() - self._cpu_mark - self._paused_cpu_s)
+
+    def charge(self, seconds: float) -> None:
+        """Add ``seconds`` of compute before the next collective (``charged_compute`` clocks
+        only: they read no CPU time)."""
+        if not self.charged_compute:
+            raise RuntimeError("charge() needs VirtualClock(charged_compute=True): this clock "
+                               "measures compute as CPU time")
+        if not seconds >= 0:
+            raise ValueError(f"seconds={seconds!r} is invalid: expected a number >= 0")
+        self._charged_s += float(seconds)
 
     @property
     def virtual_time_s(self) -> float:
@@ -153,6 +173,7 @@ class VirtualClock:
         """Forget CPU time spent since the last collective (e.g. set-up before training)."""
         self._cpu_mark = self.cpu_timer()
         self._paused_cpu_s = 0.0
+        self._charged_s = 0.0
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

@@ -17,15 +17,20 @@ reason of the method's. The rules (``config.extra["sim_compute"]``):
 
 Every measurement is kept (8 bytes each) so that the summary shows its spread
 (:meth:`ComputeCharge.spread`: 10th, 50th, 90th percentiles). Cost per iteration: O(P log P).
+
+:func:`fixed_times` reads the other option, shared by the simulator and real ranks: a fixed
+``compute_time_s`` (and optionally ``selection_time_s``) charged instead of any measurement.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from array import array
+from typing import Any
 
-__all__ = ["COMPUTE_CHARGES", "DEFAULT_COMPUTE_CHARGE", "ComputeCharge"]
+__all__ = ["COMPUTE_CHARGES", "DEFAULT_COMPUTE_CHARGE", "ComputeCharge", "fixed_times"]
 
 COMPUTE_CHARGES: tuple[str, ...] = ("median", "max", "straggler")
 DEFAULT_COMPUTE_CHARGE = "median"
@@ -60,3 +65,34 @@ class ComputeCharge:
             return {"p10": only, "p50": only, "p90": only}
         q = statistics.quantiles(self.measured_s, n=10, method="inclusive")
         return {"p10": q[0], "p50": q[4], "p90": q[8]}
+
+
+def _fixed_time(name: str, value: Any, allow_zero: bool) -> float | None:
+    """Validate an optional fixed time in seconds (keyword or ``config.extra`` entry)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}={value!r} has type {type(value).__name__}: expected a number of "
+                        "seconds or None")
+    value = float(value)
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok or math.isinf(value):
+        raise ValueError(f"{name}={value!r} is invalid: expected a finite number of seconds "
+                         f"{'>= 0' if allow_zero else '> 0'} (or None to measure it)")
+    return value
+
+
+def fixed_times(extra: dict[str, Any], compute_time_s: Any = None,
+                selection_time_s: Any = None) -> tuple[float | None, float | None]:
+    """(compute, selection) seconds to charge every rank per iteration instead of measuring,
+    each None where measured: the keywords, else ``extra["compute_time_s"]`` /
+    ``extra["selection_time_s"]`` (a ``RunConfig.extra``). A fixed selection needs a fixed
+    compute time; TypeError / ValueError name the field otherwise."""
+    compute = _fixed_time("compute_time_s", compute_time_s if compute_time_s is not None
+                          else extra.get("compute_time_s"), allow_zero=False)
+    selection = _fixed_time("selection_time_s", selection_time_s if selection_time_s is not None
+                            else extra.get("selection_time_s"), allow_zero=True)
+    if selection is not None and compute is None:
+        raise ValueError(f"selection_time_s={selection!r} is invalid without compute_time_s: "
+                         "expected both fixed, or compute_time_s alone (selection then measured)")
+    return compute, selection

@@ -19,7 +19,7 @@ __all__ = ["measure_iteration_times"]
 
 
 def measure_iteration_times(config: Any, repeats: int = 7, warmup: int = 2,
-                            device: Any = None) -> dict[str, Any]:
+                            device: Any = None, threads: int | None = 1) -> dict[str, Any]:
     """One rank's per-iteration compute and selection time, each the median of ``repeats`` passes.
 
     Compute = forward + backward + optimiser step on one batch of ``config.batch_size`` samples
@@ -27,8 +27,14 @@ def measure_iteration_times(config: Any, repeats: int = 7, warmup: int = 2,
     communication); selection = error-feedback compensation + the config's selector (default
     ``topk``) at ``k = max(1, floor(density * d))`` on the real gradient. Times are process CPU
     time (``time.process_time``; CUDA: synchronised wall time), so other jobs on the machine
-    inflate them less than wall time; the median discards the slow outliers of a loaded
+    inflate them less than wall time (the training thread's CPU time with one thread); the median discards the slow outliers of a loaded
     machine. ``warmup`` untimed passes come first (allocator, kernel selection).
+
+    ``threads`` torch threads (default 1, as a rank on a shared box and a simulation task run;
+    None keeps the caller's setting) during the passes, restored after: with one thread the
+    clock is that thread's CPU time, so neither this process's other threads nor idle
+    OpenMP workers spinning on an oversubscribed machine (seen: 240 ms for a 3 ms CNN pass at
+    load 5 with 2 threads) count.
 
     Returns ``{"compute_time_s", "selection_time_s", "compute_samples_s",
     "selection_samples_s", "numel", "k", "threads"}``. Cost: ``warmup + repeats`` forward/backward
@@ -40,6 +46,18 @@ def measure_iteration_times(config: Any, repeats: int = 7, warmup: int = 2,
     for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name}={value!r} is invalid: expected an integer >= {low}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads={threads!r} is invalid: expected an integer >= 1 or None")
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _measure(config, repeats, warmup, device)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _measure(config: RunConfig, repeats: int, warmup: int, device: Any) -> dict[str, Any]:
     dev = resolve_device(config, device)
     dataset = load_dataset(config.dataset, model=config.model,
                            train_samples=max(config.batch_size, 1), test_samples=1, seed=config.seed,
@@ -51,11 +69,13 @@ def measure_iteration_times(config: Any, repeats: int = 7, warmup: int = 2,
     k = k_for(replica.numel, config.density)
     ef = ErrorFeedback(replica.numel, rule=config.residual_rule, device=dev)
 
+    cpu_clock = _time.thread_time if torch.get_num_threads() == 1 else _time.process_time
+
     def now() -> float:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
             return _time.perf_counter()
-        return _time.process_time()
+        return cpu_clock()
 
     compute, selection = [], []
     for i in range(warmup + repeats):

@@ -57,6 +57,7 @@ import torch.distributed as dist
 from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
+from gtopk_lab.training.compute_charge import fixed_times
 from gtopk_lab.training.replica import (
     RankResult, RankState, Replica, limit_threads, network_of, rank_checkpoint_state, resolve_device,
     restore_rank_state, run_dataset, sync_device,
@@ -108,10 +109,13 @@ class _RealRank:
 
     def __init__(self, config: RunConfig, rank: int, world: int, has_group: bool,
                  dev: torch.device, dataset: Any, replica: Replica, state: RankState,
-                 clock: VirtualClock, buffer: RowBuffer) -> None:
+                 clock: VirtualClock, buffer: RowBuffer, fixed_compute_s: float | None = None,
+                 fixed_selection_s: float | None = None) -> None:
         self.config, self.rank, self.world, self.has_group = config, rank, world, has_group
         self.dev, self.dataset, self.replica, self.state = dev, dataset, replica, state
         self.clock, self.buffer = clock, buffer
+        #: charged instead of measured (``RunConfig.extra["compute_time_s"]``), as the simulator does
+        self.fixed_compute_s, self.fixed_selection_s = fixed_compute_s, fixed_selection_s
         self.ipe = state.shard.iterations_per_epoch
         self.coordinator = rank == 0
 
@@ -131,9 +135,12 @@ class _RealRank:
         else:
             g = replica.grad
         if g is not None:
+            c1 = clock.cpu_timer()
             local = state.step.prepare(g, k)
             sync_device(dev)
             t2 = time.perf_counter()
+            if self.fixed_compute_s is not None:
+                charged_selection_s = self._charge(clock.cpu_timer() - c1)
             call = state.step.call(k, it)
             if self.has_group:
                 result = clock.collective(communicate, state.method, local, call)
@@ -149,9 +156,13 @@ class _RealRank:
                 replica.apply(aggregate, lr)
         else:
             t2 = t3 = time.perf_counter()
+            if self.fixed_compute_s is not None:
+                charged_selection_s = self._charge(0.0)
         sync_device(dev)
         t4 = time.perf_counter()
         t = {"compute": t1 - t0, "selection": t2 - t1, "comm": t3 - t2, "update": t4 - t3}
+        if self.fixed_compute_s is not None:  # rows report what was charged, as simulated ones do
+            t["compute"], t["selection"] = self.fixed_compute_s, charged_selection_s
         state.epoch_loss_sum += loss
         state.epoch_loss_count += 1
         stats = result.stats if result is not None else None
@@ -159,6 +170,19 @@ class _RealRank:
         self.buffer.add(iter_row(self.config, self.rank, self.world, it, point.epoch, point.density,
                                  k, loss, lr, t, stats, comm_model_s, t4 - timeline.wall_start,
                                  clock.virtual_time_s))
+
+    def _charge(self, selection_cpu_s: float) -> float:
+        """Charge this iteration's fixed compute plus its selection (the fixed one, else this
+        rank's measured CPU time; 0 for a dense method); returns the selection charged."""
+        assert self.fixed_compute_s is not None
+        if not self.state.method.sparse:
+            selection_s = 0.0
+        elif self.fixed_selection_s is not None:
+            selection_s = self.fixed_selection_s
+        else:
+            selection_s = selection_cpu_s
+        self.clock.charge(self.fixed_compute_s + selection_s)
+        return selection_s
 
     def end_epoch(self, boundary: Boundary, point: Point, timeline: Timeline) -> None:
         state = self.state
@@ -219,10 +243,15 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
     state = RankState(config, rank, world, replica, dataset)
     if dev.type == "cuda":  # CUDA dropout masks differ between ranks, as on CPU
         torch.cuda.manual_seed(config.seed + 1 + rank)
+    fixed_compute_s, fixed_selection_s = fixed_times(config.extra)
+    # as in the simulator: with a fixed compute time, measured merges would bring back the
+    # CPU noise it removes, so they count only when compute is measured
     clock = VirtualClock(network_of(config), throttle=config.throttle,
-                         include_merge_cpu=config.virtual_merge_cpu, cpu_timer=rank_cpu_timer(dev))
+                         include_merge_cpu=config.virtual_merge_cpu and fixed_compute_s is None,
+                         cpu_timer=rank_cpu_timer(dev), charged_compute=fixed_compute_s is not None)
     buffer = RowBuffer(sink, config.sink_every)
-    ranks = _RealRank(config, rank, world, has_group, dev, dataset, replica, state, clock, buffer)
+    ranks = _RealRank(config, rank, world, has_group, dev, dataset, replica, state, clock, buffer,
+                      fixed_compute_s, fixed_selection_s)
     try:
         # Wall time counts training from run_iterations on: building the dataset and the
         # replica (seconds for MNIST-1D on a fresh worker) is reported as setup_wall_s, so a
@@ -239,6 +268,10 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
                                        "merge_cpu_s": clock.total_merge_cpu_s,
                                        "virtual_merge_cpu": clock.include_merge_cpu,
                                        "setup_wall_s": timeline.started_at - setup_start,
+                                       "compute_time_source": ("measured" if fixed_compute_s is None
+                                                               else "fixed"),
+                                       "fixed_compute_time_s": fixed_compute_s,
+                                       "fixed_selection_time_s": fixed_selection_s,
                                        **state.step.describe()})
         weights = replica.flat_weights().cpu() if config.extra.get("return_weights") else None
         return RankResult(rows=buffer.rows, summary=summary, final_weights=weights)

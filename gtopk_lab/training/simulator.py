@@ -82,7 +82,7 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.methods import get_method
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
-from gtopk_lab.training.compute_charge import ComputeCharge
+from gtopk_lab.training.compute_charge import ComputeCharge, fixed_times
 from gtopk_lab.training.replica import (
     RankResult, RankState, Replica, network_of, rank_checkpoint_state, resolve_device, restore_rank_state,
     run_dataset,
@@ -104,21 +104,6 @@ def _timer(device: torch.device) -> float:
     # one torch thread (a Dask task, limit_threads): the thread's own CPU time, so the
     # worker's event loop and heartbeats are not charged as compute
     return time.thread_time() if torch.get_num_threads() == 1 else time.process_time()
-
-
-def _fixed_time(name: str, value: Any, allow_zero: bool) -> float | None:
-    """Validate an optional fixed time in seconds (keyword or ``config.extra`` entry)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}={value!r} has type {type(value).__name__}: expected a number of "
-                        "seconds or None")
-    value = float(value)
-    ok = value >= 0 if allow_zero else value > 0
-    if not ok or math.isinf(value):
-        raise ValueError(f"{name}={value!r} is invalid: expected a finite number of seconds "
-                         f"{'>= 0' if allow_zero else '> 0'} (or None to measure it)")
-    return value
 
 
 def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device | str | None = None,
@@ -143,13 +128,7 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     """
     if not isinstance(config, RunConfig):
         raise TypeError(f"config has type {type(config).__name__}: expected RunConfig")
-    fixed_compute_s = _fixed_time("compute_time_s", compute_time_s if compute_time_s is not None
-                                  else config.extra.get("compute_time_s"), allow_zero=False)
-    fixed_selection_s = _fixed_time("selection_time_s", selection_time_s if selection_time_s is not None
-                                    else config.extra.get("selection_time_s"), allow_zero=True)
-    if fixed_selection_s is not None and fixed_compute_s is None:
-        raise ValueError(f"selection_time_s={fixed_selection_s!r} is invalid without compute_time_s: "
-                         "expected both fixed, or compute_time_s alone (selection then measured)")
+    fixed_compute_s, fixed_selection_s = fixed_times(config.extra, compute_time_s, selection_time_s)
     method = get_method(config.method)
     rows = rows or config.extra.get("sim_rows")
     if rows is None:
