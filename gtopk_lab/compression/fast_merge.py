@@ -27,8 +27,9 @@ loop. One thread on the shared 2-core box (load 6-7): 2 x 1k pairs 0.07 ms again
 0.39-0.54 ms for the torch path, 2 x 25k pairs 1.0-1.2 ms against 2.4-2.7 ms.
 
 :func:`numba_sort_by_index` is the once-per-call sort of a local selection by index
-(``merge.sort_by_index``): a stable LSD radix sort, 3 counting passes over 11-bit
-digits; 25k pairs 0.48 ms against 1.08 ms (two numpy 16-bit radix passes).
+(``merge.sort_by_index``): a stable LSD radix sort with as few <= 13-bit digits as the
+largest index needs (2 passes below 2**26), and a copy when the input is already
+ascending; 25k pairs of a 25M vector 0.20 ms against 1.08 ms (two numpy 16-bit radix passes).
 
 The first call compiles (seconds; cached on disk by
 numba afterwards). Without numba (:data:`HAVE_NUMBA` False), or with
@@ -176,26 +177,48 @@ def _merge_kernel(va: np.ndarray, ia: np.ndarray, vb: np.ndarray, ib: np.ndarray
 
 
 def _sort_kernel(values: np.ndarray, indices: np.ndarray) -> tuple:
-    """Stable LSD radix sort of (values, indices) by index: 3 counting passes over 11-bit
-    digits of indices in [0, 2**33); ``ok`` False (declined) for a negative index."""
+    """Stable LSD radix sort of (values, indices) by index; ``ok`` False (declined) for a
+    negative index.
+
+    1. one pass: the largest index and whether the input is already strictly ascending
+       (a selector that scans in index order delivers it so: then a copy is the result);
+    2. b = bits of the largest index, split into ceil(b / 13) digits of equal width (25M
+       elements: 2 passes of 13 bits, 1M: 2 of 10), one counting pass each.
+    Fixed 3 passes of 11 bits took 0.38 ms for 25k pairs of a 25M vector, 2 of 13 take 0.20."""
     n = indices.size
+    hi = 0
+    ascending = True
     for j in range(n):
-        if indices[j] < 0 or indices[j] >= (1 << 33):
+        x = indices[j]
+        if x < 0:
             return False, values, indices
+        if j > 0 and x <= indices[j - 1]:
+            ascending = False
+        if x > hi:
+            hi = x
+    if ascending:
+        return True, values.copy(), indices.copy()
+    bits = 1
+    while (np.int64(1) << bits) <= hi:
+        bits += 1
+    passes = (bits + 12) // 13
+    width = (bits + passes - 1) // passes
+    mask = (1 << width) - 1
     src_v, src_i = values.copy(), indices.copy()
     dst_v, dst_i = np.empty_like(src_v), np.empty_like(src_i)
-    count = np.zeros(2048, dtype=np.int64)
-    for shift in (0, 11, 22):
+    count = np.zeros(1 << width, dtype=np.int64)
+    for step in range(passes):
+        shift = step * width
         count[:] = 0
         for j in range(n):
-            count[(np.int64(src_i[j]) >> shift) & 2047] += 1
+            count[(np.int64(src_i[j]) >> shift) & mask] += 1
         total = 0
-        for b in range(2048):
+        for b in range(1 << width):
             c = count[b]
             count[b] = total
             total += c
         for j in range(n):
-            b = (np.int64(src_i[j]) >> shift) & 2047
+            b = (np.int64(src_i[j]) >> shift) & mask
             dst_v[count[b]], dst_i[count[b]] = src_v[j], src_i[j]
             count[b] += 1
         src_v, dst_v = dst_v, src_v
@@ -252,7 +275,8 @@ def numba_sort_by_index(values: torch.Tensor, indices: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(values, indices) stably sorted by index (fresh tensors) by the compiled radix sort,
     or None where it does not apply (not :func:`enabled`, not CPU float32 values with
-    non-negative int32 indices). Any stable sort gives this one result. Cost: 3 counting passes, O(n)."""
+    non-negative int32 indices). Any stable sort gives this one result. Cost: one scan, then
+    ceil(bits / 13) counting passes, O(n)."""
     if not (enabled() and values.device.type == "cpu" and indices.device.type == "cpu"
             and values.dtype == torch.float32 and indices.dtype == torch.int32):
         return None
