@@ -28,61 +28,16 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from gtopk_lab.comm.launch import free_port
 from gtopk_lab.config import RunConfig
 from gtopk_lab.orchestration import results as store
 from gtopk_lab.orchestration.lab import Lab
+from gtopk_lab.orchestration.local_deployment import LocalDeployment
 from gtopk_lab.training.checkpoint import read_latest
 
-BIN = Path(sys.executable).parent
-
-
-def start(folder: Path, workers: int) -> tuple[str, subprocess.Popen, dict[str, subprocess.Popen]]:
-    """A scheduler and named workers, each in its own process group."""
-    port = free_port()
-    address = f"tcp://127.0.0.1:{port}"
-
-    def spawn(args: list[str], log: str) -> subprocess.Popen:
-        return subprocess.Popen([str(BIN / "dask"), *args], stdout=subprocess.DEVNULL,
-                                stderr=open(folder / log, "w"), cwd=folder, start_new_session=True)
-
-    scheduler = spawn(["scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
-                      "scheduler.log")
-    procs = {f"w{i}": spawn(["worker", address, "--host", "127.0.0.1", "--nthreads", "1",
-                             "--name", f"w{i}", "--no-dashboard"], f"w{i}.log")
-             for i in range(workers)}
-    return address, scheduler, procs
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait(timeout=10)
-
-
-def wait_for_cluster(address: str, n: int, timeout_s: float = 120) -> None:
-    from distributed import Client
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with Client(address, timeout=5) as client:
-                client.wait_for_workers(n, timeout=max(1.0, deadline - time.monotonic()))
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 def config(**kw) -> RunConfig:
@@ -114,9 +69,12 @@ def main() -> None:
     args = parser.parse_args()
     folder = Path(args.out or tempfile.mkdtemp(prefix="gtopk-faults-"))
     folder.mkdir(parents=True, exist_ok=True)
-    address, scheduler, workers = start(folder, 4)
-    try:
-        wait_for_cluster(address, 4)
+    with LocalDeployment(folder / "logs") as dep:
+        address = dep.start_scheduler()
+        for i in range(4):
+            dep.start_worker(f"w{i}", ["--nthreads", "1"])
+        dep.wait_for_workers(4, timeout_s=120)
+        workers, scheduler = dep.workers, dep.scheduler
         with Lab(address, out=str(folder / "runs")) as lab:  # the Lab's defaults
             name = lambda addr: lab.worker_info()[addr]["name"]  # noqa: E731
             print("| fault | outcome | s to detect | first line of the error |")
@@ -165,8 +123,6 @@ def main() -> None:
                 proc.wait(timeout=120)
             row("SIGKILL of the scheduler", summary, detected,
                 f"; `dask worker` processes gone {time.monotonic() - t0:.1f} s after the kill")
-    finally:
-        stop([*workers.values(), scheduler])
 
 
 if __name__ == "__main__":

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from gtopk_lab.comm.launch import free_port
+from gtopk_lab.orchestration.local_deployment import LocalDeployment
 
 pytestmark = pytest.mark.slow
 
@@ -23,61 +22,15 @@ TINY = ["--max-iterations", "3", "--train-samples", "256", "--test-samples", "64
         "--epochs", "1", "--density", "0.05", "--no-progress"]
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for proc in reversed(procs):
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in reversed(procs):
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
 @contextmanager
-def deployment(tmp_path: Path, n_workers: int, tls: dict[str, str] | None = None) -> Iterator[str]:
-    """Start a scheduler and ``n_workers`` one-thread workers; yield the scheduler address."""
-    port = free_port()
-    protocol = "tls" if tls else "tcp"
-    address = f"{protocol}://127.0.0.1:{port}"
-    tls_args = ["--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]] if tls else []
-    logs = tmp_path / "logs"
-    logs.mkdir(exist_ok=True)
-    procs: list[subprocess.Popen] = []
-    try:
-        procs.append(subprocess.Popen(
-            [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-             "--protocol", protocol, "--no-dashboard", *tls_args],
-            stdout=subprocess.DEVNULL, stderr=open(logs / "scheduler.log", "w"), cwd=tmp_path))
+def deployment(tmp_path: Path, n_workers: int) -> Iterator[str]:
+    """A scheduler and ``n_workers`` one-thread workers; yields the scheduler address."""
+    with LocalDeployment(tmp_path / "logs") as dep:
+        address = dep.start_scheduler()
         for i in range(n_workers):
-            procs.append(subprocess.Popen(
-                [str(BIN / "dask"), "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
-                 "--nworkers", "1", "--name", f"w{i}", "--resources", "CPU=1", "--no-dashboard",
-                 "--protocol", protocol, *tls_args],
-                stdout=subprocess.DEVNULL, stderr=open(logs / f"worker{i}.log", "w"), cwd=tmp_path))
-        _wait_for_workers(address, n_workers, tls, timeout_s=90)
+            dep.start_worker(f"w{i}", ["--nthreads", "1", "--nworkers", "1", "--resources", "CPU=1"])
+        dep.wait_for_workers(n_workers, timeout_s=90)
         yield address
-    finally:
-        _stop(procs)
-
-
-def _wait_for_workers(address: str, n: int, tls: dict[str, str] | None, timeout_s: float) -> None:
-    from distributed import Client
-    from distributed.security import Security
-
-    security = (Security(tls_ca_file=tls["ca"], tls_client_cert=tls["cert"], tls_client_key=tls["key"],
-                         require_encryption=True) if tls else None)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with Client(address, security=security, timeout=5) as client:
-                client.wait_for_workers(n, timeout=max(1.0, deadline - time.monotonic()))
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 def _cli(args: list[str], cwd: Path, timeout_s: float = 150) -> subprocess.CompletedProcess:

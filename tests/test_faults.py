@@ -1,5 +1,6 @@
 """Faults outside a rank's code (issue 19 items 2, 4, 6), with a real deployment: a `dask
-scheduler` and four `dask worker` subprocesses on 127.0.0.1, real gloo ranks
+scheduler` and five `dask worker` subprocesses on 127.0.0.1
+(gtopk_lab.orchestration.local_deployment), real gloo ranks
 (tests/fault_ranks.toy_train: all-reduces, epoch checkpoints, faults on demand).
 
 The tests share a deployment of five workers and run in file order, each using up part
@@ -14,89 +15,38 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gtopk_lab.comm.launch import free_port
 from gtopk_lab.config import RunConfig
 from gtopk_lab.orchestration import results as store
 from gtopk_lab.orchestration.lab import Lab
+from gtopk_lab.orchestration.local_deployment import LocalDeployment
 from gtopk_lab.training.checkpoint import read_latest
 
 import fault_ranks
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 TESTS = Path(__file__).resolve().parent
 N_WORKERS = 5
 TIMEOUT_S = 20.0  # the Lab's collective / rendezvous timeout in these tests
 
 
-class Deployment:
-    """A scheduler and named workers, each in its own process group (so that a kill of
-    the group takes a nanny and its worker process together)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.port = free_port()
-        self.address = f"tcp://127.0.0.1:{self.port}"
-        # the workers and the scheduler (which unpickles task graphs) import fault_ranks by name
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")])}
-        self.scheduler: subprocess.Popen | None = None
-        self.workers: dict[str, subprocess.Popen] = {}
-
-    def _spawn(self, args: list[str], log: str) -> subprocess.Popen:
-        return subprocess.Popen([str(BIN / "dask"), *args], stdout=subprocess.DEVNULL,
-                                stderr=open(self.folder / log, "w"), cwd=self.folder, env=self.env,
-                                start_new_session=True)
-
-    def start(self, n_workers: int) -> None:
-        self.scheduler = self._spawn(["scheduler", "--host", "127.0.0.1", "--port", str(self.port),
-                                      "--no-dashboard"], "scheduler.log")
-        for i in range(n_workers):
-            self.workers[f"w{i}"] = self._spawn(
-                ["worker", self.address, "--host", "127.0.0.1", "--nthreads", "1", "--name", f"w{i}",
-                 "--no-dashboard"], f"w{i}.log")
-
-    def stop(self) -> None:
-        for proc in [*self.workers.values(), self.scheduler]:
-            if proc is not None and proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for proc in [*self.workers.values(), self.scheduler]:
-            if proc is not None:
-                proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory) -> Iterator[Deployment]:
-    dep = Deployment(tmp_path_factory.mktemp("deployment"))
-    try:
-        dep.start(N_WORKERS)
-        from distributed import Client
-
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with Client(dep.address, timeout=5) as client:
-                    client.wait_for_workers(N_WORKERS, timeout=max(1.0, deadline - time.monotonic()))
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+def deployment(tmp_path_factory) -> Iterator[LocalDeployment]:
+    # the workers and the scheduler (which unpickles task graphs) import fault_ranks by name
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    with LocalDeployment(tmp_path_factory.mktemp("deployment"), env=env) as dep:
+        dep.start_scheduler()
+        for i in range(N_WORKERS):
+            dep.start_worker(f"w{i}", ["--nthreads", "1"])
+        dep.wait_for_workers(N_WORKERS, timeout_s=90)
         yield dep
-    finally:
-        dep.stop()
 
 
 @pytest.fixture(scope="module")

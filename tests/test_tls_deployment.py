@@ -8,20 +8,17 @@ folder) through ``DASK_CONFIG``, exactly as the containers do through ``/etc/das
 - clients without a certificate of the cluster's CA are refused by the scheduler.
 
 One module-scoped cluster (scheduler + 2 workers, no nannies) serves all tests; every
-process is killed in the fixture's ``finally``.
+process is stopped when its LocalDeployment closes (SIGTERM, then SIGKILL).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import socket
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,20 +30,12 @@ sys.path.insert(0, str(CLUSTER))
 
 from make_certs import make_certificates  # noqa: E402  (cluster/ is not a package)
 
+from gtopk_lab.orchestration.local_deployment import LocalDeployment, dask_command, stop_process  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 #: Where the container images mount the certificates; rewritten to a temporary folder here.
 CONTAINER_TLS_DIR = "/etc/gtopk-lab/tls"
-
-
-def _dask_cli() -> list[str]:
-    exe = Path(sys.executable).with_name("dask")
-    if exe.exists():
-        return [str(exe)]
-    found = shutil.which("dask")
-    if found is None:
-        pytest.skip("the `dask` command is not installed next to this Python")
-    return [found]
 
 
 def _role_config_dir(role: str, cert_dir: Path, root: Path) -> Path:
@@ -66,21 +55,6 @@ def _env(config_dir: Path) -> dict[str, str]:
     return env
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(5)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(5)
-
-
 def _client_security(certs: dict[str, Path]):
     from distributed.security import Security
 
@@ -92,62 +66,27 @@ def _client_security(certs: dict[str, Path]):
 def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("tls-cluster")
     certs = make_certificates(root / "certs")
-    logs = root / "logs"
-    logs.mkdir()
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(name: str, args: list[str], config_dir: Path) -> subprocess.Popen[bytes]:
-        log = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=_env(config_dir),
-                                cwd=root, start_new_session=True)
-        log.close()
-        procs.append(proc)
-        return proc
-
-    def logs_text() -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(logs.iterdir()))
-
     try:
-        scheduler_file = root / "scheduler.json"
-        scheduler = start("scheduler", [*_dask_cli(), "scheduler", "--protocol", "tls",
-                                        "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                                        "--scheduler-file", str(scheduler_file)],
-                          _role_config_dir("scheduler", certs["ca"].parent, root))
-        deadline = time.monotonic() + 60
-        while not scheduler_file.exists():
-            if scheduler.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"dask scheduler did not start\n{logs_text()}")
-            time.sleep(0.2)
-        address = json.loads(scheduler_file.read_text())["address"]
+        dask_command()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    with LocalDeployment(root / "logs") as dep:
+        try:
+            address = dep.start_scheduler(["--protocol", "tls"],
+                                          env=_env(_role_config_dir("scheduler", certs["ca"].parent, root)))
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
         assert address.startswith("tls://127.0.0.1:"), address
-
-        worker_conf = _role_config_dir("worker", certs["ca"].parent, root)
+        worker_env = _env(_role_config_dir("worker", certs["ca"].parent, root))
         for i in range(2):
             # The address comes from the CLI, the TLS settings only from the worker yaml.
-            start(f"worker-{i}", [*_dask_cli(), "worker", address, "--nthreads", "1",
-                                  "--resources", "GPU=1", "--no-nanny", "--no-dashboard",
-                                  "--host", "127.0.0.1", "--name", f"rank-slot-{i}"], worker_conf)
-
-        from distributed import Client
-
-        with Client(address, security=_client_security(certs), timeout=30) as client:
-            try:
-                client.wait_for_workers(2, timeout=90)
-            except TimeoutError:
-                pytest.fail(f"workers did not join the TLS scheduler\n{logs_text()}")
-            workers = client.scheduler_info(n_workers=-1)["workers"]
-        yield {"address": address, "certs": certs, "root": root, "workers": workers,
-               "logs": logs_text}
-    finally:
-        # SIGTERM to all at once (they shut down in parallel), then _kill's SIGKILL backstop.
-        for proc in procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for proc in reversed(procs):
-            _kill(proc)
+            dep.start_worker(f"rank-slot-{i}", ["--nthreads", "1", "--resources", "GPU=1", "--no-nanny"],
+                             env=worker_env)
+        try:
+            workers = dep.wait_for_workers(2, timeout_s=90, security=_client_security(certs))
+        except RuntimeError as exc:
+            pytest.fail(f"workers did not join the TLS scheduler: {exc}")
+        yield {"address": address, "certs": certs, "root": root, "workers": workers, "logs": dep.logs}
 
 
 @pytest.mark.timeout(180)
@@ -184,11 +123,11 @@ def test_gtopk_job_runs_through_the_cli_over_tls(tls_cluster: dict) -> None:
     try:
         stdout, stderr = proc.communicate(timeout=180)
     except subprocess.TimeoutExpired:
-        _kill(proc)  # type: ignore[arg-type]
+        stop_process(proc)
         stdout, stderr = proc.communicate()
         pytest.fail(f"gtopk-lab run timed out\n{stderr[-3000:]}\n{tls_cluster['logs']()}")
     finally:
-        _kill(proc)  # type: ignore[arg-type]
+        stop_process(proc)
     assert proc.returncode == 0, f"{stderr[-3000:]}\n{tls_cluster['logs']()}"
     summary = json.loads(stdout.strip().splitlines()[-1])  # --json: the summary is the last line
     assert summary["status"] == "completed", summary.get("error")
