@@ -92,7 +92,7 @@ def test_plotlyjs_is_embedded_once_per_kernel(monkeypatch: pytest.MonkeyPatch) -
     a re-run of the carrier cell (its old outputs replaced) carries it again."""
     import plotly.graph_objects as go
 
-    from gtopk_lab.plotting import live
+    from gtopk_lab.plotting import static_figures as live
 
     fig = go.Figure(go.Scatter(x=[1, 2], y=[2, 1]), layout={"title": "</script><b>x</b>", "height": 300})
     monkeypatch.setattr(live, "_plotlyjs_carrier", None)

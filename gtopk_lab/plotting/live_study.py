@@ -36,7 +36,8 @@ from plotly.subplots import make_subplots
 from gtopk_lab.analysis.study_tables import point_efficiency, predicted_efficiency, aggregate_seeds
 from gtopk_lab.network.model import format_bandwidth
 from gtopk_lab.plotting.figures_base import method_color
-from gtopk_lab.plotting.live import _copy_into, display_static, live_frontend_present
+from gtopk_lab.plotting.live import _copy_into, live_frontend_present
+from gtopk_lab.plotting.static_figures import display_static
 
 #: Panels per row of the convergence figure (one per method).
 PANELS_PER_ROW = 5
@@ -180,7 +181,7 @@ class StudyFigure:
         return self.figure
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from gtopk_lab.plotting.live import kernel_bundle
+        from gtopk_lab.plotting.static_figures import kernel_bundle
 
         return kernel_bundle(self.figure)
 
