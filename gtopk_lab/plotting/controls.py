@@ -51,21 +51,17 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from gtopk_lab.config import RunConfig
-from gtopk_lab.methods import available_methods
 from gtopk_lab.plotting import figures
 from gtopk_lab.plotting.live import _copy_into
 from gtopk_lab.plotting.live_study import convergence_study_figure, scaling_study_figure
 from gtopk_lab.orchestration.arguments import check_seconds
-from gtopk_lab.plotting.panel_fields import (
-    FieldError, StudyRequest, check_defaults, first_line, format_list, study_request,
-)
+from gtopk_lab.plotting.panel_fields import FieldError, StudyRequest, check_defaults, first_line
+from gtopk_lab.plotting.panel_form import BANDWIDTH_CHOICES, StudyForm
 from gtopk_lab.plotting.runs_table import compare_frame, runs_frame, runs_table_widget, selects, update_runs_table
 from gtopk_lab.plotting.widget_fit import FitSignal, fit_width
 
 __all__ = ["ControlPanel", "BANDWIDTH_CHOICES", "DEFAULT_FIELDS", "close_lab_at_exit"]
 
-#: Presets the bandwidth box suggests; anything NetworkModel.from_strings parses is accepted.
-BANDWIDTH_CHOICES: tuple[str, ...] = ("none", "1GbE", "10GbE", "25GbE", "100G-IB", "100Mbps", "1Gbps")
 #: What the form shows when ``defaults`` does not say (a small study on a 1GbE link).
 DEFAULT_FIELDS: dict[str, Any] = {"methods": ["dense", "topk", "gtopk"], "workers": [1, 2, 4], "density": 0.01,
                                   "bandwidth": "1GbE", "latency": "", "seeds": 1, "model": "mlp",
@@ -77,8 +73,6 @@ _STATUS_COLOR = {"completed": "#2e7d32", "running": "#1565c0", "queued": "#75757
                  "failed": "#b00020", "cancelled": "#e65100"}
 _STATUS_MARK = {"completed": "✓", "running": "▶", "queued": "…", "failed": "✗", "cancelled": "■"}
 _CLOSED = "this panel's Lab is closed (lab.close() ran): start a new Lab and ControlPanel to launch studies"
-_FIELD = {"description_width": "96px"}
-_WIDE = widgets.Layout(width="300px")
 
 # Labs whose close at interpreter exit is registered (once per Lab, without keeping it alive).
 _CLOSE_AT_EXIT: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -104,14 +98,6 @@ def close_lab_at_exit(lab: Any) -> None:
         atexit.register(_close_ref, weakref.ref(lab))
     except TypeError:  # not weak-referenceable (a test double): its owner closes it
         pass
-
-
-def _choices(module: str, name: str, fallback: Sequence[str]) -> list[str]:
-    try:
-        mod = __import__(module, fromlist=[name])
-        return list(getattr(mod, name))
-    except Exception:  # noqa: BLE001 - the panel still works with the fallback names
-        return list(fallback)
 
 
 def _placeholder_figure(title: str) -> go.Figure:
@@ -186,35 +172,13 @@ class ControlPanel:
 
     # --- widgets -------------------------------------------------------------------------
     def _build_widgets(self, d: dict[str, Any]) -> None:
-        registry = list(available_methods())
-        methods = [m for m in (d["methods"] if isinstance(d["methods"], (list, tuple)) else [d["methods"]])
-                   if m in registry]
-        self.methods = widgets.SelectMultiple(options=registry, value=tuple(methods), rows=min(len(registry), 7),
-                                              description="methods", style=_FIELD, layout=_WIDE)
-        self.workers = widgets.Text(value=format_list(d["workers"]), placeholder="1,2,4,8",
-                                    description="P list", style=_FIELD, layout=_WIDE)
-        self.densities = widgets.Text(value=format_list(d["density"]), placeholder="0.01,0.001",
-                                      description="densities ρ", style=_FIELD, layout=_WIDE)
-        self.bandwidths = widgets.Text(value=format_list(d["bandwidth"]), placeholder=",".join(BANDWIDTH_CHOICES[1:4]),
-                                       description="bandwidths", style=_FIELD, layout=_WIDE,
-                                       tooltip="presets: " + ", ".join(BANDWIDTH_CHOICES) + "; or a rate like 2.5Gbps")
-        self.latencies = widgets.Text(value=format_list(d["latency"]), placeholder="each link's own (e.g. 0.5ms,5ms)",
-                                      description="latencies", style=_FIELD, layout=_WIDE)
-        self.seeds = widgets.BoundedIntText(value=int(d["seeds"]), min=1, max=1000, description="seeds",
-                                            style=_FIELD, layout=_WIDE)
-        models = _choices("gtopk_lab.training.models", "MODELS", ("mlp", "cnn", "digits_cnn", "resnet20"))
-        datasets = _choices("gtopk_lab.training.data", "DATASETS", ("mnist1d", "digits", "synthetic"))
-        self.model = widgets.Dropdown(options=models, value=d["model"] if d["model"] in models else models[0],
-                                      description="model", style=_FIELD, layout=_WIDE)
-        self.dataset = widgets.Dropdown(options=datasets,
-                                        value=d["dataset"] if d["dataset"] in datasets else datasets[0],
-                                        description="dataset", style=_FIELD, layout=_WIDE)
-        self.epochs = widgets.BoundedIntText(value=int(d["epochs"]), min=1, max=10_000, description="epochs",
-                                             style=_FIELD, layout=_WIDE)
-        self.max_iterations = widgets.BoundedIntText(value=int(d["max_iterations"] or 0), min=0, max=10**9,
-                                                     description="max iters", style=_FIELD, layout=_WIDE,
-                                                     tooltip="0: all epochs")
-        self.rerun = widgets.Checkbox(value=False, description="rerun completed points", indent=False)
+        self.form = StudyForm(d)
+        # the fields, as attributes: what tests and users set (panel.workers.value = "1,2")
+        f = self.form
+        self.methods, self.workers, self.densities, self.bandwidths, self.latencies = (
+            f.methods, f.workers, f.densities, f.bandwidths, f.latencies)
+        self.seeds, self.model, self.dataset, self.epochs, self.max_iterations, self.rerun = (
+            f.seeds, f.model, f.dataset, f.epochs, f.max_iterations, f.rerun)
         self.launch_button = widgets.Button(description="Launch", button_style="primary", icon="play",
                                             tooltip="launch the study (returns at once)")
         self.cancel_button = widgets.Button(description="Cancel", icon="stop",
@@ -237,11 +201,6 @@ class ControlPanel:
         self.compare_button.on_click(lambda _b: self.compare())
         self.refresh_button.on_click(lambda _b: self.refresh_runs(force=True))
 
-        form = widgets.HBox([
-            widgets.VBox([self.methods, self.seeds]),
-            widgets.VBox([self.workers, self.densities, self.bandwidths, self.latencies]),
-            widgets.VBox([self.model, self.dataset, self.epochs, self.max_iterations, self.rerun])],
-            layout=widgets.Layout(flex_flow="row wrap", grid_gap="8px"))
         buttons = widgets.HBox([self.launch_button, self.cancel_button, self.message],
                                layout=widgets.Layout(align_items="center", grid_gap="8px"))
         lines = widgets.Box([self.run_lines], layout=widgets.Layout(
@@ -254,7 +213,7 @@ class ControlPanel:
         # Full width for the tabs: the figures get the notebook's whole output width, so
         # their axis titles and legends have room (a form beside them halved it).
         self.tabs.observe(lambda _change: self.fit_figures(), names="selected_index")
-        self.widget = widgets.VBox([form, buttons, lines, self.tabs, FitSignal(self.fit_figures, ".gtopk-panel")],
+        self.widget = widgets.VBox([self.form.box, buttons, lines, self.tabs, FitSignal(self.fit_figures, ".gtopk-panel")],
                                    layout=widgets.Layout(width="100%"))
         # CSS classes: how a browser test (or a user's stylesheet) finds the panel's parts
         self.widget.add_class("gtopk-panel")
@@ -276,11 +235,7 @@ class ControlPanel:
 
     def study_request(self) -> StudyRequest:
         """The form as ``Lab.study`` arguments, every value checked (raises FieldError)."""
-        return study_request(methods=list(self.methods.value), workers=self.workers.value,
-                             densities=self.densities.value, bandwidths=self.bandwidths.value,
-                             latencies=self.latencies.value, seeds=int(self.seeds.value), model=self.model.value,
-                             dataset=self.dataset.value, epochs=int(self.epochs.value),
-                             max_iterations=int(self.max_iterations.value), extra=self.extra)
+        return self.form.request(self.extra)
 
     # --- actions -------------------------------------------------------------------------
     def launch(self) -> "Future[Any] | None":
