@@ -130,7 +130,9 @@ class RunConfig:
     momentum_correction: bool = False
     seed: int = 0
     #: A named configuration (config_presets.PRESETS): "paper" is the seed paper's gTop-k
-    #: (tree, paper residual rule, density warm-up, the model's recipe); fields given win.
+    #: (tree, paper residual rule, density warm-up, the model's recipe) plus the method's own
+    #: settings (``Method.preset_options``: Ok-Topk's dense warm-up in
+    #: ``extra["collective_options"]``); fields and options given win.
     preset: str | None = None
 
     # --- network ---------------------------------------------------------------------
