@@ -19,7 +19,8 @@ re-balanced every 16 calls), the gTop-k butterfly and Top-k AllGather on each ra
 call 0 re-evaluates / re-balances, call 1 on new mini-batches is the steady state. Prints the
 bytes each rank sends and the busiest rank receives, and the communication time modelled from
 each rank's CommStats.steps (max over ranks of sum(alpha + beta * max(sent, recv)); the
-VirtualClock's rule), steady and amortised over the collective's period.
+VirtualClock's rule), steady and amortised over the collective's period, beside the
+registered methods' alpha-beta formulas (``Method.predicted_time_s``, amortised).
 ``real``: the same collectives on P real gloo processes on 127.0.0.1, each call wrapped in a
 VirtualClock on the emulated link (modelled time), plus bytes and the loopback wall time.
 ``overlap``: MNIST-1D, P gloo ranks, per-layer gTop-k overlapped with backward
@@ -42,6 +43,7 @@ from gtopk_lab.comm.inprocess import sim_gtopk_allreduce, sim_topk_allgather
 from gtopk_lab.compression.selection import get_selector
 from gtopk_lab.config import k_for
 from gtopk_lab.counts import parse_count
+from gtopk_lab.methods import get_method
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.comm.oktopk import OkTopkFaithfulState, OkTopkState, sim_oktopk_allreduce, sim_oktopk_faithful_allreduce
 
@@ -193,6 +195,9 @@ def cmd_scaling(args: argparse.Namespace) -> int:
                 s, f = modelled_s(steady, net), modelled_s(first, net)
                 row[name][net.name] = (s, amortised(f, s, PERIODS.get(name, 1)))
         row["lb"] = {net.name: collective_time_s(net, "lower_bound", numel, k, p) for net in nets}
+        # the registered methods' alpha-beta formulas (amortised over their periods)
+        row["formula"] = {net.name: [get_method(n).predicted_time_s(net, numel, k, p) for n in COLLECTIVES[:3]]
+                          for net in nets}
         rows.append(row)
         print(f"  P={p}: gradients {t_grad:.1f} s, collectives {time.perf_counter() - t0 - t_grad:.1f} s",
               file=sys.stderr, flush=True)
@@ -213,13 +218,14 @@ def cmd_scaling(args: argparse.Namespace) -> int:
     for net in nets:
         print(f"\n{net} (alpha={net.alpha_s * 1e3:.3g} ms): modelled ms per call, steady (amortised)\n")
         print("| P | " + " | ".join(LABELS[n] for n in COLLECTIVES) + " | lower bound | Ok-Topk / LB | "
-              "gTop-k / Ok-Topk |")
-        print("|---|" + "---|" * (len(COLLECTIVES) + 3))
+              "gTop-k / Ok-Topk | formulas: Ok-Topk / balanced / exact |")
+        print("|---|" + "---|" * (len(COLLECTIVES) + 4))
         for r in rows:
             cells = [f"{r[n][net.name][0] * 1e3:.2f} ({r[n][net.name][1] * 1e3:.2f})" for n in COLLECTIVES]
             ok, lb = r["oktopk"][net.name][1], r["lb"][net.name]
             print(f"| {r['P']} | " + " | ".join(cells) + f" | {lb * 1e3:.2f} | {ok / lb:.2f} | "
-                  f"{r['gtopk'][net.name][0] / ok:.2f} |")
+                  f"{r['gtopk'][net.name][0] / ok:.2f} | "
+                  + " / ".join(f"{t * 1e3:.2f}" for t in r["formula"][net.name]) + " |")
     return 0
 
 
