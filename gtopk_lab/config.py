@@ -19,7 +19,7 @@ from typing import Any
 from gtopk_lab.comm.schedules import SPARSE_ALGORITHMS as ALGORITHMS
 from gtopk_lab.compression.residual import RESIDUAL_RULES
 from gtopk_lab.compression.selection import available_selectors
-from gtopk_lab.config_presets import preset_values
+from gtopk_lab.config_presets import preset_values, with_preset_options, without_preset_options
 from gtopk_lab.methods import available_methods, get_method
 from gtopk_lab.methods.registry import selector_for
 from gtopk_lab.network.model import network_model
@@ -130,7 +130,9 @@ class RunConfig:
     momentum_correction: bool = False
     seed: int = 0
     #: A named configuration (config_presets.PRESETS): "paper" is the seed paper's gTop-k
-    #: (tree, paper residual rule, density warm-up, the model's recipe); fields given win.
+    #: (tree, paper residual rule, density warm-up, the model's recipe) plus the method's own
+    #: settings (``Method.preset_options``: Ok-Topk's dense warm-up in
+    #: ``extra["collective_options"]``); fields and options given win.
     preset: str | None = None
 
     # --- network ---------------------------------------------------------------------
@@ -180,6 +182,12 @@ class RunConfig:
         if self.method not in available_methods():
             raise _fail("method", self.method, f"one of {', '.join(available_methods())}")
         method = get_method(self.method)
+        if self.preset is not None and method.preset_options is not None and isinstance(self.extra, dict):
+            # the method's own settings under this preset (Ok-Topk's warm-up under "paper"):
+            # collective options below the run's; replace() takes them out again
+            options = dict(method.preset_options(self.preset, self.model if isinstance(self.model, str) else ""))
+            self.extra, applied = with_preset_options(self.extra, options)
+            object.__setattr__(self, "_preset_options", applied)
         if self.selector is not None:
             if self.selector not in available_selectors():
                 raise _fail("selector", self.selector, f"one of {', '.join(available_selectors())} or None")
@@ -309,6 +317,8 @@ class RunConfig:
         keep = {name: getattr(self, name) for name in names
                 if given is None or name in given or name not in defaults  # extra: a factory default
                 or getattr(self, name) != derived.get(name, defaults[name])}  # set after construction
+        if "extra" in keep:  # a method's preset options are derived too (e.g. Ok-Topk's warm-up)
+            keep["extra"] = without_preset_options(keep["extra"], getattr(self, "_preset_options", {}))
         return type(self)(**{**keep, **changes})
 
     @property

@@ -23,14 +23,19 @@ The ``paper`` preset (:data:`PRESETS`) is the seed paper's gTop-k (Shi et al., I
 the tree pattern (reduce to rank 0 + broadcast), the reference code's residual rule, its
 density warm-up, and the recipe of the run's model when one exists (:data:`MODEL_RECIPES`).
 :func:`preset_values` resolves it; :class:`~gtopk_lab.config.RunConfig` applies it to every
-field the caller did not give.
+field the caller did not give. A method may add collective options of its own under a preset
+(``Method.preset_options``: Ok-Topk's reference warm-up under ``paper``, 512 iterations, 128
+for language models); :func:`with_preset_options` merges them under the run's
+``extra["collective_options"]``, whose entries win, and :func:`without_preset_options`
+takes them out again when the config is derived anew.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RECIPES", "MODEL_RECIPES", "PRESETS", "preset_values"]
+__all__ = ["RECIPES", "MODEL_RECIPES", "PRESETS", "preset_values", "with_preset_options",
+           "without_preset_options"]
 
 RECIPES: dict[str, dict[str, Any]] = {
     "resnet20-cifar10": dict(
@@ -99,3 +104,35 @@ def preset_values(name: str, model: str, given: frozenset[str] | set[str]) -> di
         if group & blocked:
             blocked |= group
     return {key: value for key, value in values.items() if key not in blocked}
+
+
+def with_preset_options(extra: dict[str, Any], options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(extra, applied)``: the run's ``extra`` with a preset's collective ``options`` added.
+
+    1. ``extra["collective_options"]`` (a dict, or absent) keeps every entry it has: an option
+       the run gives wins over the preset's;
+    2. the preset's other options are added; ``applied`` is what was added ({}: ``extra``
+       is returned as it is, the same object).
+
+    ``TypeError`` naming ``extra['collective_options']`` when it is not a dict. O(options).
+    """
+    given = extra.get("collective_options")
+    if given is None:
+        given = {}
+    if not isinstance(given, dict):
+        raise TypeError(f"extra['collective_options']={given!r} has type {type(given).__name__}: expected dict")
+    applied = {key: value for key, value in options.items() if key not in given}
+    if not applied:
+        return extra, {}
+    return {**extra, "collective_options": {**applied, **given}}, applied
+
+
+def without_preset_options(extra: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
+    """The ``extra`` the caller gave: :func:`with_preset_options`'s ``applied`` options taken
+    out again (an entry changed since is kept; an emptied ``collective_options`` is dropped)."""
+    options = extra.get("collective_options")
+    if not applied or not isinstance(options, dict):
+        return extra
+    left = {key: value for key, value in options.items() if key not in applied or applied[key] != value}
+    out = {key: value for key, value in extra.items() if key != "collective_options"}
+    return {**out, "collective_options": left} if left else out

@@ -165,6 +165,11 @@ class Method:
     - ``check_options``: ``(extra) -> Any``, raises ``ValueError`` naming the key for a bad
       method option in ``RunConfig.extra`` (called when the config is built; the collective
       reads the options from ``CommCall.options``).
+    - ``preset_options``: ``(preset, model) -> options``, the collective options (keywords of
+      the collective's ``make_state``) a named preset sets for this method on ``model``, e.g.
+      Ok-Topk's reference warm-up ``{"warmup": 512}`` under ``"paper"``; ``{}`` for none.
+      ``RunConfig`` merges them under the run's ``extra["collective_options"]`` (the run's
+      entries win) and the summary records the state's settings; None: presets set none.
     - ``options``: the method's hyper-parameters and their defaults, e.g.
       ``{"ef_decay": 0.95}``; a run overrides one with the ``config.extra`` entry of the same
       name (:meth:`run_options`; the value must have the default's type). They reach the
@@ -186,6 +191,7 @@ class Method:
     time_s: Callable[..., float] | None = None
     bytes_per_rank: Callable[..., float] | None = None
     check_options: Callable[[Mapping[str, Any]], Any] | None = None
+    preset_options: Callable[[str, str], Mapping[str, Any]] | None = None
     description: str = ""
     options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     #: filled in by register_method: the resolved collective and selector
@@ -216,7 +222,7 @@ class Method:
             raise TypeError(f"description={self.description!r} has type {type(self.description).__name__}: "
                             "expected str")
         _positive_int("sync_every", self.sync_every)
-        for fname in ("outer_optimizer", "time_s", "bytes_per_rank", "check_options"):
+        for fname in ("outer_optimizer", "time_s", "bytes_per_rank", "check_options", "preset_options"):
             value = getattr(self, fname)
             if value is not None and not callable(value):
                 raise TypeError(f"{fname}={value!r} is invalid: expected a callable or None")

@@ -14,7 +14,9 @@ Collectives (``gtopk-lab methods`` lists them with their aliases):
   call, histogram-balanced regions (O(kP) on layer-clustered selections).
 
 Methods: ``dense``, ``topk``, ``gtopk``, ``gaussiank``, ``oktopk``, ``oktopk-balanced``,
-``oktopk-exact``. Also :func:`program_collective`, which turns one per-rank tensor program into
+``oktopk-exact``. Under the ``paper`` preset ``oktopk`` and ``oktopk-balanced`` start with the
+reference's dense warm-up (:func:`oktopk_preset_options`: 512 iterations, 128 for language
+models). Also :func:`program_collective`, which turns one per-rank tensor program into
 a collective with both drivers (real ranks and in-process), for users' collectives.
 """
 
@@ -35,7 +37,8 @@ from gtopk_lab.methods.registry import register_collective, register_method
 from gtopk_lab.compression.merge import index_dtype
 from gtopk_lab.network.formulas import check_sizes, dense_ring_allreduce_time_s
 
-__all__ = ["program_collective", "oktopk_collective", "BASELINE_METHOD"]
+__all__ = ["program_collective", "oktopk_collective", "oktopk_preset_options", "BASELINE_METHOD",
+           "OKTOPK_PAPER_WARMUP"]
 
 #: The method every scaling efficiency is measured against (at P = 1, on the same network).
 BASELINE_METHOD = "dense"
@@ -191,6 +194,22 @@ def oktopk_collective(name: str, *, tau: int = 32, tau_r: int = 64, warmup: int 
                                                  f"every {tau_r}, {warmup} dense warm-up calls (O(k))")
 
 
+#: Ok-Topk's dense warm-up under the ``paper`` preset, in iterations: the reference code's
+#: 512 for VGG-16 on CIFAR-10 and 128 for the 2-layer LSTM on PTB. Language models
+#: (``lstm``, ``gpt``, ``gpt_tiny``) take the LSTM's; every other model (VGG-16, ResNet-20 and
+#: the MNIST-1D / digits classifiers) takes VGG-16's, the reference's only CNN.
+OKTOPK_PAPER_WARMUP: dict[str, int] = {"lstm": 128, "gpt": 128, "gpt_tiny": 128}
+OKTOPK_PAPER_WARMUP_DEFAULT = 512
+
+
+def oktopk_preset_options(preset: str, model: str) -> dict[str, int]:
+    """The collective options of Ok-Topk methods under ``preset`` for ``model``: under
+    ``paper`` the reference's warm-up (:data:`OKTOPK_PAPER_WARMUP`), under others none."""
+    if preset != "paper":
+        return {}
+    return {"warmup": OKTOPK_PAPER_WARMUP.get(model, OKTOPK_PAPER_WARMUP_DEFAULT)}
+
+
 #: the selector of Ok-Topk methods (a placeholder: the collective selects)
 OKTOPK_SELECTOR = _selected_by_collective
 OKTOPK_SELECTOR.__name__ = "oktopk-threshold"  # what `gtopk-lab methods` shows
@@ -210,9 +229,11 @@ register_method(Method(name="gtopk", selector="topk", collective="gtopk",
 register_method(Method(name="gaussiank", selector="gaussiank", collective="allgather",
                        description="GaussianK-SGD: Gaussian threshold selection, allgather, error feedback"))
 register_method(Method(name="oktopk", selector=OKTOPK_SELECTOR, collective="oktopk", algorithm="plain",
+                       preset_options=oktopk_preset_options,
                        description="Ok-Topk (Li & Hoefler, PPoPP'22) as its reference code: thresholds reused "
                                    "between re-evaluations, plain allgather"))
 register_method(Method(name="oktopk-balanced", selector=OKTOPK_SELECTOR, collective="oktopk", algorithm="balanced",
+                       preset_options=oktopk_preset_options,
                        description="Ok-Topk with the paper's balanced allgather"))
 register_method(Method(name="oktopk-exact", selector="topk", collective="oktopk-exact",
                        description="Ok-Topk-style, exact global top-k every call (the project's earlier oktopk)"))
