@@ -190,3 +190,28 @@ def test_target_cnn_on_10gbe_every_real_and_simulated_point_within_10_points_of_
     assert (sparse16["efficiency_mean"] > checked[(checked.workers == 16) & (checked.method == "dense")]
             ["efficiency_mean"].iloc[0]).all()  # on 10GbE at P = 16 sparse already wins
     assert study.check_lines() == ["check: every point within 10% of the alpha-beta prediction"]
+
+
+@pytest.mark.timeout(120)
+def test_calibrated_compute_time_is_measured_once_per_workload_on_a_worker_and_kept(lab, tmp_path) -> None:
+    """orchestration.calibration: one Dask task per workload; the stored value is reused (a
+    resumed study keeps its points' identity); a damaged file is moved aside, not lost."""
+    import json
+
+    from gtopk_lab.config import RunConfig
+    from gtopk_lab.orchestration.calibration import CALIBRATION_FILE, calibrated_compute_time_s
+
+    config = RunConfig(method="gtopk", workers=4, model="mlp", batch_size=8, density=0.01)
+    first = calibrated_compute_time_s(lab, config, tmp_path, repeats=2)
+    assert first > 0
+    stored = json.loads((tmp_path / CALIBRATION_FILE).read_text())["entries"]
+    assert len(stored) == 1 and stored[0]["compute_time_s"] == first and stored[0]["threads"] == 1
+    # the method, P and the network do not change one rank's compute: the stored value
+    same_workload = config.replace(method="dense", workers=16, bandwidth="10GbE")
+    assert calibrated_compute_time_s(lab, same_workload, tmp_path, repeats=2) == first
+    assert len(json.loads((tmp_path / CALIBRATION_FILE).read_text())["entries"]) == 1
+    calibrated_compute_time_s(lab, config.replace(batch_size=16), tmp_path, repeats=2)
+    assert len(json.loads((tmp_path / CALIBRATION_FILE).read_text())["entries"]) == 2
+    (tmp_path / CALIBRATION_FILE).write_text("{trunc")
+    assert calibrated_compute_time_s(lab, config, tmp_path, repeats=2) > 0
+    assert [p.name.split(".damaged-")[0] for p in tmp_path.glob("*.damaged-*")] == [CALIBRATION_FILE]

@@ -15,7 +15,7 @@ from gtopk_lab.config import RunConfig, k_for
 from gtopk_lab.training.data import load_dataset
 from gtopk_lab.training.replica import Replica, resolve_device
 
-__all__ = ["measure_iteration_times"]
+__all__ = ["measure_iteration_times", "calibration_task"]
 
 
 def measure_iteration_times(config: Any, repeats: int = 7, warmup: int = 2,
@@ -59,12 +59,17 @@ def measure_iteration_times(config: Any, repeats: int = 7, warmup: int = 2,
 
 def _measure(config: RunConfig, repeats: int, warmup: int, device: Any) -> dict[str, Any]:
     dev = resolve_device(config, device)
+    # whole tens: MNIST-1D makes 10 * floor(n / 10) samples (a batch of 8 got none, 16 got 9)
+    train = -(-max(config.batch_size, 1) // 10) * 10
     dataset = load_dataset(config.dataset, model=config.model,
-                           train_samples=max(config.batch_size, 1), test_samples=1, seed=config.seed,
+                           train_samples=train, test_samples=10, seed=config.seed,
                            data_dir=config.data_dir,
                            num_classes=config.extra.get("model_kwargs", {}).get("vocab_size"))
     replica = Replica(config.replace(workers=1), 1, dev)
     x, y = dataset.x_train[:config.batch_size], dataset.y_train[:config.batch_size]
+    if len(x) < config.batch_size:
+        raise ValueError(f"batch_size={config.batch_size} is invalid for dataset={config.dataset!r}: "
+                         f"it gave {len(x)} training samples for one batch")
     selector = get_selector(config.default_selector or "topk")
     k = k_for(replica.numel, config.density)
     ef = ErrorFeedback(replica.numel, rule=config.residual_rule, device=dev)
@@ -92,3 +97,14 @@ def _measure(config: RunConfig, repeats: int, warmup: int, device: Any) -> dict[
     return {"compute_time_s": statistics.median(compute), "selection_time_s": statistics.median(selection),
             "compute_samples_s": compute, "selection_samples_s": selection, "numel": replica.numel,
             "k": k, "threads": torch.get_num_threads()}
+
+
+def calibration_task(config_dict: dict[str, Any], repeats: int = 7) -> dict[str, Any]:
+    """A Dask task: :func:`measure_iteration_times` of ``RunConfig.from_dict(config_dict)`` on
+    this worker, as ``{"compute_time_s", "selection_time_s", "host", "threads"}``
+    (``gtopk_lab.orchestration.calibration`` submits it)."""
+    import socket
+
+    times = measure_iteration_times(RunConfig.from_dict(config_dict), repeats=repeats)
+    return {"compute_time_s": times["compute_time_s"], "selection_time_s": times["selection_time_s"],
+            "host": socket.gethostname(), "threads": times["threads"]}
