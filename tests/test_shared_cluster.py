@@ -25,11 +25,12 @@ import pytest
 from gtopk_lab.config import RunConfig
 from gtopk_lab.orchestration import reservations
 from gtopk_lab.orchestration.lab import Lab
+from gtopk_lab.orchestration.local_deployment import LocalDeployment
 from gtopk_lab.orchestration.reservations import WAITING_STALE_S, ReservationTable
 
 import fault_ranks
-from test_faults import Deployment
 
+TESTS = Path(__file__).resolve().parent
 TIMEOUT_S = 20.0
 
 
@@ -55,12 +56,28 @@ def test_table_is_all_or_nothing_and_serves_the_oldest_waiting_run_first():
 
 
 @pytest.mark.timeout(10)
+def test_table_a_restarting_run_keeps_its_place_before_runs_queued_after_it():
+    table = ReservationTable()
+    assert table.reserve("a", "c1", 2, ["w0", "w1"], set(), 0.0) == {"workers": ["w0", "w1"]}
+    assert table.reserve("b", "c2", 2, ["w0", "w1"], set(), 0.1)["workers"] is None  # queued after a
+    # a lost a worker and restarts: its workers are free, but b does not overtake it
+    assert table.release("a", "c1", keep_place=True, now=0.2) == ["w0", "w1"]
+    refused = table.reserve("b", "c2", 2, ["w0", "w1"], set(), 0.3)
+    assert refused["workers"] is None and refused["kept_for_older"] == 2
+    assert table.reserve("a", "c1", 2, ["w0", "w1"], set(), 0.4) == {"workers": ["w0", "w1"]}
+    # a run that ends (no keep_place) leaves no entry: b is next
+    table.release("a", "c1")
+    assert table.waiting.keys() == {"c2 b"} and not table.granted
+    assert table.reserve("b", "c2", 2, ["w0", "w1"], set(), 0.5) == {"workers": ["w0", "w1"]}
+
+
+@pytest.mark.timeout(10)
 def test_table_drops_a_gone_client_and_stale_waiters_and_skips_busy_workers():
     table = ReservationTable()
     table.reserve("a", "c1", 1, ["w0", "w1"], set(), 0.0)
     assert table.reserve("b", "c1", 2, ["w0", "w1"], set(), 0.0)["workers"] is None
     table.drop_client("c1")
-    assert table.held == {} and table.waiting == {}
+    assert table.held == {} and table.waiting == {} and table.granted == {}
     busy = table.reserve("x", "c2", 2, ["w0", "w1"], {"w1"}, 1.0)
     assert busy["workers"] is None and busy["busy"] == 1
     # x stopped asking: after WAITING_STALE_S it no longer keeps w0 from a newer run
@@ -122,28 +139,25 @@ def out(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory, out) -> Iterator[tuple[Deployment, "OtherClient"]]:
+def deployment(tmp_path_factory, out) -> Iterator[tuple[LocalDeployment, "OtherClient"]]:
     """The scheduler, two workers and the other client's process, started together (the
     client imports torch while the workers start: the two cores are shared better)."""
-    dep = Deployment(tmp_path_factory.mktemp("shared"))
+    # the workers and the scheduler (which unpickles task graphs) import fault_ranks by name
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    dep = LocalDeployment(tmp_path_factory.mktemp("shared"), env=env)
     other: OtherClient | None = None
     try:
-        dep.start(2)
+        dep.start_scheduler()
+        for i in range(2):
+            dep.start_worker(f"w{i}", ["--nthreads", "1"])
         other = OtherClient(dep, out)
+        dep.wait_for_workers(2, timeout_s=60)
         from distributed import Client
 
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with Client(dep.address, timeout=5) as client:
-                    client.wait_for_workers(2, timeout=max(1.0, deadline - time.monotonic()))
-                    # the ranks' imports (torch) now, while the other client still imports its own
-                    client.run(importlib.import_module, "fault_ranks")
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        with Client(dep.address, timeout=5) as client:
+            # the ranks' imports (torch) now, while the other client still imports its own
+            client.run(importlib.import_module, "fault_ranks")
         yield dep, other
     finally:
         if other is not None:
@@ -198,7 +212,7 @@ OTHER_CLIENT = textwrap.dedent("""
 
 
 class OtherClient:
-    def __init__(self, deployment: Deployment, out: str) -> None:
+    def __init__(self, deployment: LocalDeployment, out: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", OTHER_CLIENT, deployment.address, out],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env=deployment.env, start_new_session=True)

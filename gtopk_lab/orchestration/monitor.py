@@ -349,7 +349,7 @@ class RunMonitor:
         (first), from its newest complete checkpoint."""
         latest = _faults.restart_point(_results.checkpoint_folder(self.out, handle.run_id), handle.config)
         with self._lock:
-            self._give_back(handle)
+            self._give_back(handle, keep_place=True)
             handle.prepare_restart(latest["iteration"] if latest else None)
             self._pending.insert(0, handle)
             self._restart_deadlines[handle.run_id] = time.monotonic() + handle.timeout_s
@@ -391,8 +391,9 @@ class RunMonitor:
         self._forget_rendezvous(handle)  # it would outlive the run on the scheduler
         self._wake.set()
 
-    def _give_back(self, handle: RunHandle) -> None:
-        """Cancel the start's unfinished rank tasks and free its workers (lock held)."""
+    def _give_back(self, handle: RunHandle, keep_place: bool = False) -> None:
+        """Cancel the start's unfinished rank tasks and free its workers (lock held);
+        ``keep_place``: a restart, which keeps its place in the scheduler's queue."""
         pending = handle.unfinished_futures()
         if pending:
             self.client.cancel(pending)
@@ -401,14 +402,14 @@ class RunMonitor:
                 del self._reserved[addr]
         if handle in self._active:
             self._active.remove(handle)
-        self._release_on_scheduler(handle)
+        self._release_on_scheduler(handle, keep_place=keep_place)
 
-    def _release_on_scheduler(self, handle: RunHandle) -> None:
+    def _release_on_scheduler(self, handle: RunHandle, keep_place: bool = False) -> None:
         """Drop the run's reservation and waiting entry on the scheduler (best effort: a
         scheduler that is gone took its table with it, and a client that leaves has its
-        entries dropped there)."""
+        entries dropped there); ``keep_place``: a restart keeps its place in the queue."""
         try:
-            _reservations.release(self.client, handle.run_id)
+            _reservations.release(self.client, handle.run_id, keep_place=keep_place)
         except Exception as exc:
             logger.debug("could not release %s on the scheduler: %s", handle.run_id, exc)
 

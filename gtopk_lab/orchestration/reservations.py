@@ -22,7 +22,9 @@ all-or-nothing and atomic across clients.
    run is remembered as waiting, so workers that become free go to the oldest run first:
    nobody starves behind a stream of small runs.
 3. **Release** (``gtopk_lab_release``): a run's reservation and waiting entry are dropped
-   when it ends, is cancelled or restarts.
+   when it ends or is cancelled. A run that restarts (a worker was lost) releases with
+   ``keep_place``: its workers are freed, and it waits again under the arrival number it
+   first asked with, so runs queued meanwhile by other clients do not overtake it.
 4. **Stale entries**: a client that disappears (closed, killed, network gone) loses its
    reservations and waiting entries when the scheduler removes it
    (``SchedulerPlugin.remove_client``); a waiting entry not renewed for
@@ -63,6 +65,8 @@ class ReservationTable:
     def __init__(self) -> None:
         self.held: dict[str, tuple[str, str]] = {}
         self.waiting: dict[str, _Waiter] = {}
+        #: arrival number of each run holding workers ("<client> <run_id>"), for keep_place
+        self.granted: dict[str, int] = {}
         self._seq = 0
 
     def reserve(self, run_id: str, client: str, needed: int, candidates: list[str],
@@ -76,6 +80,8 @@ class ReservationTable:
         key = f"{client} {run_id}"
         me = self.waiting.get(key)
         seq = me.seq if me is not None else self._seq
+        if me is None:
+            self._seq += 1
         kept: set[str] = set()
         for waiter in sorted(self.waiting.values(), key=lambda w: w.seq):
             if waiter.seq >= seq or waiter is me:
@@ -88,9 +94,9 @@ class ReservationTable:
             chosen = left[:needed]
             for addr in chosen:
                 self.held[addr] = (run_id, client)
+            self.granted[key] = seq
             return {"workers": chosen}
         if me is None:
-            self._seq += 1
             self.waiting[key] = _Waiter(seq, client, needed, list(candidates), now)
         else:
             me.needed, me.candidates, me.seen = needed, list(candidates), now
@@ -100,18 +106,27 @@ class ReservationTable:
                 "held_by_self": own, "busy": sum(1 for a in candidates if a in busy and a not in self.held),
                 "kept_for_older": len(kept & set(candidates))}
 
-    def release(self, run_id: str, client: str) -> list[str]:
-        """Drop ``client``'s run ``run_id``: its reservation and waiting entry; the workers it held."""
-        self.waiting.pop(f"{client} {run_id}", None)
+    def release(self, run_id: str, client: str, keep_place: bool = False,
+                now: float | None = None) -> list[str]:
+        """Drop ``client``'s run ``run_id``: its reservation and waiting entry; the workers it
+        held. ``keep_place`` (a restart): it waits again under its first arrival number."""
+        key = f"{client} {run_id}"
+        self.waiting.pop(key, None)
+        seq = self.granted.pop(key, None)
         freed = [a for a, held_by in self.held.items() if held_by == (run_id, client)]
         for addr in freed:
             del self.held[addr]
+        if keep_place and seq is not None and freed:
+            self.waiting[key] = _Waiter(seq, client, len(freed), list(freed),
+                                        time.monotonic() if now is None else now)
         return freed
 
     def drop_client(self, client: str) -> None:
         """Forget everything ``client`` held or waited for."""
         for addr in [a for a, (_, c) in self.held.items() if c == client]:
             del self.held[addr]
+        for key in [k for k in self.granted if k.split(" ", 1)[0] == client]:
+            del self.granted[key]
         for key in [k for k, w in self.waiting.items() if w.client == client]:
             del self.waiting[key]
 
@@ -142,8 +157,8 @@ class ReservationPlugin(SchedulerPlugin):
         busy = {a for a in known if workers[a].processing}
         return self.table.reserve(run_id, client, int(needed), known, busy, time.monotonic())
 
-    def release(self, run_id: str, client: str) -> list[str]:
-        return self.table.release(run_id, client)
+    def release(self, run_id: str, client: str, keep_place: bool = False) -> list[str]:
+        return self.table.release(run_id, client, keep_place=bool(keep_place))
 
     def snapshot(self) -> dict[str, Any]:
         return {"held": {a: list(v) for a, v in self.table.held.items()},
@@ -183,9 +198,11 @@ def reserve(client: Any, run_id: str, needed: int, candidates: list[str]) -> dic
                        needed=int(needed), candidates=list(candidates))
 
 
-def release(client: Any, run_id: str) -> list[str]:
-    """Give ``run_id``'s workers back on the scheduler."""
-    return client.sync(client.scheduler.gtopk_lab_release, run_id=run_id, client=client.id)
+def release(client: Any, run_id: str, keep_place: bool = False) -> list[str]:
+    """Give ``run_id``'s workers back on the scheduler; ``keep_place`` for a restart (the
+    run keeps its place in the cross-client queue)."""
+    return client.sync(client.scheduler.gtopk_lab_release, run_id=run_id, client=client.id,
+                       keep_place=bool(keep_place))
 
 
 def snapshot(client: Any) -> dict[str, Any]:
