@@ -153,3 +153,31 @@ def test_bad_input_and_the_prediction_of_local_steps() -> None:
     net = network_model("1GbE")
     ring_s = 2 * 3 * net.latency_s + 2 * 3 / 4 * 100_000 * 4 * net.beta_s_per_byte
     assert predicted["predicted"].iloc[0] == pytest.approx(0.01 / (0.01 + ring_s / 8), rel=1e-6)
+
+
+@pytest.mark.timeout(30)
+def test_comparison_pivot_keeps_every_method_and_both_baselines() -> None:
+    """The notebook's time-to-target table: a method that never reaches the target keeps its
+    row (pivot_table dropped it), the real and the simulated dense P = 1 stay apart (pivot_table
+    averaged them into one number neither clock measured), nonexistent (P, source) pairs add
+    no column."""
+    from gtopk_lab.analysis.reprice import comparison_pivot
+
+    nan = math.nan
+    table = pd.DataFrame({
+        "network": ["1GbE"] * 5 + ["10GbE"] * 5,
+        "method": ["dense", "dense", "dense", "dense", "gtopk"] * 2,
+        "workers": [1, 1, 4, 16, 16] * 2,
+        "source": ["real", "simulated", "real", "simulated", "simulated"] * 2,
+        "time_to_target_s": [1.0, 2.0, 3.0, 4.0, nan, 0.5, 1.5, 2.5, 3.5, nan]})
+    wide = comparison_pivot(table)
+    assert wide.index.tolist() == ["dense", "gtopk"]
+    assert wide.columns.tolist() == [(net, p, src) for net in ("1GbE", "10GbE")
+                                     for p, src in ((1, "real"), (1, "simulated"), (4, "real"), (16, "simulated"))]
+    assert wide.loc["dense", ("1GbE", 1, "real")] == 1.0 and wide.loc["dense", ("1GbE", 1, "simulated")] == 2.0
+    assert wide.loc["gtopk"].isna().all()
+    assert comparison_pivot(table, "workers").loc["dense", ("10GbE", 16, "simulated")] == 16
+    with pytest.raises(ValueError, match="twice"):
+        comparison_pivot(pd.concat([table, table.iloc[:1]]))
+    with pytest.raises(ValueError, match="lacks source"):
+        comparison_pivot(table.drop(columns="source"))

@@ -25,7 +25,8 @@ a collective (alpha-beta-gamma) stays as recorded. Cost: O(rows) per network.
 
 :func:`method_comparison` is the table of issue 17's comparison: per network, method, P and
 source, time to a target loss on the (repriced) virtual clock, bytes per rank per iteration,
-final validation loss and scaling efficiency.
+final validation loss and scaling efficiency; :func:`comparison_pivot` one of its columns as
+a methods x (network, P, source) table.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from gtopk_lab.network.model import NetworkModel, network_model
 from gtopk_lab.training.rows import steady_seconds_per_iteration
 
 __all__ = ["reprice_metrics", "reprice_summaries", "time_to_target_s", "auto_target_loss",
-           "method_comparison"]
+           "method_comparison", "comparison_pivot"]
 
 _STEP_COLUMNS = ("comm_rounds", "comm_wire_bytes", "comm_model_s")
 
@@ -215,3 +216,28 @@ def method_comparison(summaries: pd.DataFrame, metrics: pd.DataFrame, networks: 
                  baseline=("baseline", "first"), n=("run_id", "count"))
             .reset_index())
 
+
+
+def comparison_pivot(table: pd.DataFrame, values: str = "time_to_target_s") -> pd.DataFrame:
+    """One column of :func:`method_comparison`'s ``table`` as methods x (network, P, source).
+
+    Every method keeps its row and every recorded (network, P, source) its column, NaN
+    included: a method that never reaches the target shows NaN instead of vanishing (what
+    ``pivot_table``'s ``dropna`` does), and the dense P = 1 baselines of the two sources
+    (real and simulated) stay two columns instead of being averaged into one number that
+    neither clock measured. Methods in the table's order; columns by network (the table's
+    order), then P, then source. ``ValueError`` if a (method, network, P, source) appears
+    twice (not a ``method_comparison`` table). O(rows log rows)."""
+    keys = ["network", "workers", "source"]
+    missing = [c for c in ["method", *keys, values] if c not in table.columns]
+    if missing:
+        raise ValueError(f"table lacks {', '.join(missing)}: expected method_comparison's table")
+    if table.duplicated(["method", *keys]).any():
+        raise ValueError("table has a (method, network, workers, source) twice: expected "
+                         "method_comparison's table (one row per key, seeds averaged)")
+    network_order = {n: i for i, n in enumerate(pd.unique(table["network"]))}
+    columns = (table[keys].drop_duplicates()
+               .assign(_net=lambda f: f["network"].map(network_order), _src=lambda f: f["source"].astype(str))
+               .sort_values(["_net", "workers", "_src"], kind="stable")[keys])
+    wide = table.pivot(index="method", columns=keys, values=values)
+    return wide.reindex(index=pd.unique(table["method"]), columns=pd.MultiIndex.from_frame(columns))
