@@ -181,3 +181,31 @@ def test_comparison_pivot_keeps_every_method_and_both_baselines() -> None:
         comparison_pivot(pd.concat([table, table.iloc[:1]]))
     with pytest.raises(ValueError, match="lacks source"):
         comparison_pivot(table.drop(columns="source"))
+
+
+@pytest.mark.timeout(120)
+def test_rank0_rows_reprice_like_every_rank_when_rank0_is_not_the_slowest() -> None:
+    """CLT-k's leader moves, so rank 0 is often not the broadcast's root: with rank 0's rows
+    only (the simulator above 32 ranks) repricing used rank 0's rounds and moved the run even
+    on its own network (1.3% at P = 64 in notebook 05); the rows' peak pair fixes it."""
+    from gtopk_lab.training.rows import peak_comm_pair
+
+    def run(rows: str, bandwidth: str = "1GbE") -> pd.DataFrame:
+        config = RunConfig(method="clt-k", workers=4, density=0.01, model="mlp", dataset="mnist1d",
+                           train_samples=256, test_samples=64, epochs=1, batch_size=32, bandwidth=bandwidth,
+                           seed=0, extra={"compute_time_s": 0.01, "selection_time_s": 0.0})
+        return pd.DataFrame(simulate(config, rows=rows).rows).assign(run_id="cltk")
+
+    every, only, truth = run("all"), run("rank0"), run("all", "10GbE")
+    per = every[every["kind"] == "iter"].groupby("iteration")["comm_rounds"]
+    assert (per.max() > per.min()).any()  # asymmetric: some rank takes more rounds than another
+    assert set(only["rank"]) == {0} and "comm_peak_rounds" in only and "comm_peak_wire_bytes" not in every
+    it0 = only["kind"] == "iter"
+    assert (only.loc[it0, "comm_peak_rounds"].to_numpy() == per.max().to_numpy()).all()
+    assert (only.loc[it0, "comm_peak_rounds"] > only.loc[it0, "comm_rounds"]).any()  # rank 0 not the root
+    same = reprice_metrics(only, "1GbE")
+    assert same["virtual_time_s"].tolist() == pytest.approx(only["virtual_time_s"].tolist(), rel=1e-12)
+    faster = reprice_metrics(only, "10GbE")
+    expected = truth[truth["rank"] == 0]["virtual_time_s"].tolist()
+    assert faster["virtual_time_s"].tolist() == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert peak_comm_pair([]) == (0, 0)

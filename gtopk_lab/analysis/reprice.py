@@ -20,7 +20,11 @@ its rounds of ``max(sent, recv)``), so the same steps can be priced on any
 
 Exact (to rounding) when every rank's rows are there, or when the collective is symmetric
 (every rank the same rounds and bytes: ring, butterfly, allgather); with rank 0's rows only
-of an asymmetric schedule (gTop-k's tree) it uses rank 0's rounds. Merge CPU charged inside
+(the simulator above 32 ranks) each row's ``comm_peak_rounds`` / ``comm_peak_wire_bytes``
+(the largest collective of any rank) is priced too, exact whenever the rank with the most
+rounds also has the most wire bytes (a tree's or a binomial broadcast's root, as in CLT-k,
+whose leader moves; without them a rank-0-only CLT-k run at P = 64 moved by 1.3% even on
+its own network). Merge CPU charged inside
 a collective (alpha-beta-gamma) stays as recorded. Cost: O(rows) per network.
 
 :func:`method_comparison` is the table of issue 17's comparison: per network, method, P and
@@ -66,7 +70,12 @@ def _corrections(metrics: pd.DataFrame, net: NetworkModel) -> pd.DataFrame:
                          "existed cannot be repriced; run them again)")
     alpha = 0.0 if net.unthrottled else net.latency_s
     beta = 0.0 if net.unthrottled else net.beta_s_per_byte
-    priced = it.assign(_new=alpha * it["comm_rounds"].astype(float) + beta * it["comm_wire_bytes"].astype(float))
+    new = alpha * it["comm_rounds"].astype(float) + beta * it["comm_wire_bytes"].astype(float)
+    if "comm_peak_rounds" in it.columns:  # rank 0's rows only: the slowest rank may be absent
+        peak = (alpha * it["comm_peak_rounds"].astype(float).fillna(0.0)
+                + beta * it["comm_peak_wire_bytes"].astype(float).fillna(0.0))
+        new = np.maximum(new, peak)
+    priced = it.assign(_new=new)
     per = priced.groupby(["run_id", "iteration"], sort=True, dropna=False).agg(model_s=("_new", "max"),
                                                                  old_s=("comm_model_s", "max"))
     per["correction_s"] = per["model_s"] - per["old_s"]
