@@ -150,9 +150,10 @@ for name, (summaries, metrics) in repriced.items():
 """),
         md("The whole table (every network, method and P):"),
         code("""
-pd.concat([t.assign(workload=name) for name, (_, t) in tables.items()], ignore_index=True)[
-    ["workload", "network", "method", "workers", "source", "time_to_target_s", "bytes_per_rank_per_iter",
-     "final_loss", "efficiency", "n"]]
+with pd.option_context("display.max_rows", None):  # every row: past 60 pandas shows 10
+    display(pd.concat([t.assign(workload=name) for name, (_, t) in tables.items()], ignore_index=True)[
+        ["workload", "network", "method", "workers", "source", "time_to_target_s", "bytes_per_rank_per_iter",
+         "final_loss", "efficiency", "n"]])
 """),
         md("""
 How to read this, and where it disagrees with the papers: the runs here are short and
