@@ -60,7 +60,8 @@ target_loss_mnist = None
 out = "results/modern"
 """),
         code(setup + """
-from gtopk_lab.analysis.reprice import auto_target_loss, method_comparison, reprice_metrics, reprice_summaries
+from gtopk_lab.analysis.reprice import (auto_target_loss, comparison_pivot, method_comparison,
+                                        reprice_metrics, reprice_summaries)
 from gtopk_lab.plotting.figures import loss_vs_time_figure, time_to_target_figure
 from gtopk_lab.plotting.live_study import live_convergence_study, live_scaling, scaling_study_figure
 """),
@@ -125,8 +126,7 @@ for name, study in studies.items():
     repriced[name] = (summaries, metrics)
     print(f"{name}: target training loss {target:.4f}")
     table = tables[name][1]
-    display(table.pivot_table(index=["method"], columns=["network", "workers"], values="time_to_target_s",
-                              sort=False).round(4))
+    display(comparison_pivot(table, "time_to_target_s").round(4))  # NaN: not reached
 """),
         code("""
 for name, (target, table) in tables.items():
@@ -150,9 +150,10 @@ for name, (summaries, metrics) in repriced.items():
 """),
         md("The whole table (every network, method and P):"),
         code("""
-pd.concat([t.assign(workload=name) for name, (_, t) in tables.items()], ignore_index=True)[
-    ["workload", "network", "method", "workers", "source", "time_to_target_s", "bytes_per_rank_per_iter",
-     "final_loss", "efficiency", "n"]]
+with pd.option_context("display.max_rows", None):  # every row: past 60 pandas shows 10
+    display(pd.concat([t.assign(workload=name) for name, (_, t) in tables.items()], ignore_index=True)[
+        ["workload", "network", "method", "workers", "source", "time_to_target_s", "bytes_per_rank_per_iter",
+         "final_loss", "efficiency", "n"]])
 """),
         md("""
 How to read this, and where it disagrees with the papers: the runs here are short and

@@ -153,3 +153,59 @@ def test_bad_input_and_the_prediction_of_local_steps() -> None:
     net = network_model("1GbE")
     ring_s = 2 * 3 * net.latency_s + 2 * 3 / 4 * 100_000 * 4 * net.beta_s_per_byte
     assert predicted["predicted"].iloc[0] == pytest.approx(0.01 / (0.01 + ring_s / 8), rel=1e-6)
+
+
+@pytest.mark.timeout(30)
+def test_comparison_pivot_keeps_every_method_and_both_baselines() -> None:
+    """The notebook's time-to-target table: a method that never reaches the target keeps its
+    row (pivot_table dropped it), the real and the simulated dense P = 1 stay apart (pivot_table
+    averaged them into one number neither clock measured), nonexistent (P, source) pairs add
+    no column."""
+    from gtopk_lab.analysis.reprice import comparison_pivot
+
+    nan = math.nan
+    table = pd.DataFrame({
+        "network": ["1GbE"] * 5 + ["10GbE"] * 5,
+        "method": ["dense", "dense", "dense", "dense", "gtopk"] * 2,
+        "workers": [1, 1, 4, 16, 16] * 2,
+        "source": ["real", "simulated", "real", "simulated", "simulated"] * 2,
+        "time_to_target_s": [1.0, 2.0, 3.0, 4.0, nan, 0.5, 1.5, 2.5, 3.5, nan]})
+    wide = comparison_pivot(table)
+    assert wide.index.tolist() == ["dense", "gtopk"]
+    assert wide.columns.tolist() == [(net, p, src) for net in ("1GbE", "10GbE")
+                                     for p, src in ((1, "real"), (1, "simulated"), (4, "real"), (16, "simulated"))]
+    assert wide.loc["dense", ("1GbE", 1, "real")] == 1.0 and wide.loc["dense", ("1GbE", 1, "simulated")] == 2.0
+    assert wide.loc["gtopk"].isna().all()
+    assert comparison_pivot(table, "workers").loc["dense", ("10GbE", 16, "simulated")] == 16
+    with pytest.raises(ValueError, match="twice"):
+        comparison_pivot(pd.concat([table, table.iloc[:1]]))
+    with pytest.raises(ValueError, match="lacks source"):
+        comparison_pivot(table.drop(columns="source"))
+
+
+@pytest.mark.timeout(120)
+def test_rank0_rows_reprice_like_every_rank_when_rank0_is_not_the_slowest() -> None:
+    """CLT-k's leader moves, so rank 0 is often not the broadcast's root: with rank 0's rows
+    only (the simulator above 32 ranks) repricing used rank 0's rounds and moved the run even
+    on its own network (1.3% at P = 64 in notebook 05); the rows' peak pair fixes it."""
+    from gtopk_lab.training.rows import peak_comm_pair
+
+    def run(rows: str, bandwidth: str = "1GbE") -> pd.DataFrame:
+        config = RunConfig(method="clt-k", workers=4, density=0.01, model="mlp", dataset="mnist1d",
+                           train_samples=256, test_samples=64, epochs=1, batch_size=32, bandwidth=bandwidth,
+                           seed=0, extra={"compute_time_s": 0.01, "selection_time_s": 0.0})
+        return pd.DataFrame(simulate(config, rows=rows).rows).assign(run_id="cltk")
+
+    every, only, truth = run("all"), run("rank0"), run("all", "10GbE")
+    per = every[every["kind"] == "iter"].groupby("iteration")["comm_rounds"]
+    assert (per.max() > per.min()).any()  # asymmetric: some rank takes more rounds than another
+    assert set(only["rank"]) == {0} and "comm_peak_rounds" in only and "comm_peak_wire_bytes" not in every
+    it0 = only["kind"] == "iter"
+    assert (only.loc[it0, "comm_peak_rounds"].to_numpy() == per.max().to_numpy()).all()
+    assert (only.loc[it0, "comm_peak_rounds"] > only.loc[it0, "comm_rounds"]).any()  # rank 0 not the root
+    same = reprice_metrics(only, "1GbE")
+    assert same["virtual_time_s"].tolist() == pytest.approx(only["virtual_time_s"].tolist(), rel=1e-12)
+    faster = reprice_metrics(only, "10GbE")
+    expected = truth[truth["rank"] == 0]["virtual_time_s"].tolist()
+    assert faster["virtual_time_s"].tolist() == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert peak_comm_pair([]) == (0, 0)

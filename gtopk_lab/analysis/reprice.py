@@ -20,12 +20,17 @@ its rounds of ``max(sent, recv)``), so the same steps can be priced on any
 
 Exact (to rounding) when every rank's rows are there, or when the collective is symmetric
 (every rank the same rounds and bytes: ring, butterfly, allgather); with rank 0's rows only
-of an asymmetric schedule (gTop-k's tree) it uses rank 0's rounds. Merge CPU charged inside
+(the simulator above 32 ranks) each row's ``comm_peak_rounds`` / ``comm_peak_wire_bytes``
+(the largest collective of any rank) is priced too, exact whenever the rank with the most
+rounds also has the most wire bytes (a tree's or a binomial broadcast's root, as in CLT-k,
+whose leader moves; without them a rank-0-only CLT-k run at P = 64 moved by 1.3% even on
+its own network). Merge CPU charged inside
 a collective (alpha-beta-gamma) stays as recorded. Cost: O(rows) per network.
 
 :func:`method_comparison` is the table of issue 17's comparison: per network, method, P and
 source, time to a target loss on the (repriced) virtual clock, bytes per rank per iteration,
-final validation loss and scaling efficiency.
+final validation loss and scaling efficiency; :func:`comparison_pivot` one of its columns as
+a methods x (network, P, source) table.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from gtopk_lab.network.model import NetworkModel, network_model
 from gtopk_lab.training.rows import steady_seconds_per_iteration
 
 __all__ = ["reprice_metrics", "reprice_summaries", "time_to_target_s", "auto_target_loss",
-           "method_comparison"]
+           "method_comparison", "comparison_pivot"]
 
 _STEP_COLUMNS = ("comm_rounds", "comm_wire_bytes", "comm_model_s")
 
@@ -65,7 +70,12 @@ def _corrections(metrics: pd.DataFrame, net: NetworkModel) -> pd.DataFrame:
                          "existed cannot be repriced; run them again)")
     alpha = 0.0 if net.unthrottled else net.latency_s
     beta = 0.0 if net.unthrottled else net.beta_s_per_byte
-    priced = it.assign(_new=alpha * it["comm_rounds"].astype(float) + beta * it["comm_wire_bytes"].astype(float))
+    new = alpha * it["comm_rounds"].astype(float) + beta * it["comm_wire_bytes"].astype(float)
+    if "comm_peak_rounds" in it.columns:  # rank 0's rows only: the slowest rank may be absent
+        peak = (alpha * it["comm_peak_rounds"].astype(float).fillna(0.0)
+                + beta * it["comm_peak_wire_bytes"].astype(float).fillna(0.0))
+        new = np.maximum(new, peak)
+    priced = it.assign(_new=new)
     per = priced.groupby(["run_id", "iteration"], sort=True, dropna=False).agg(model_s=("_new", "max"),
                                                                  old_s=("comm_model_s", "max"))
     per["correction_s"] = per["model_s"] - per["old_s"]
@@ -215,3 +225,28 @@ def method_comparison(summaries: pd.DataFrame, metrics: pd.DataFrame, networks: 
                  baseline=("baseline", "first"), n=("run_id", "count"))
             .reset_index())
 
+
+
+def comparison_pivot(table: pd.DataFrame, values: str = "time_to_target_s") -> pd.DataFrame:
+    """One column of :func:`method_comparison`'s ``table`` as methods x (network, P, source).
+
+    Every method keeps its row and every recorded (network, P, source) its column, NaN
+    included: a method that never reaches the target shows NaN instead of vanishing (what
+    ``pivot_table``'s ``dropna`` does), and the dense P = 1 baselines of the two sources
+    (real and simulated) stay two columns instead of being averaged into one number that
+    neither clock measured. Methods in the table's order; columns by network (the table's
+    order), then P, then source. ``ValueError`` if a (method, network, P, source) appears
+    twice (not a ``method_comparison`` table). O(rows log rows)."""
+    keys = ["network", "workers", "source"]
+    missing = [c for c in ["method", *keys, values] if c not in table.columns]
+    if missing:
+        raise ValueError(f"table lacks {', '.join(missing)}: expected method_comparison's table")
+    if table.duplicated(["method", *keys]).any():
+        raise ValueError("table has a (method, network, workers, source) twice: expected "
+                         "method_comparison's table (one row per key, seeds averaged)")
+    network_order = {n: i for i, n in enumerate(pd.unique(table["network"]))}
+    columns = (table[keys].drop_duplicates()
+               .assign(_net=lambda f: f["network"].map(network_order), _src=lambda f: f["source"].astype(str))
+               .sort_values(["_net", "workers", "_src"], kind="stable")[keys])
+    wide = table.pivot(index="method", columns=keys, values=values)
+    return wide.reindex(index=pd.unique(table["method"]), columns=pd.MultiIndex.from_frame(columns))

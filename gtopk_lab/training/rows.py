@@ -71,23 +71,42 @@ def steady_seconds_per_iteration(it_rows: list[dict], warmup: int, time: str,
 
 def iter_row(config: RunConfig, rank: int, world: int, iteration: int, epoch: float, density: float,
              k: int, loss: float, lr: float, t: dict[str, float], stats: Any, comm_model_s: float,
-             wall_time_s: float, virtual_time_s: float) -> dict[str, Any]:
+             wall_time_s: float, virtual_time_s: float, *,
+             peak: tuple[int, int] | None = None) -> dict[str, Any]:
     """One ``kind="iter"`` row in the docs/architecture.md schema.
 
     ``comm_rounds`` and ``comm_wire_bytes`` (sum over this rank's rounds of
     ``max(sent, recv)``) are what the alpha-beta model needs to price the iteration's
-    collective on any other network (:mod:`gtopk_lab.analysis.reprice`).
+    collective on any other network (:mod:`gtopk_lab.analysis.reprice`). ``peak`` (a
+    simulation that emits some ranks' rows only): the largest (rounds, wire bytes) pair of
+    all ranks (:func:`peak_comm_pair`), as ``comm_peak_rounds`` / ``comm_peak_wire_bytes``,
+    so that a rank the rows leave out can still be the iteration's slowest when repriced.
     """
-    steps = getattr(stats, "steps", None) or ()
+    rounds, wire = comm_pair(stats)
+    extra = {} if peak is None else {"comm_peak_rounds": int(peak[0]), "comm_peak_wire_bytes": int(peak[1])}
     return {
         "kind": "iter", "rank": rank, "iteration": iteration, "epoch": epoch,
         "method": config.method, "workers": world, "density": density, "k": k,
         "train_loss": loss, "lr": lr, "compute_s": t["compute"], "selection_s": t["selection"],
         "comm_s": t["comm"], "update_s": t["update"], "comm_model_s": comm_model_s,
         "bytes_sent": int(getattr(stats, "bytes_sent", 0)), "bytes_recv": int(getattr(stats, "bytes_recv", 0)),
-        "comm_rounds": len(steps), "comm_wire_bytes": int(sum(max(sent, recv) for sent, recv in steps)),
-        "wall_time_s": wall_time_s, "virtual_time_s": virtual_time_s,
+        "comm_rounds": rounds, "comm_wire_bytes": wire,
+        "wall_time_s": wall_time_s, "virtual_time_s": virtual_time_s, **extra,
     }
+
+
+def comm_pair(stats: Any) -> tuple[int, int]:
+    """(rounds, sum over them of ``max(sent, recv)``) of one rank's collective (0, 0 without)."""
+    steps = getattr(stats, "steps", None) or ()
+    return len(steps), int(sum(max(sent, recv) for sent, recv in steps))
+
+
+def peak_comm_pair(stats: Any) -> tuple[int, int]:
+    """The largest :func:`comm_pair` of the ranks' ``stats`` (a sequence), by rounds, then wire
+    bytes. Repricing with it is exact when that rank has the most wire bytes too (every
+    schedule here: a ring or butterfly is symmetric, a tree's or a binomial broadcast's
+    root takes the most rounds, each of the same message), else a lower bound."""
+    return max((comm_pair(s) for s in stats), default=(0, 0))
 
 
 def epoch_row(config: RunConfig, rank: int, world: int, iteration: int, epoch: float, density: float,

@@ -46,8 +46,10 @@ Only one model exists, so memory is one replica plus, per virtual rank, a residu
 
 Rows: the same schema as ``train_rank``'s. ``iter`` rows are emitted for every virtual rank
 when P <= 32 and for virtual rank 0 only above that (``rows="all"`` / ``"rank0"`` or
-``config.extra["sim_rows"]`` overrides). In simulated rows ``comm_s`` is the *modelled*
-communication time (there is no real transfer), ``compute_s`` / ``selection_s`` are the
+``config.extra["sim_rows"]`` overrides; rows of rank 0 only add ``comm_peak_rounds`` and
+``comm_peak_wire_bytes``, the largest collective of any rank, which
+:mod:`~gtopk_lab.analysis.reprice` needs when rank 0 is not the slowest). In simulated rows
+``comm_s`` is the *modelled* communication time (there is no real transfer), ``compute_s`` / ``selection_s`` are the
 rank's own wall times, ``update_s`` the shared step's, and ``wall_time_s`` the simulator's
 elapsed time. The summary is rank 0's, as in a real run, and adds ``simulated: True``.
 
@@ -87,7 +89,7 @@ from gtopk_lab.training.replica import (
     RankResult, RankState, Replica, network_of, rank_checkpoint_state, resolve_device, restore_rank_state,
     run_dataset,
 )
-from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row
+from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row, peak_comm_pair
 from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
 from gtopk_lab.training.step import communicate_simulated
 
@@ -281,12 +283,15 @@ class _VirtualRanks:
             clock.advance(update_cpu_s)
         wall_now = timeline.elapsed_s()
         comm_model_s = clock.last_comm_model_s if sync_now else 0.0
+        # rows of some ranks only: the others' largest collective, so repricing still sees it
+        peak = None if len(self.emit) == world else (
+            peak_comm_pair([r.stats for r in results]) if sync_now else (0, 0))
         for r in self.emit:
             t = {"compute": timings[r][0], "selection": timings[r][1],
                  "comm": comm_model_s, "update": update_wall_s}
             stats = results[r].stats if sync_now else None
             self.buffer.add(iter_row(config, r, world, it, point.epoch, point.density, k, losses[r],
-                                     lr, t, stats, comm_model_s, wall_now, clock.synced_time_s),
+                                     lr, t, stats, comm_model_s, wall_now, clock.synced_time_s, peak=peak),
                             count_iteration=(r == 0))
         for state, loss in zip(states, losses):
             state.epoch_loss_sum += loss
