@@ -44,6 +44,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 import threading
@@ -231,14 +232,15 @@ class LiveFigure:
             return fig
         return self.builder(metrics)
 
-    def refresh(self) -> None:
-        """Rebuild from all rows so far and push the change into :attr:`figure` in one batch."""
+    def refresh(self, replace: bool = False) -> None:
+        """Rebuild from all rows so far and push the change into :attr:`figure` in one batch
+        (``replace``: the whole figure, see ``_copy_into``)."""
         try:
             with self._lock:
                 new = self._build()
                 self._last_refresh = time.monotonic()
                 self.refreshes += 1
-                _copy_into(self.figure, new)
+                _copy_into(self.figure, new, replace=replace)
         except Exception as exc:  # noqa: BLE001 - see _on_rows
             print(f"gtopk_lab.plotting.live: refresh failed: {exc!r}", file=sys.stderr)
 
@@ -256,7 +258,7 @@ class LiveFigure:
             self._on_rows(key, handle, None)
         with self._lock:
             self._cancel_timer()
-            self.refresh()
+            self.refresh(replace=True)  # whole: a view that missed a delta is made whole
             final = go.Figure(self.figure)
         if not self.live and not self._finished:
             self._display_handle = display_static(final)
@@ -292,6 +294,7 @@ def _copy_into(target: go.Figure, source: go.Figure, replace: bool = False) -> N
             target.add_traces(list(source.data))
             with target.batch_update():
                 target.layout = source.layout
+            _resync_widget_state(target)
         else:
             target.data = ()
             target.add_traces(list(source.data))
@@ -305,6 +308,24 @@ def _copy_into(target: go.Figure, source: go.Figure, replace: bool = False) -> N
         new_layout = source.layout.to_plotly_json()
         if target.layout.to_plotly_json() != new_layout:
             target.layout.update(new_layout, overwrite=True)
+    _resync_widget_state(target)
+
+
+def _resync_widget_state(target: go.Figure) -> None:
+    """After the deltas, send a ``FigureWidget``'s whole figure as its widget state too.
+
+    plotly's front-end model applies the deltas (``_py2js_restyle``, ``_relayout``, ...) to
+    its ``_widget_data`` / ``_widget_layout`` through listeners it registers only once its
+    5 MB module has loaded (anywidget's ``initialize``); deltas that arrive before are
+    dropped, and a view rendered later shows a stale or broken figure (seen in the browser
+    test on a loaded box: a study figure with no title and no points for its whole run).
+    The whole state, sent after the deltas, is what that late model starts from; a model
+    that was ready has applied the deltas already, and its view does not redraw for it.
+    plotly does the same in ``FigureWidget._repr_mimebundle_``. Cost: one message of the
+    figure's JSON per refresh (kilobytes here)."""
+    if isinstance(target, go.FigureWidget):
+        target._widget_layout = copy.deepcopy(target._layout_obj._props)
+        target._widget_data = copy.deepcopy(target._data)
 
 
 def live_convergence(handles: Any | Sequence[Any] = (), x: str = "iteration", *, live: bool | None = None,

@@ -165,16 +165,19 @@ class StudyFigure:
         except Exception:  # noqa: BLE001 - no IPython: nothing to display into
             pass
 
-    def _refresh(self, study: Any) -> None:
+    def _refresh(self, study: Any, replace: bool = False) -> None:
         fig = self.build(study)
         with self._lock:
-            _copy_into(self.figure, fig)
+            _copy_into(self.figure, fig, replace=replace)
             self.refreshes += 1
 
     def finish(self, timeout_s: float | None = None) -> go.Figure:
-        """Wait for the study, refresh once more, and (headless) display the static figure."""
+        """Wait for the study, refresh once more, and (headless) display the static figure.
+
+        The last refresh re-sends the figure whole (``_copy_into(replace=True)``): a view
+        that missed a delta while it was drawing is made whole, as the ControlPanel does."""
         self.study.wait(timeout_s)
-        self._refresh(self.study)
+        self._refresh(self.study, replace=True)
         self._unsubscribe()
         if not self.live:
             display_static(self.figure)
