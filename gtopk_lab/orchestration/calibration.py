@@ -20,12 +20,12 @@ results folder. Client side.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 from gtopk_lab.config import RunConfig
 from gtopk_lab.training.compute_time import calibration_task
+from gtopk_lab.orchestration.reading import move_aside
 from gtopk_lab.orchestration.run_files import utc_now, write_json_atomic
 
 __all__ = ["CALIBRATION_FILE", "calibrated_compute_time_s", "workload_key"]
@@ -53,7 +53,7 @@ def calibrated_compute_time_s(lab: Any, config: RunConfig, out: str | Path, repe
     except FileNotFoundError:
         pass
     except (OSError, ValueError, TypeError, KeyError):  # damaged: measure again, keep it aside
-        path.replace(path.with_name(f"{path.name}.damaged-{int(time.time())}"))
+        move_aside(path)
     for entry in entries:
         if isinstance(entry, dict) and entry.get("workload") == key:
             return float(entry["compute_time_s"])

@@ -165,7 +165,8 @@ def read_run(path: str | os.PathLike[str], *, metrics: bool = True) -> StoredRun
 
 
 def move_aside(path: str | os.PathLike[str]) -> Path:
-    """Rename run folder ``path`` to ``<path>.damaged-<UTC stamp>`` (a free name); return it."""
+    """Rename run folder (or file) ``path`` to ``<path>.damaged-<UTC stamp>`` (a free name);
+    return it."""
     folder = Path(path)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     target = folder.with_name(f"{folder.name}{DAMAGED_MARK}{stamp}")

@@ -287,27 +287,24 @@ def _copy_into(target: go.Figure, source: go.Figure, replace: bool = False) -> N
     """
     same_shape = not replace and len(target.data) == len(source.data) and all(
         a.type == b.type for a, b in zip(target.data, source.data))
-    if not same_shape:
-        if isinstance(target, go.FigureWidget):
-            with target.batch_update():
-                target.data = ()
-            target.add_traces(list(source.data))
-            with target.batch_update():
-                target.layout = source.layout
-            _resync_widget_state(target)
-        else:
+
+    def batch() -> Any:
+        return target.batch_update() if isinstance(target, go.FigureWidget) else contextlib.nullcontext()
+
+    if same_shape:
+        with batch():
+            for dst, src in zip(target.data, source.data):
+                props = {k: v for k, v in src.to_plotly_json().items() if k not in ("type", "uid")}
+                dst.update(props, overwrite=True)
+            new_layout = source.layout.to_plotly_json()
+            if target.layout.to_plotly_json() != new_layout:
+                target.layout.update(new_layout, overwrite=True)
+    else:
+        with batch():
             target.data = ()
-            target.add_traces(list(source.data))
+        target.add_traces(list(source.data))
+        with batch():
             target.layout = source.layout
-        return
-    batch = target.batch_update() if isinstance(target, go.FigureWidget) else contextlib.nullcontext()
-    with batch:
-        for dst, src in zip(target.data, source.data):
-            props = {k: v for k, v in src.to_plotly_json().items() if k not in ("type", "uid")}
-            dst.update(props, overwrite=True)
-        new_layout = source.layout.to_plotly_json()
-        if target.layout.to_plotly_json() != new_layout:
-            target.layout.update(new_layout, overwrite=True)
     _resync_widget_state(target)
 
 

@@ -30,7 +30,7 @@ import statistics
 from array import array
 from typing import Any
 
-__all__ = ["COMPUTE_CHARGES", "DEFAULT_COMPUTE_CHARGE", "ComputeCharge", "fixed_times"]
+__all__ = ["COMPUTE_CHARGES", "DEFAULT_COMPUTE_CHARGE", "ComputeCharge", "fixed_times", "charged_selection_s"]
 
 COMPUTE_CHARGES: tuple[str, ...] = ("median", "max", "straggler")
 DEFAULT_COMPUTE_CHARGE = "median"
@@ -96,3 +96,12 @@ def fixed_times(extra: dict[str, Any], compute_time_s: Any = None,
         raise ValueError(f"selection_time_s={selection!r} is invalid without compute_time_s: "
                          "expected both fixed, or compute_time_s alone (selection then measured)")
     return compute, selection
+
+
+def charged_selection_s(sparse: bool, fixed_selection_s: float | None, measured_s: float) -> float:
+    """The selection seconds charged with a fixed compute time: 0 for a method without
+    selection, else the fixed selection time when given, else ``measured_s`` (a real rank's
+    own CPU time, the simulator's median over its virtual ranks)."""
+    if not sparse:
+        return 0.0
+    return fixed_selection_s if fixed_selection_s is not None else measured_s

@@ -4,7 +4,6 @@ compute time and the predictions' ``compute_s`` come from here)."""
 from __future__ import annotations
 
 import statistics
-import time as _time
 from typing import Any
 
 import torch
@@ -13,7 +12,7 @@ from gtopk_lab.compression.residual import ErrorFeedback
 from gtopk_lab.compression.selection import get_selector
 from gtopk_lab.config import RunConfig, k_for
 from gtopk_lab.training.data import load_dataset
-from gtopk_lab.training.replica import Replica, resolve_device
+from gtopk_lab.training.replica import Replica, rank_clock_s, resolve_device
 
 __all__ = ["measure_iteration_times", "calibration_task"]
 
@@ -25,10 +24,11 @@ def measure_iteration_times(config: Any, repeats: int = 7, warmup: int = 2,
     Compute = forward + backward + optimiser step on one batch of ``config.batch_size`` samples
     of ``config.dataset`` (what one rank does per iteration besides selection and
     communication); selection = error-feedback compensation + the config's selector (default
-    ``topk``) at ``k = max(1, floor(density * d))`` on the real gradient. Times are process CPU
-    time (``time.process_time``; CUDA: synchronised wall time), so other jobs on the machine
-    inflate them less than wall time (the training thread's CPU time with one thread); the median discards the slow outliers of a loaded
-    machine. ``warmup`` untimed passes come first (allocator, kernel selection).
+    ``topk``) at ``k = max(1, floor(density * d))`` on the real gradient. Times are CPU time
+    (``replica.rank_clock_s``: the thread's with one torch thread, else the process's; CUDA:
+    synchronised wall time), so other jobs on the machine inflate them less than wall time;
+    the median discards the slow outliers of a loaded machine. ``warmup`` untimed passes come
+    first (allocator, kernel selection).
 
     ``threads`` torch threads (default 1, as a rank on a shared box and a simulation task run;
     None keeps the caller's setting) during the passes, restored after: with one thread the
@@ -74,23 +74,15 @@ def _measure(config: RunConfig, repeats: int, warmup: int, device: Any) -> dict[
     k = k_for(replica.numel, config.density)
     ef = ErrorFeedback(replica.numel, rule=config.residual_rule, device=dev)
 
-    cpu_clock = _time.thread_time if torch.get_num_threads() == 1 else _time.process_time
-
-    def now() -> float:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-            return _time.perf_counter()
-        return cpu_clock()
-
     compute, selection = [], []
     for i in range(warmup + repeats):
-        t0 = now()
+        t0 = rank_clock_s(dev)
         replica.forward_backward(x, y)
         replica.optimizer.step()
-        t1 = now()
+        t1 = rank_clock_s(dev)
         acc = ef.compensate(replica.grad)
         selector(acc, k)
-        t2 = now()
+        t2 = rank_clock_s(dev)
         if i >= warmup:
             compute.append(t1 - t0)
             selection.append(t2 - t1)

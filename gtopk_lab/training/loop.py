@@ -57,10 +57,10 @@ import torch.distributed as dist
 from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
-from gtopk_lab.training.compute_charge import fixed_times
+from gtopk_lab.training.compute_charge import charged_selection_s, fixed_times
 from gtopk_lab.training.replica import (
-    RankResult, RankState, Replica, limit_threads, network_of, rank_checkpoint_state, resolve_device,
-    restore_rank_state, run_dataset, sync_device,
+    RankResult, RankState, Replica, limit_threads, network_of, rank_checkpoint_state, rank_cpu_timer,
+    resolve_device, restore_rank_state, run_dataset, sync_device,
 )
 from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row
 from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
@@ -82,15 +82,6 @@ def _process_group(config: RunConfig) -> tuple[int, int, bool]:
         raise ValueError(f"workers={config.workers} needs an initialised torch.distributed process "
                          "group (torchrun, gtopk-lab run, run_gloo); without one only workers=1 runs")
     return 0, 1, False
-
-
-def rank_cpu_timer(device: torch.device) -> Any:
-    """The clock a rank's compute is measured with: the training thread's CPU time when
-    torch computes on that one thread (a Dask worker's other threads are not the rank's
-    compute), else the process's CPU time (intra-op threads count too)."""
-    if device.type == "cpu" and torch.get_num_threads() == 1:
-        return time.thread_time
-    return time.process_time
 
 
 def _all_mean(value: float, has_group: bool, world: int) -> float:
@@ -172,15 +163,10 @@ class _RealRank:
                                  clock.virtual_time_s))
 
     def _charge(self, selection_cpu_s: float) -> float:
-        """Charge this iteration's fixed compute plus its selection (the fixed one, else this
-        rank's measured CPU time; 0 for a dense method); returns the selection charged."""
+        """Charge this iteration's fixed compute plus its selection (:func:`charged_selection_s`
+        of this rank's measured CPU time); returns the selection charged."""
         assert self.fixed_compute_s is not None
-        if not self.state.method.sparse:
-            selection_s = 0.0
-        elif self.fixed_selection_s is not None:
-            selection_s = self.fixed_selection_s
-        else:
-            selection_s = selection_cpu_s
+        selection_s = charged_selection_s(self.state.method.sparse, self.fixed_selection_s, selection_cpu_s)
         self.clock.charge(self.fixed_compute_s + selection_s)
         return selection_s
 

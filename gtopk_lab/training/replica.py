@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,24 @@ def resolve_device(config: RunConfig, device: torch.device | str | None = None) 
 def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def rank_cpu_timer(device: torch.device) -> Callable[[], float]:
+    """The clock a rank's compute is measured with: the training thread's CPU time when
+    torch computes on that one thread (a Dask worker's other threads are not the rank's
+    compute), else the process's CPU time (intra-op threads count too)."""
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.process_time
+
+
+def rank_clock_s(device: torch.device) -> float:
+    """Now on the clock compute is timed with: synchronised wall time on CUDA, else
+    :func:`rank_cpu_timer`'s CPU time."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return rank_cpu_timer(device)()
 
 
 def limit_threads(ranks_per_host: int) -> None:

@@ -84,10 +84,10 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.methods import get_method
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
-from gtopk_lab.training.compute_charge import ComputeCharge, fixed_times
+from gtopk_lab.training.compute_charge import ComputeCharge, charged_selection_s, fixed_times
 from gtopk_lab.training.replica import (
-    RankResult, RankState, Replica, network_of, rank_checkpoint_state, resolve_device, restore_rank_state,
-    run_dataset,
+    RankResult, RankState, Replica, network_of, rank_checkpoint_state, rank_clock_s, resolve_device,
+    restore_rank_state, run_dataset,
 )
 from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row, peak_comm_pair
 from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
@@ -97,15 +97,6 @@ __all__ = ["simulate", "ALL_ROWS_MAX_WORKERS"]
 
 #: Up to this many virtual ranks every rank's ``iter`` rows are emitted by default.
 ALL_ROWS_MAX_WORKERS = 32
-
-
-def _timer(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        return time.perf_counter()
-    # one torch thread (a Dask task, limit_threads): the thread's own CPU time, so the
-    # worker's event loop and heartbeats are not charged as compute
-    return time.thread_time() if torch.get_num_threads() == 1 else time.process_time()
 
 
 def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device | str | None = None,
@@ -210,12 +201,12 @@ class _VirtualRanks:
         sync_now = states[0].local is None or states[0].local.due(it)
         for state in states:
             x, y = state.next_batch(point.epoch_index, point.first_of_epoch)
-            c0, w0 = _timer(dev), time.perf_counter()
+            c0, w0 = rank_clock_s(dev), time.perf_counter()
             with state.active(replica, swap_buffers):
                 loss = replica.forward_backward(x, y)
                 if state.local is not None:
                     replica.local_step(state.optimizer, lr)
-            c_mid, w1 = _timer(dev), time.perf_counter()
+            c_mid, w1 = rank_clock_s(dev), time.perf_counter()
             if sync_now:
                 if state.local is not None:
                     with state.active(replica, swap_buffers=False):
@@ -227,21 +218,17 @@ class _VirtualRanks:
                     local.gradient = replica.grad.clone()
                     local.acc = local.gradient if local.acc is replica.grad else local.acc
                 locals_.append(local)
-            c1, w2 = _timer(dev), time.perf_counter()
+            c1, w2 = rank_clock_s(dev), time.perf_counter()
             losses.append(loss)
             compute_s.append(c1 - c0)
             selection_cpu_s.append(c1 - c_mid)
             timings.append((w1 - w0, w2 - w1))
         if self.fixed_compute_s is not None:
             # Every rank is charged the same: the clock then only sees method differences.
-            if not self.method.sparse:
-                charged_selection_s = 0.0
-            elif self.fixed_selection_s is not None:
-                charged_selection_s = self.fixed_selection_s
-            else:
-                charged_selection_s = statistics.median(selection_cpu_s)
-            compute_s = [self.fixed_compute_s + charged_selection_s] * world
-            timings = [(self.fixed_compute_s, charged_selection_s)] * world
+            selection_s = charged_selection_s(self.method.sparse, self.fixed_selection_s,
+                                              statistics.median(selection_cpu_s))
+            compute_s = [self.fixed_compute_s + selection_s] * world
+            timings = [(self.fixed_compute_s, selection_s)] * world
         else:
             compute_s = self.charge.charge(compute_s)
         update_cpu_s = update_wall_s = 0.0
@@ -253,25 +240,25 @@ class _VirtualRanks:
             # A real rank pays its own residual update, aggregation and optimiser step; the
             # other P - 1 ranks' copies run here one after the other but cost no virtual time,
             # so the charged update does not grow with P.
-            u0, uw0 = _timer(dev), time.perf_counter()
+            u0, uw0 = rank_clock_s(dev), time.perf_counter()
             states[0].step.finish(locals_[0], results[0])
-            update_cpu_s, update_wall_s = _timer(dev) - u0, time.perf_counter() - uw0
+            update_cpu_s, update_wall_s = rank_clock_s(dev) - u0, time.perf_counter() - uw0
             for state, local, result in zip(states[1:], locals_[1:], results[1:]):
                 state.step.finish(local, result)
-            u0, uw0 = _timer(dev), time.perf_counter()
+            u0, uw0 = rank_clock_s(dev), time.perf_counter()
             aggregate = states[0].step.aggregate(results[0], dev)
-            update_cpu_s += _timer(dev) - u0
+            update_cpu_s += rank_clock_s(dev) - u0
             update_wall_s += time.perf_counter() - uw0
             if hasattr(states[0].step.memory, "aggregate"):  # memories that track G too
                 for state, result in zip(states[1:], results[1:]):
                     state.step.aggregate(result, dev)
-            u0, uw0 = _timer(dev), time.perf_counter()
+            u0, uw0 = rank_clock_s(dev), time.perf_counter()
             if states[0].local is not None:
                 with states[0].active(replica, swap_buffers=False):
                     states[0].local.outer_step(aggregate, world)
             else:
                 replica.apply(aggregate, lr)
-            update_cpu_s += _timer(dev) - u0
+            update_cpu_s += rank_clock_s(dev) - u0
             update_wall_s += time.perf_counter() - uw0
             if states[0].local is not None:
                 for state in states[1:]:  # after the sync every rank holds the new weights
