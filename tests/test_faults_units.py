@@ -226,3 +226,37 @@ def test_a_script_without_main_guard_ends_with_one_line(tmp_path: Path):
     assert len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith("gtopk-lab: Lab() at line 3 of train.py runs again in every worker process")
     assert 'add `if __name__ == "__main__":`' in lines[0]
+
+
+class _LateCancelSink:
+    """An EventSink stand-in whose run's cancellation reaches this worker after ``after_s``."""
+
+    run_id, rank = "r1", 0
+
+    def __init__(self, after_s: float) -> None:
+        self.at = time.monotonic() + after_s
+
+    def cancelled(self) -> bool:
+        return time.monotonic() >= self.at
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_whose_peer_left_a_cancelled_run_reports_the_cancellation() -> None:
+    from gtopk_lab.worker.rank_task import CANCEL_GRACE_S, RunCancelled, _as_cancellation
+
+    closed = RuntimeError("[pair.cc:534] Connection closed by peer [127.0.0.1]:4242")
+    started = time.monotonic()
+    seen = _as_cancellation(closed, _LateCancelSink(0.3))
+    assert isinstance(seen, RunCancelled) and "Connection closed by peer" in str(seen)
+    assert 0.25 <= time.monotonic() - started < CANCEL_GRACE_S
+    assert failure_cause(seen) == "cancelled"
+    # a peer lost in a run nobody cancelled stays a peer failure, after the grace period
+    started = time.monotonic()
+    assert _as_cancellation(closed, _LateCancelSink(60)) is closed
+    assert time.monotonic() - started >= CANCEL_GRACE_S
+    # other errors are never waited on nor renamed
+    other = ValueError("bad")
+    started = time.monotonic()
+    assert _as_cancellation(other, _LateCancelSink(0.0)) is other
+    assert _as_cancellation(closed, None) is closed
+    assert time.monotonic() - started < 0.1

@@ -206,16 +206,17 @@ def test_live_frontend_detection(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_copy_into_updates_a_figure_widget_in_place() -> None:
-    from gtopk_lab.plotting.live import _copy_into, static_bundle
+    from gtopk_lab.plotting.live import static_bundle
+    from gtopk_lab.plotting.widget_sync import copy_into
 
     _, metrics = synthetic_frames()
     small = metrics[metrics.iteration < 5]
     widget = go.FigureWidget(figures.convergence_figure(small))
     before = id(widget)
-    _copy_into(widget, figures.convergence_figure(metrics))  # same runs, more points
+    copy_into(widget, figures.convergence_figure(metrics))  # same runs, more points
     assert id(widget) == before and len(widget.data[0].x) == 20
     one_run = metrics[metrics.run_id == "gtopk-p4"]
-    _copy_into(widget, figures.convergence_figure(one_run))  # trace list changed shape
+    copy_into(widget, figures.convergence_figure(one_run))  # trace list changed shape
     assert len(widget.data) == 2 and widget.data[0].name == "gtopk ρ=0.01 P=4"
     bundle = static_bundle(go.Figure(widget))
     assert set(bundle) == {"application/vnd.plotly.v1+json", "text/html", "text/plain"}

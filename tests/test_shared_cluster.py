@@ -305,5 +305,9 @@ def test_a_killed_clients_workers_are_freed_and_its_ranks_stop(lab, other, tmp_p
     _, summary = handle.result(timeout_s=45)
     assert summary["status"] == "completed", summary["error"]
     orphans = _markers(tmp_path / "killed")
-    assert len(orphans) == 2 and {m["ended"] for m in orphans} == {"RunCancelled"}, orphans
+    # each rank notices the release at its own next sink call: the first to notice leaves
+    # the all-reduce, and its peer may fail in it (a closed connection) before its own call
+    ended = sorted(m["ended"] for m in orphans)
+    assert len(orphans) == 2 and "RunCancelled" in ended, orphans
+    assert set(ended) <= {"RunCancelled", "RuntimeError", "DistBackendError", "DistNetworkError"}, orphans
     assert max(m["at"] for m in orphans) < killed_at + 10  # long before its natural end

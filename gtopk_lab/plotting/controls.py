@@ -14,7 +14,7 @@ The panel talks only to the public ``Lab`` / ``Study`` API (``lab.study(...) -> 
 - **Live tabs**: *efficiency*, the scaling-efficiency figure of the latest study
   (:func:`~gtopk_lab.plotting.live_study.scaling_study_figure`, what ``live_scaling``
   draws) and *convergence* (:func:`~gtopk_lab.plotting.live_study.convergence_study_figure`).
-  Both are ``go.FigureWidget`` s made once with the panel and updated in place from the
+  Both are ``ThreadSafeFigureWidget`` s (:mod:`~gtopk_lab.plotting.widget_sync`) made once with the panel and updated in place from the
   study's watcher thread (``Study.subscribe``, at most every ``refresh_s``): the kernel is
   never blocked, typing and clicking stay responsive while a study runs.
 - **Run lines**: one line per run of every study launched from the panel (its status and
@@ -52,7 +52,7 @@ import plotly.graph_objects as go
 
 from gtopk_lab.config import RunConfig
 from gtopk_lab.plotting import figures
-from gtopk_lab.plotting.live import _copy_into
+from gtopk_lab.plotting.widget_sync import ThreadSafeFigureWidget, copy_into
 from gtopk_lab.plotting.live_study import convergence_study_figure, scaling_study_figure
 from gtopk_lab.orchestration.arguments import check_seconds
 from gtopk_lab.plotting.panel_fields import FieldError, StudyRequest, check_defaults, first_line
@@ -185,9 +185,9 @@ class ControlPanel:
                                             tooltip="cancel the unfinished runs of every study of this panel")
         self.message = widgets.HTML(layout=widgets.Layout(min_height="22px"))
         self.run_lines = widgets.HTML(value="<i>no study launched yet</i>")
-        self.efficiency_figure = go.FigureWidget(_placeholder_figure(
+        self.efficiency_figure = ThreadSafeFigureWidget(_placeholder_figure(
             "Scaling efficiency: press Launch; each point appears once its run's throughput is known"))
-        self.convergence_figure = go.FigureWidget(_placeholder_figure(
+        self.convergence_figure = ThreadSafeFigureWidget(_placeholder_figure(
             "Convergence: press Launch; train loss per method and P, live"))
         self.runs_table = runs_table_widget(self._table_frame)
         self.compare_button = widgets.Button(description="Compare selected", icon="columns",
@@ -307,8 +307,8 @@ class ControlPanel:
                     # missed one of the partial updates (the browser test once showed an
                     # empty efficiency figure after every run had completed) is made whole
                     final = study.done()
-                    _copy_into(self.efficiency_figure, scaling_study_figure(study.points()), replace=final)
-                    _copy_into(self.convergence_figure, convergence_study_figure(study.metrics()),
+                    copy_into(self.efficiency_figure, scaling_study_figure(study.points()), replace=final)
+                    copy_into(self.convergence_figure, convergence_study_figure(study.metrics()),
                                replace=final)
                 self.run_lines.value = self._lines_html()
             self.refresh_runs()

@@ -43,8 +43,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import os
 import sys
 import threading
@@ -65,6 +63,7 @@ from gtopk_lab.plotting.static_figures import (
     show,
     static_bundle,
 )
+from gtopk_lab.plotting.widget_sync import ThreadSafeFigureWidget, copy_into
 
 __all__ = [
     "STATIC_ENV",
@@ -156,7 +155,7 @@ class LiveFigure:
         self._finished = False
         self.refreshes = 0
         initial = self._build()
-        self.figure: go.Figure = go.FigureWidget(initial) if self.live else initial
+        self.figure: go.Figure = ThreadSafeFigureWidget(initial) if self.live else initial
         if self.live and display:
             from IPython.display import display as ipy_display
 
@@ -234,13 +233,13 @@ class LiveFigure:
 
     def refresh(self, replace: bool = False) -> None:
         """Rebuild from all rows so far and push the change into :attr:`figure` in one batch
-        (``replace``: the whole figure, see ``_copy_into``)."""
+        (``replace``: the whole figure, see :func:`~gtopk_lab.plotting.widget_sync.copy_into`)."""
         try:
             with self._lock:
                 new = self._build()
                 self._last_refresh = time.monotonic()
                 self.refreshes += 1
-                _copy_into(self.figure, new, replace=replace)
+                copy_into(self.figure, new, replace=replace)
         except Exception as exc:  # noqa: BLE001 - see _on_rows
             print(f"gtopk_lab.plotting.live: refresh failed: {exc!r}", file=sys.stderr)
 
@@ -274,55 +273,6 @@ class LiveFigure:
         if self.live:
             return self.figure._repr_mimebundle_(include, exclude)  # type: ignore[union-attr]
         return kernel_bundle(self.figure)
-
-
-def _copy_into(target: go.Figure, source: go.Figure, replace: bool = False) -> None:
-    """Make ``target`` show ``source``: same traces and layout, updated in one batch.
-
-    Traces are matched by position and type; when the trace list changed shape (a new
-    run appeared) the traces are replaced, otherwise only their data and style change, so
-    a FigureWidget sends one small update. ``replace`` re-sends every trace and the layout
-    whatever the shape: a last redraw that does not depend on the front end having applied
-    every earlier partial update.
-    """
-    same_shape = not replace and len(target.data) == len(source.data) and all(
-        a.type == b.type for a, b in zip(target.data, source.data))
-
-    def batch() -> Any:
-        return target.batch_update() if isinstance(target, go.FigureWidget) else contextlib.nullcontext()
-
-    if same_shape:
-        with batch():
-            for dst, src in zip(target.data, source.data):
-                props = {k: v for k, v in src.to_plotly_json().items() if k not in ("type", "uid")}
-                dst.update(props, overwrite=True)
-            new_layout = source.layout.to_plotly_json()
-            if target.layout.to_plotly_json() != new_layout:
-                target.layout.update(new_layout, overwrite=True)
-    else:
-        with batch():
-            target.data = ()
-        target.add_traces(list(source.data))
-        with batch():
-            target.layout = source.layout
-    _resync_widget_state(target)
-
-
-def _resync_widget_state(target: go.Figure) -> None:
-    """After the deltas, send a ``FigureWidget``'s whole figure as its widget state too.
-
-    plotly's front-end model applies the deltas (``_py2js_restyle``, ``_relayout``, ...) to
-    its ``_widget_data`` / ``_widget_layout`` through listeners it registers only once its
-    5 MB module has loaded (anywidget's ``initialize``); deltas that arrive before are
-    dropped, and a view rendered later shows a stale or broken figure (seen in the browser
-    test on a loaded box: a study figure with no title and no points for its whole run).
-    The whole state, sent after the deltas, is what that late model starts from; a model
-    that was ready has applied the deltas already, and its view does not redraw for it.
-    plotly does the same in ``FigureWidget._repr_mimebundle_``. Cost: one message of the
-    figure's JSON per refresh (kilobytes here)."""
-    if isinstance(target, go.FigureWidget):
-        target._widget_layout = copy.deepcopy(target._layout_obj._props)
-        target._widget_data = copy.deepcopy(target._data)
 
 
 def live_convergence(handles: Any | Sequence[Any] = (), x: str = "iteration", *, live: bool | None = None,

@@ -36,8 +36,9 @@ from plotly.subplots import make_subplots
 from gtopk_lab.analysis.study_tables import point_efficiency, predicted_efficiency, aggregate_seeds
 from gtopk_lab.network.model import format_bandwidth
 from gtopk_lab.plotting.figures_base import method_color
-from gtopk_lab.plotting.live import _copy_into, live_frontend_present
+from gtopk_lab.plotting.live import live_frontend_present
 from gtopk_lab.plotting.static_figures import display_static
+from gtopk_lab.plotting.widget_sync import ThreadSafeFigureWidget, copy_into
 
 #: Panels per row of the convergence figure (one per method).
 PANELS_PER_ROW = 5
@@ -148,7 +149,7 @@ class StudyFigure:
         self.build = build
         self.live = live_frontend_present() if live is None else bool(live)
         initial = build(study)
-        self.figure: go.Figure = go.FigureWidget(initial) if self.live else initial
+        self.figure: go.Figure = ThreadSafeFigureWidget(initial) if self.live else initial
         self.refreshes = 0
         self._lock = threading.Lock()
         if self.live:
@@ -168,13 +169,13 @@ class StudyFigure:
     def _refresh(self, study: Any, replace: bool = False) -> None:
         fig = self.build(study)
         with self._lock:
-            _copy_into(self.figure, fig, replace=replace)
+            copy_into(self.figure, fig, replace=replace)
             self.refreshes += 1
 
     def finish(self, timeout_s: float | None = None) -> go.Figure:
         """Wait for the study, refresh once more, and (headless) display the static figure.
 
-        The last refresh re-sends the figure whole (``_copy_into(replace=True)``): a view
+        The last refresh re-sends the figure whole (``copy_into(replace=True)``): a view
         that missed a delta while it was drawing is made whole, as the ControlPanel does."""
         self.study.wait(timeout_s)
         self._refresh(self.study, replace=True)

@@ -26,6 +26,8 @@ import anywidget
 import plotly.graph_objects as go
 import traitlets
 
+from gtopk_lab.plotting.widget_sync import editing
+
 __all__ = ["fit_width", "FitSignal"]
 
 
@@ -35,10 +37,11 @@ def fit_width(figure: go.FigureWidget) -> None:
     Plotly sends a relayout only on a change, so autosize goes off and on again: the
     second relayout measures the container (a no-op where the figure is not visible). A
     figure with a width of its own keeps it."""
-    if figure.layout.width is not None:
-        return
-    figure.layout.autosize = False
-    figure.layout.autosize = True
+    with editing(figure):  # the panel's watcher thread may be refreshing it
+        if figure.layout.width is not None:
+            return
+        figure.layout.autosize = False
+        figure.layout.autosize = True
 
 
 class FitSignal(anywidget.AnyWidget):

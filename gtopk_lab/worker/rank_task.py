@@ -46,7 +46,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from gtopk_lab.worker.faults import SchedulerWatchdog, failure_cause
+from gtopk_lab.worker.faults import PEER_LOST, SchedulerWatchdog, failure_cause
 
 #: Prefix of the per-run log_event topic that carries metric rows.
 TOPIC_PREFIX = "gtopk-"
@@ -242,6 +242,7 @@ def run_rank(
         from gtopk_lab.training.loop import train_rank as train_fn
 
     store = None
+    sink: EventSink | None = None
     initialised = False
     # After a trip, a rank still running past the collective timeout is stuck (module faults).
     watchdog = SchedulerWatchdog(worker, timeout_s=config.scheduler_timeout_s,
@@ -279,6 +280,7 @@ def run_rank(
     except BaseException as exc:
         # Name the rank and worker in the message the client shows; keep the chain.
         tb = traceback.format_exc()
+        exc = _as_cancellation(exc, sink)
         raise RankFailed(rank, str(worker.address), f"{type(exc).__name__}: {exc}", tb,
                          time.time(), failure_cause(exc)) from None
     finally:
@@ -289,6 +291,30 @@ def run_rank(
             except Exception:
                 pass
         del store
+
+
+#: How long a rank whose peer left waits to learn that the run was cancelled.
+CANCEL_GRACE_S = 2.0
+
+
+def _as_cancellation(exc: BaseException, sink: "EventSink | None") -> BaseException:
+    """``exc``, or a :class:`RunCancelled` when the run was cancelled and ``exc`` is only
+    how this rank learned it.
+
+    Ranks notice a cancellation at their next sink call, not all at once: the first to
+    notice leaves its collective, and its peers fail there with a closed connection
+    (``peer lost``). Such a rank waits up to :data:`CANCEL_GRACE_S` for the cancellation
+    to reach its own worker, so the client and the summary say "cancelled", not that a
+    peer failed."""
+    if sink is None or isinstance(exc, RunCancelled) or failure_cause(exc) != PEER_LOST:
+        return exc
+    deadline = time.monotonic() + CANCEL_GRACE_S
+    while not sink.cancelled():
+        if time.monotonic() >= deadline:
+            return exc
+        time.sleep(0.05)
+    return RunCancelled(f"run {sink.run_id} was cancelled (rank {sink.rank} saw it as: "
+                        f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
 
 
 class RankFailed(RuntimeError):
