@@ -105,3 +105,39 @@ def test_compiled_sort_by_index_is_the_stable_sort() -> None:
         assert _same(sort_by_index(v, i), got)
     assert fast_merge.numba_sort_by_index(torch.ones(2), torch.tensor([-1, 1], dtype=torch.int32)) is None
     assert fast_merge.numba_sort_by_index(torch.ones(2), torch.tensor([2, 1])) is None  # int64: torch path
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_canonical_wire_is_the_range_check_conversion_and_stable_sort(index_dtype, monkeypatch) -> None:
+    from gtopk_lab.compression.merge import canonical_wire
+
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        numel = int(rng.choice([7, 5000, 25_000_000]))
+        n = int(rng.integers(1, min(numel, 6000) + 1))
+        i = torch.tensor(rng.choice(numel, size=n, replace=False), dtype=index_dtype)
+        if trial % 6 == 0:
+            i = torch.sort(i).values  # already ascending
+        v = torch.tensor(rng.standard_normal(n), dtype=torch.float32)
+        perm = np.argsort(i.numpy(), kind="stable")
+        want = (v[perm], i[perm].to(torch.int32))
+        got = canonical_wire(v, i, numel)
+        assert _same(got, want) and got[1].is_contiguous()
+        monkeypatch.setenv(fast_merge.FAST_MERGE_ENV, "0")  # the torch path: the same
+        assert _same(canonical_wire(v, i, numel), want)
+        monkeypatch.delenv(fast_merge.FAST_MERGE_ENV)
+    # out of range: check_sparse's one line, from either path
+    for bad in ([3, -1, 2], [0, 9, 4]):
+        i = torch.tensor(bad, dtype=index_dtype)
+        with pytest.raises(ValueError) as fast_error:
+            canonical_wire(torch.ones(3), i, 9, name="x")
+        monkeypatch.setenv(fast_merge.FAST_MERGE_ENV, "0")
+        with pytest.raises(ValueError) as torch_error:
+            canonical_wire(torch.ones(3), i, 9, name="x")
+        monkeypatch.delenv(fast_merge.FAST_MERGE_ENV)
+        assert str(fast_error.value) == str(torch_error.value)
+        assert str(fast_error.value).startswith("x: indices range [") and "numel=9" in str(fast_error.value)
+    # above 2**31 elements the wire keeps int64 indices: the torch path
+    big = torch.tensor([2**33, 5], dtype=torch.int64)
+    got = canonical_wire(torch.tensor([1.0, 2.0]), big, 2**34)
+    assert got[1].dtype == torch.int64 and got[1].tolist() == [5, 2**33] and got[0].tolist() == [2.0, 1.0]

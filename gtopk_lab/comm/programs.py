@@ -42,7 +42,7 @@ Request = tuple[str, int, "Payload | None"]
 
 def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: torch.Tensor,
                   numel: int, k: int, algorithm: str, header: bool = True,
-                  profile: RoundProfile | None = None
+                  profile: RoundProfile | None = None, canonical_cpu_s: float | None = None
                   ) -> Generator[Request, Payload | None, CollectiveResult]:
     """gTop-k on one rank as a generator of communication requests.
 
@@ -55,14 +55,20 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
     ``profile`` (the torch.distributed driver passes the active one): record the local
     sort as ``prep``, each round's merge as ``merge`` and the stats as ``finish``
     (:mod:`gtopk_lab.comm.profiling`); the clocks are only read, results are unchanged.
+    ``canonical_cpu_s``: the caller has already made the selection canonical
+    (:func:`~gtopk_lab.compression.merge.canonical_wire`), in this much CPU time, which is
+    charged as the local sort would be.
     """
     stamp = profile.stamp() if profile is not None else None
-    values, indices = wire(values, indices, numel)
-    # one sort of the local selection by index: every message is then canonical and every
-    # merge sees two ascending runs (merge_sparse's fast path); charged as merge CPU
-    t0 = time.process_time()
-    values, indices = sort_by_index(values, indices)
-    merge_cpu_s = time.process_time() - t0
+    if canonical_cpu_s is not None:
+        merge_cpu_s = canonical_cpu_s
+    else:
+        values, indices = wire(values, indices, numel)
+        # one sort of the local selection by index: every message is then canonical and
+        # every merge sees two ascending runs (merge_sparse's fast path); charged as merge CPU
+        t0 = time.process_time()
+        values, indices = sort_by_index(values, indices)
+        merge_cpu_s = time.process_time() - t0
     if profile is not None:
         profile.stop("prep", stamp)
     steps: list[tuple[int, int]] = []

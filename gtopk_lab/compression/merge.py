@@ -23,9 +23,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gtopk_lab.compression.fast_merge import merge_applies, numba_merge, numba_sort_by_index
+from gtopk_lab.compression.fast_merge import merge_applies, numba_merge, numba_sort_by_index, numba_wire_sort
 
-__all__ = ["index_dtype", "coalesce_sparse", "merge_sparse", "check_sparse", "top_magnitude_mask",
+__all__ = ["index_dtype", "coalesce_sparse", "merge_sparse", "check_sparse", "canonical_wire", "top_magnitude_mask",
            "stable_argsort", "kth_largest", "sort_by_index", "merge_sparse_torch"]
 
 _INT32_LIMIT = 2**31
@@ -62,10 +62,34 @@ def check_sparse(values: torch.Tensor, indices: torch.Tensor, numel: int | None 
         raise TypeError(f"{name}: values dtype {values.dtype} is invalid: expected a floating dtype")
     if numel is not None and indices.numel() > 0:
         lo_t, hi_t = torch.aminmax(indices)
-        lo, hi = int(lo_t), int(hi_t)
-        if lo < 0 or hi >= numel:
-            raise ValueError(f"{name}: indices range [{lo}, {hi}] is invalid: expected indices in "
-                             f"[0, {numel}) (numel={numel})")
+        _check_range(int(lo_t), int(hi_t), numel, name)
+
+
+def _check_range(lo: int, hi: int, numel: int, name: str) -> None:
+    if lo < 0 or hi >= numel:
+        raise ValueError(f"{name}: indices range [{lo}, {hi}] is invalid: expected indices in "
+                         f"[0, {numel}) (numel={numel})")
+
+
+def canonical_wire(values: torch.Tensor, indices: torch.Tensor, numel: int,
+                   name: str = "values/indices") -> tuple[torch.Tensor, torch.Tensor]:
+    """A rank's selection checked (as :func:`check_sparse` with ``numel``), in the wire
+    format (contiguous values, :func:`index_dtype` indices) and sorted by index, as every
+    sparse collective starts.
+
+    CPU float32 with int32/int64 indices below 2**31 elements: one compiled call
+    (:func:`~gtopk_lab.compression.fast_merge.numba_wire_sort`) does the range check's
+    min/max, the conversion and the sort; elsewhere ``check_sparse``, the conversion and
+    :func:`sort_by_index`. Same result either way."""
+    check_sparse(values, indices, None, name)
+    if index_dtype(numel) == torch.int32:
+        fast = numba_wire_sort(values, indices)
+        if fast is not None:
+            lo, hi, sorted_values, sorted_indices = fast
+            _check_range(lo, hi, numel, name)
+            return sorted_values, sorted_indices
+    check_sparse(values, indices, numel, name)
+    return sort_by_index(values.contiguous(), indices.to(index_dtype(numel)).contiguous())
 
 
 def _stable_sort_by_index(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
