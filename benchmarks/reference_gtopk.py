@@ -306,6 +306,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     parser.add_argument("--mpi-python", default=sys.executable,
                         help="interpreter with mpi4py + numpy for the reference ranks (default: this one)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="alternate the reference and ours this many times per P and print the "
+                             "median of the per-round ratios too (default 1): on a shared box the "
+                             "state drifts between the two jobs of one round")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mpiexec run (default 600)")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", default=None, help=argparse.SUPPRESS)
@@ -318,6 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(the reference runs log2(P) rounds)")
         if not 0.0 < args.density <= 1.0:
             raise ValueError(f"--density={args.density!r} is invalid: expected a number in (0, 1]")
+        if args.rounds < 1:
+            raise ValueError(f"--rounds={args.rounds!r} is invalid: expected an integer >= 1")
         if args.repeats < 1 or args.warmup < 0:
             raise ValueError(f"--repeats={args.repeats!r}/--warmup={args.warmup!r} is invalid: "
                              "expected repeats >= 1 and warmup >= 0")
@@ -342,8 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'P':>3} {'numel':>6} {'k':>6} {'reference':>10} {'tree':>8} {'butterfly':>10} "
           f"{'ref/tree':>9} {'ref/bfly':>9} {'check tree':>11} {'check bfly':>11}")
     failed = False
+    per_round: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="ref-gtopk-") as tmp:
-        for p in workers:
+        for p in (p for p in workers for _ in range(args.rounds)):
             ref = run_reference(mpiexec, args.mpi_python, p, args, Path(tmp))
             ours = run_ours(p, numels, args.density, args.seed, args.repeats, args.warmup)
             for case in ref["cases"]:
@@ -365,6 +372,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{p:>3} {label:>6} {case['k']:>6} {t_ref * 1e3:>10.2f} {t_tree * 1e3:>8.2f} "
                       f"{t_bfly * 1e3:>10.2f} {t_ref / t_tree:>8.2f}x {t_ref / t_bfly:>8.2f}x "
                       f"{checks['tree']:>11} {checks['butterfly']:>11}", flush=True)
+                per_round.setdefault((p, n), []).append((t_ref, t_tree, t_bfly))
+    if args.rounds > 1:
+        print(f"# median over {args.rounds} rounds (times: medians; ratios: the median of the "
+              "rounds' ratios; min-max of the ratios)")
+        for (p, n), rows in per_round.items():
+            ref_t, tree_t, bfly_t = (statistics.median(col) for col in zip(*rows))
+            r_tree = sorted(r / t for r, t, _ in rows)
+            r_bfly = sorted(r / b for r, _, b in rows)
+            label = f"{n // 10**6}M" if n % 10**6 == 0 else str(n)
+            print(f"{p:>3} {label:>6} {max(1, int(args.density * n)):>6} {ref_t * 1e3:>10.2f} "
+                  f"{tree_t * 1e3:>8.2f} {bfly_t * 1e3:>10.2f} {statistics.median(r_tree):>8.2f}x "
+                  f"{statistics.median(r_bfly):>8.2f}x   tree {r_tree[0]:.2f}-{r_tree[-1]:.2f}x, "
+                  f"butterfly {r_bfly[0]:.2f}-{r_bfly[-1]:.2f}x")
     print(f"# reference ranks: numpy {ref['numpy']}, {ref['mpi']}; load average "
           f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])} at end")
     return 1 if failed else 0

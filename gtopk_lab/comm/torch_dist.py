@@ -39,7 +39,8 @@ from gtopk_lab.comm.stats import (
     HEADER_BYTES, CollectiveResult, Payload, check_algorithm, check_exact_k, check_k, check_numel,
     sparse_message_bytes, wire,
 )
-from gtopk_lab.compression.merge import canonical_wire, check_sparse
+from gtopk_lab.comm.schedules import Step, sparse_schedule
+from gtopk_lab.compression.merge import canonical_wire, check_sparse, index_dtype
 from gtopk_lab.network.pacing import active_pacer
 
 __all__ = ["dense_allreduce", "topk_allgather", "gtopk_allreduce", "rank_world", "comm_device", "global_rank"]
@@ -104,6 +105,43 @@ class _P2P:
         #: records pack / sendrecv / unpack per round when set (gtopk_lab.comm.profiling);
         #: None (the default) times nothing
         self.profile = profile
+        #: (peer, buffer, work) of the next receive, posted ahead of its round (:meth:`plan`)
+        self._preposted: tuple[int, torch.Tensor, dist.Work] | None = None
+        self._receives: list[int] = []
+
+    def plan(self, steps: list[Step]) -> None:
+        """Post each fixed-size receive of ``steps`` (a sparse schedule) one round ahead:
+        the first now, before the local sort, and each next one as soon as the round before
+        it is done, before that round's merge. The peer's message then finds a buffer
+        waiting instead of the two ranks' sends and receives meeting at once (on 2 loaded
+        cores posting either call then waited ~1 ms for gloo's I/O thread). Only one
+        receive is outstanding and they are posted in program order, so each gets the
+        message its round expects (messages between two ranks are matched in order)."""
+        assert self.fixed_count is not None and self._preposted is None
+        self._receives = [step.peer for step in steps if step.op in ("recv", "exchange")]
+        self._post_next()
+
+    def _post_next(self) -> None:
+        if self._receives and self._preposted is None:
+            peer = self._receives.pop(0)
+            buf = torch.empty(self.fixed_count * self.pair_bytes, dtype=torch.uint8, device=self.device)
+            self._preposted = (peer, buf, self._irecv(buf, peer))
+
+    def check_drained(self) -> None:
+        """After the program: every planned receive was used (one left over would take the
+        next call's message)."""
+        if self._preposted is not None or self._receives:
+            raise RuntimeError("gtopk_allreduce: the program ended with planned receives unused")
+
+    def _take_preposted(self, peer: int) -> tuple[torch.Tensor, dist.Work] | None:
+        if self._preposted is None:
+            return None
+        posted_peer, buf, work = self._preposted
+        if posted_peer != peer:  # the program's rounds are not the planned schedule
+            raise RuntimeError(f"a receive from rank {posted_peer} was posted ahead, "
+                               f"but this round is with rank {peer}")
+        self._preposted = None
+        return buf, work
 
     def _isend(self, t: torch.Tensor, peer: int) -> dist.Work:
         return dist.isend(t, dst=global_rank(self.group, peer), group=self.group)
@@ -132,14 +170,20 @@ class _P2P:
             if prof is not None:
                 prof.stop("pack", stamp)
         stamp = prof.stamp() if prof is not None else None
+        recv_buf = None
+        preposted = self._take_preposted(peer) if op in ("recv", "exchange") else None
+        if preposted is not None:
+            recv_buf, work = preposted
+            works.append(work)
         if send_buf is not None:
             works.append(self._isend(send_buf, peer))
-        recv_buf = None
-        if op in ("recv", "exchange"):
+        if op in ("recv", "exchange") and preposted is None:
             recv_buf = torch.empty(n * self.pair_bytes, dtype=torch.uint8, device=self.device)
             works.append(self._irecv(recv_buf, peer))
         for w in works:
             w.wait()
+        if preposted is not None:
+            self._post_next()
         if pacer is not None:
             pacer.end_round(sent_bytes, recv_buf.numel() if recv_buf is not None else 0)
         if prof is not None:
@@ -321,19 +365,23 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     rank, world = rank_world(group)
     out_device = values.device
     device = comm_device(values, group) if world > 1 else values.device
+    transport = _P2P(group, device, values.dtype, index_dtype(numel), fixed_count=k if exact_k else None,
+                     profile=prof)
+    if exact_k and world > 1:
+        check_exact_k(exact_k, {"this rank": values.numel()}, k)  # before anything is posted
+        transport.plan(sparse_schedule(algorithm, rank, world))
     # the range check, the wire dtype and the sort by index in one pass where it can: on a
     # core that has just waited for its peers every separate call costs 0.1-0.25 ms
     t0 = time.process_time()
     values, indices = canonical_wire(values.to(device), indices.to(device), numel, name=name)
     canonical_cpu_s = time.process_time() - t0
     check_exact_k(exact_k, {"this rank": values.numel()}, k)
-    transport = _P2P(group, device, values.dtype, indices.dtype, fixed_count=k if exact_k else None,
-                     profile=prof)
     if prof is not None:
         prof.stop("prep", stamp)
     gen = gtopk_program(rank, world, values, indices, numel, k, algorithm, header=not exact_k, profile=prof,
                         canonical_cpu_s=canonical_cpu_s)
     result: CollectiveResult = drive(gen, transport.run)
+    transport.check_drained()
     stamp = prof.stamp() if prof is not None else None
     st = result.stats
     st.drops_to(out_device)
