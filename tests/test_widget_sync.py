@@ -33,18 +33,13 @@ class FrontEndView:
                 del self.traces[i]
         if state.get("_py2js_addTraces") is not None:
             self.traces += [dict(t) for t in state["_py2js_addTraces"]["trace_data"]]
-        if state.get("_py2js_restyle") is not None:
-            msg = state["_py2js_restyle"]
-            indexes = msg["restyle_traces"] or range(len(self.traces))
-            for j, i in enumerate(indexes):
-                for key, values in msg["restyle_data"].items():
-                    self.traces[i][key] = values[j] if isinstance(values, list) else values
-        if state.get("_py2js_update") is not None:
-            msg = state["_py2js_update"]
-            indexes = msg["style_traces"] or range(len(self.traces))
-            for j, i in enumerate(indexes):
-                for key, values in msg["style_data"].items():
-                    self.traces[i][key] = values[j] if isinstance(values, list) else values
+        for delta, traces_key, data_key in (("_py2js_restyle", "restyle_traces", "restyle_data"),
+                                            ("_py2js_update", "style_traces", "style_data")):
+            msg = state.get(delta)
+            if msg is not None:
+                for j, i in enumerate(msg[traces_key] or range(len(self.traces))):
+                    for key, values in msg[data_key].items():
+                        self.traces[i][key] = values[j] if isinstance(values, list) else values
 
 
 def _listen(widget: go.FigureWidget, front: FrontEndView) -> None:
