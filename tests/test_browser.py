@@ -323,7 +323,16 @@ def test_study_efficiency_figure_gains_points_while_running(quickstart: Session)
     # simulated dense P = 1 (the baseline of the simulated points)
     # the study's own table (the cell under the figure) says whether the kernel had 9 points
     table = [o for o in quickstart.outputs() if "efficiency_mean" in o]
-    assert final == 9 and final >= max(grew), (final, while_running, table)
+    kernel_rows = [line for line in (table[0].splitlines() if table else [])
+                   if line.split("\t")[0].strip().isdigit()]
+    on_page = page.evaluate(
+        "(title) => Array.from(document.querySelectorAll('.jp-OutputArea .js-plotly-plot'))"
+        ".filter(d => String((d.layout.title || {}).text || d.layout.title || '').startsWith(title))"
+        ".map(d => d.data.map(t => [t.name, t.mode, t.x]))", title)
+    assert final == 9 and final >= max(grew), (
+        f"the figure ends with {final} measured points (9 expected; while running: {while_running}); "
+        f"the kernel's table has {len(kernel_rows)} rows:\n" + "\n".join(kernel_rows)
+        + f"\ntraces on the page (name, mode, x): {on_page}")
 
 
 def _panel(session: Session) -> Any:
