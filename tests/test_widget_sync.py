@@ -102,3 +102,46 @@ def test_a_new_trace_added_while_a_front_end_message_is_applied_reaches_the_fron
     copy_into(widget, _figure([5.0, 6.0, 7.0]))  # trace list changed shape: delete + add
     applying.join(5)
     assert [len(t["x"]) for t in front.traces] == [3, 1]
+
+
+class _FakeStudy:
+    """What StudyFigure needs of a Study: wait, subscribe, and the state builds read."""
+
+    def __init__(self) -> None:
+        self.points_now = [1.0]
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        return True
+
+    def subscribe(self, callback: Any) -> Any:
+        return lambda: None
+
+
+def test_a_watcher_refresh_that_read_the_study_before_finish_is_not_applied_after_it() -> None:
+    """The quickstart's study figure once ended with 8 of 9 points: the watcher thread had
+    built its refresh while the last run was ending, finish() then drew all 9, and the
+    watcher's stale figure landed last."""
+    from gtopk_lab.plotting.live_study import StudyFigure
+
+    study = _FakeStudy()
+    reading = threading.Event()
+
+    def build(s: _FakeStudy) -> go.Figure:
+        xs = list(s.points_now)  # what this build read of the study
+        if threading.current_thread().name == "watcher":
+            reading.set()
+            time.sleep(0.4)  # a slow build, as on a loaded box
+        return go.Figure([go.Scatter(x=xs, y=xs, mode="markers")])
+
+    view = StudyFigure(study, build, live=True)
+    watcher = threading.Thread(target=view._refresh, args=(study,), name="watcher")
+    watcher.start()
+    assert reading.wait(5)
+    study.points_now = [1.0, 8.0]  # the last run ended meanwhile
+    final = view.finish()
+    watcher.join(5)
+    assert list(final.data[0].x) == [1.0, 8.0]
+    view._refresh(study)  # a watcher call after finish() changes nothing
+    study.points_now = [1.0]
+    view._refresh(study)
+    assert list(view.figure.data[0].x) == [1.0, 8.0]

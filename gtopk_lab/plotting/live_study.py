@@ -152,6 +152,7 @@ class StudyFigure:
         self.figure: go.Figure = ThreadSafeFigureWidget(initial) if self.live else initial
         self.refreshes = 0
         self._lock = threading.Lock()
+        self._finished = False
         if self.live:
             self._display()
         # Headless, nothing shows the figure before finish(): rebuilding it on every update
@@ -166,20 +167,26 @@ class StudyFigure:
         except Exception:  # noqa: BLE001 - no IPython: nothing to display into
             pass
 
-    def _refresh(self, study: Any, replace: bool = False) -> None:
-        fig = self.build(study)
+    def _refresh(self, study: Any, replace: bool = False, final: bool = False) -> None:
+        # The build reads the study inside the lock: a watcher refresh that read the study
+        # before finish() did must not be applied after it (seen: the finished figure lost
+        # its last point to a refresh built while that run was ending).
         with self._lock:
-            copy_into(self.figure, fig, replace=replace)
+            if self._finished:
+                return
+            copy_into(self.figure, self.build(study), replace=replace)
             self.refreshes += 1
+            self._finished = final
 
     def finish(self, timeout_s: float | None = None) -> go.Figure:
         """Wait for the study, refresh once more, and (headless) display the static figure.
 
         The last refresh re-sends the figure whole (``copy_into(replace=True)``): a view
-        that missed a delta while it was drawing is made whole, as the ControlPanel does."""
+        that missed a delta while it was drawing is made whole, as the ControlPanel does.
+        No refresh is applied after it."""
         self.study.wait(timeout_s)
-        self._refresh(self.study, replace=True)
         self._unsubscribe()
+        self._refresh(self.study, replace=True, final=True)
         if not self.live:
             display_static(self.figure)
         return self.figure
