@@ -367,15 +367,14 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     device = comm_device(values, group) if world > 1 else values.device
     transport = _P2P(group, device, values.dtype, index_dtype(numel), fixed_count=k if exact_k else None,
                      profile=prof)
+    check_exact_k(exact_k, {"this rank": values.numel()}, k)  # before anything is posted
     if exact_k and world > 1:
-        check_exact_k(exact_k, {"this rank": values.numel()}, k)  # before anything is posted
         transport.plan(sparse_schedule(algorithm, rank, world))
     # the range check, the wire dtype and the sort by index in one pass where it can: on a
     # core that has just waited for its peers every separate call costs 0.1-0.25 ms
     t0 = time.process_time()
     values, indices = canonical_wire(values.to(device), indices.to(device), numel, name=name)
     canonical_cpu_s = time.process_time() - t0
-    check_exact_k(exact_k, {"this rank": values.numel()}, k)
     if prof is not None:
         prof.stop("prep", stamp)
     gen = gtopk_program(rank, world, values, indices, numel, k, algorithm, header=not exact_k, profile=prof,

@@ -291,6 +291,19 @@ def numba_merge(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, i_b: to
     return torch.from_numpy(kv), torch.from_numpy(ki), torch.from_numpy(dv), torch.from_numpy(di)
 
 
+def _sort(values: torch.Tensor, indices: torch.Tensor, index_dtypes: tuple[torch.dtype, ...]
+          ) -> tuple[int, int, bool, np.ndarray, np.ndarray] | None:
+    """:func:`_sort_kernel` on CPU float32 values and ``index_dtypes`` indices, or None where
+    it does not apply (not :func:`enabled`, other devices or dtypes, no entries)."""
+    if not (enabled() and values.device.type == "cpu" and indices.device.type == "cpu"
+            and values.dtype == torch.float32 and indices.dtype in index_dtypes
+            and indices.numel() > 0):
+        return None
+    lo, hi, ascending, v, i = _compiled("sort")(values.detach().contiguous().numpy(),
+                                                indices.contiguous().numpy())
+    return int(lo), int(hi), bool(ascending), v, i
+
+
 def numba_sort_by_index(values: torch.Tensor, indices: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(values, indices) stably sorted by index by the compiled radix sort (the same
@@ -298,13 +311,10 @@ def numba_sort_by_index(values: torch.Tensor, indices: torch.Tensor
     not apply (not :func:`enabled`, not CPU float32 values with non-negative int32
     indices). Any stable sort gives this one result. Cost: one scan, then ceil(bits / 13)
     counting passes, the first digit counted during the scan, O(n)."""
-    if not (enabled() and values.device.type == "cpu" and indices.device.type == "cpu"
-            and values.dtype == torch.float32 and indices.dtype == torch.int32):
+    done = _sort(values, indices, (torch.int32,))
+    if done is None or done[0] < 0:
         return None
-    lo, _hi, ascending, v, i = _compiled("sort")(values.detach().contiguous().numpy(),
-                                                 indices.contiguous().numpy())
-    if lo < 0:
-        return None
+    _lo, _hi, ascending, v, i = done
     return (values, indices) if ascending else (torch.from_numpy(v), torch.from_numpy(i))
 
 
@@ -317,14 +327,12 @@ def numba_wire_sort(values: torch.Tensor, indices: torch.Tensor
     indices). Replaces a range check, a dtype conversion and :func:`numba_sort_by_index`:
     three passes' worth of torch calls, each of which costs 0.1-0.25 ms on a core that
     has just waited (a rank between collectives)."""
-    if not (enabled() and values.device.type == "cpu" and indices.device.type == "cpu"
-            and values.dtype == torch.float32 and indices.dtype in (torch.int32, torch.int64)
-            and indices.numel() > 0):
+    done = _sort(values, indices, (torch.int32, torch.int64))
+    if done is None:
         return None
-    lo, hi, ascending, v, i = _compiled("sort")(values.detach().contiguous().numpy(),
-                                                indices.contiguous().numpy())
+    lo, hi, ascending, v, i = done
     if lo < 0 or hi > 2**31 - 1:
-        return int(lo), int(hi), values, indices
+        return lo, hi, values, indices
     if ascending:
-        return int(lo), int(hi), values.contiguous(), indices.to(torch.int32).contiguous()
-    return int(lo), int(hi), torch.from_numpy(v), torch.from_numpy(i)
+        return lo, hi, values.contiguous(), indices.to(torch.int32).contiguous()
+    return lo, hi, torch.from_numpy(v), torch.from_numpy(i)

@@ -14,9 +14,10 @@ The panel talks only to the public ``Lab`` / ``Study`` API (``lab.study(...) -> 
 - **Live tabs**: *efficiency*, the scaling-efficiency figure of the latest study
   (:func:`~gtopk_lab.plotting.live_study.scaling_study_figure`, what ``live_scaling``
   draws) and *convergence* (:func:`~gtopk_lab.plotting.live_study.convergence_study_figure`).
-  Both are ``ThreadSafeFigureWidget`` s (:mod:`~gtopk_lab.plotting.widget_sync`) made once with the panel and updated in place from the
-  study's watcher thread (``Study.subscribe``, at most every ``refresh_s``): the kernel is
-  never blocked, typing and clicking stay responsive while a study runs.
+  Both are ``ThreadSafeFigureWidget`` s (:mod:`~gtopk_lab.plotting.widget_sync`) made once
+  with the panel and updated in place from the study's watcher thread (``Study.subscribe``,
+  at most every ``refresh_s``): the kernel is never blocked, typing and clicking stay
+  responsive while a study runs.
 - **Run lines**: one line per run of every study launched from the panel (its status and
   rows so far), grouped by study, so a new study never overwrites an earlier one's lines.
 - **Runs** tab: ``lab.runs()`` as a sortable, filterable itables table

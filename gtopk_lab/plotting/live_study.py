@@ -167,14 +167,15 @@ class StudyFigure:
         except Exception:  # noqa: BLE001 - no IPython: nothing to display into
             pass
 
-    def _refresh(self, study: Any, replace: bool = False, final: bool = False) -> None:
+    def _refresh(self, study: Any, final: bool = False) -> None:
         # The build reads the study inside the lock: a watcher refresh that read the study
         # before finish() did must not be applied after it (seen: the finished figure lost
-        # its last point to a refresh built while that run was ending).
+        # its last point to a refresh built while that run was ending). The final one is
+        # sent whole (see finish) and is the last.
         with self._lock:
             if self._finished:
                 return
-            copy_into(self.figure, self.build(study), replace=replace)
+            copy_into(self.figure, self.build(study), replace=final)
             self.refreshes += 1
             self._finished = final
 
@@ -186,7 +187,7 @@ class StudyFigure:
         No refresh is applied after it."""
         self.study.wait(timeout_s)
         self._unsubscribe()
-        self._refresh(self.study, replace=True, final=True)
+        self._refresh(self.study, final=True)
         if not self.live:
             display_static(self.figure)
         return self.figure

@@ -11,7 +11,7 @@ the kernel. Every delta makes each view answer (``_js2py_traceDeltas``,
 ControlPanel after *Run All*) sends deltas exactly while those answers are applied; on a
 loaded machine some were lost and the page kept a figure without its last points.
 
-1. :class:`ThreadSafeFigureWidget` holds its ``edit_lock`` (a re-entrant lock) while it
+1. :class:`ThreadSafeFigureWidget` holds its ``_edit_lock`` (a re-entrant lock) while it
    applies a front-end message;
 2. every edit from Python code runs inside :func:`editing`, which holds the same lock, so
    an edit and a front-end message never interleave; a plain ``go.Figure`` (headless) or a
