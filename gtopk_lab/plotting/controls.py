@@ -391,7 +391,7 @@ class ControlPanel:
         fig = _side_by_side(figures.convergence_figure(metrics, x=x, title=f"{len(chosen)} run(s) side by side"))
         from itables.widget import ITable
 
-        self.compare_box.children = [go.FigureWidget(fig),
+        self.compare_box.children = [ThreadSafeFigureWidget(fig),  # (its front end is ready in time)
                                      ITable(numbers, paging=False, ordering=False, layout={"topStart": None, "topEnd": None},
                                             showIndex=True, classes="display compact nowrap")]
         self._say(f"comparing {len(chosen)} run(s)")

@@ -26,7 +26,7 @@ import anywidget
 import plotly.graph_objects as go
 import traitlets
 
-from gtopk_lab.plotting.widget_sync import editing
+from gtopk_lab.plotting.widget_sync import editing, resync_widget_state
 
 __all__ = ["fit_width", "FitSignal"]
 
@@ -42,6 +42,7 @@ def fit_width(figure: go.FigureWidget) -> None:
             return
         figure.layout.autosize = False
         figure.layout.autosize = True
+        resync_widget_state(figure)  # a front end still loading plotly misses the deltas
 
 
 class FitSignal(anywidget.AnyWidget):

@@ -1,5 +1,5 @@
 """A plotly ``FigureWidget`` that a background thread may edit while the kernel thread
-applies the front end's messages to it.
+applies the front end's messages to it, and whose front end follows it on a loaded machine.
 
 Why it is needed: ipywidgets applies a front-end message (``Widget.set_state``) inside
 traitlets' ``hold_trait_notifications``, which swaps ``notify_change`` on the *instance*,
@@ -20,24 +20,51 @@ loaded machine some were lost and the page kept a figure without its last points
    then the whole state (see :func:`resync_widget_state`), all under the lock.
 
 Cost: one uncontended lock per front-end message and per refresh.
+
+Its front end is ``figure_widget.js`` (read it for the details), not plotly's module
+itself: anywidget gives a model 2 s to load its module, and a model that takes longer
+applies no later message from the kernel, so its views show the widget's first, empty
+state forever (seen in CI: the study's figure stayed blank while the study ran). plotly's
+module is its 5 MB bundle, which takes 2 s to import on a quiet 2-core machine and 5-9 s
+on a loaded one. The small module is ready at once and imports plotly's bundle (sent as
+the ``_plotly_esm`` trait, as plotly sends it as ``_esm``) once per page, shared by every
+widget of this class.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import pathlib
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import plotly
 import plotly.graph_objects as go
+import traitlets
 
 __all__ = ["ThreadSafeFigureWidget", "editing", "copy_into", "resync_widget_state"]
 
 
+@functools.cache
+def _plotly_widget_bundle() -> str:
+    """plotly's own front-end module (5 MB of JavaScript), read once per process."""
+    return str(go.FigureWidget._esm)
+
+
 class ThreadSafeFigureWidget(go.FigureWidget):
     """``go.FigureWidget`` whose front-end messages and :func:`editing` blocks exclude each
-    other (see the module docstring)."""
+    other, drawn by ``figure_widget.js`` (see the module docstring)."""
+
+    _esm = pathlib.Path(__file__).with_name("figure_widget.js")
+    _plotly_esm = traitlets.Unicode().tag(sync=True)
+    _plotly_version = traitlets.Unicode(plotly.__version__).tag(sync=True)
+
+    @traitlets.default("_plotly_esm")
+    def _default_plotly_esm(self) -> str:
+        return _plotly_widget_bundle()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # set before the base constructor: it applies the initial figure through set_state
