@@ -25,7 +25,12 @@ function plotlyBundle(model) {
   let bundle = bundles.get(version);
   if (bundle === undefined) {
     const url = URL.createObjectURL(new Blob([model.get("_plotly_esm")], { type: "text/javascript" }));
-    bundle = import(/* webpackIgnore: true */ url).finally(() => URL.revokeObjectURL(url));
+    bundle = import(/* webpackIgnore: true */ url)
+      .finally(() => URL.revokeObjectURL(url))
+      .catch((error) => {
+        bundles.delete(version); // the next widget tries again
+        throw error;
+      });
     bundles.set(version, bundle);
   }
   return bundle;
