@@ -40,7 +40,7 @@ from gtopk_lab.comm.stats import (
     sparse_message_bytes, wire,
 )
 from gtopk_lab.comm.schedules import Step, sparse_schedule
-from gtopk_lab.compression.merge import canonical_wire, check_sparse, index_dtype
+from gtopk_lab.compression.merge import check_sparse, index_dtype
 from gtopk_lab.network.pacing import active_pacer
 
 __all__ = ["dense_allreduce", "topk_allgather", "gtopk_allreduce", "rank_world", "comm_device", "global_rank"]
@@ -370,15 +370,10 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     check_exact_k(exact_k, {"this rank": values.numel()}, k)  # before anything is posted
     if exact_k and world > 1:
         transport.plan(sparse_schedule(algorithm, rank, world))
-    # the range check, the wire dtype and the sort by index in one pass where it can: on a
-    # core that has just waited for its peers every separate call costs 0.1-0.25 ms
-    t0 = time.process_time()
-    values, indices = canonical_wire(values.to(device), indices.to(device), numel, name=name)
-    canonical_cpu_s = time.process_time() - t0
-    if prof is not None:
+    if prof is not None:  # the program adds its own range check and sort to prep
         prof.stop("prep", stamp)
-    gen = gtopk_program(rank, world, values, indices, numel, k, algorithm, header=not exact_k, profile=prof,
-                        canonical_cpu_s=canonical_cpu_s)
+    gen = gtopk_program(rank, world, values.to(device), indices.to(device), numel, k, algorithm,
+                        header=not exact_k, profile=prof, name=name)
     result: CollectiveResult = drive(gen, transport.run)
     transport.check_drained()
     stamp = prof.stamp() if prof is not None else None
