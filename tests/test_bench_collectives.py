@@ -64,13 +64,13 @@ def test_profile_columns_sum_to_the_call_time(capsys) -> None:
     from gtopk_lab.comm.profiling import PHASES, ROUND_PHASES
 
     rc = main(["bench", "collectives", "--workers", "2", "--numel", "100K", "--density", "0.01",
-               "--repeats", "2", "--json"])
+               "--repeats", "2", "--profile-repeats", "5", "--json"])
     assert rc == 0
     rows = json.loads(capsys.readouterr().out)["collectives"]
     assert [("profile" in r) for r in rows] == [False, False, True, True]
     for r in rows[2:]:
         prof = r["profile"]
-        assert prof["algorithm"] == r["algorithm"] and prof["workers"] == 2 and prof["calls"] == 2
+        assert prof["algorithm"] == r["algorithm"] and prof["workers"] == 2 and prof["calls"] == 5
         labels = [rnd["label"] for rnd in prof["rounds"]]
         assert labels == (["butterfly exchange"] if r["algorithm"] == "butterfly"
                           else ["reduce recv / reduce send", "broadcast send / broadcast recv"])
@@ -80,8 +80,12 @@ def test_profile_columns_sum_to_the_call_time(capsys) -> None:
         for rank in prof["ranks"]:
             assert set(rank["phases_s"]) == set(PHASES)
             assert rank["phases_s"]["sendrecv"] > 0 and rank["phases_s"]["prep"] > 0
-            # loose: the phases cover most of the call and never more than all of it
-            assert 0.5 * rank["wall_s"] <= rank["phases_sum_s"] <= 1.05 * rank["wall_s"] + 1e-4
+            # the phases never cover more than the call; they cover most of it, but a busy
+            # host can preempt the rank between two phases, so most of the best call
+            shares = rank["phases_share_per_call"]
+            assert len(shares) == 5 and all(0 < s <= 1.05 for s in shares)
+            assert rank["phases_sum_s"] <= 1.05 * rank["wall_s"] + 1e-4
+            assert max(shares) >= 0.5, shares
             assert 0 < rank["thread_cpu_s"] <= rank["process_cpu_s"] + 1e-3
         merges = prof["phases_mean_s"]["merge"]
         assert merges > 0  # rank 0 merges in both patterns at P = 2

@@ -109,6 +109,10 @@ def _rank_summary(rank: int, calls: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "phases_cpu_s": {p: _median([t[p] for t in cpu_totals]) for p in PHASES},
         # the median of per-call sums, so that it compares with the median call time
         "phases_sum_s": _median([sum(t.values()) for t in totals]),
+        # per call, the share of its wall time inside a phase: a preemption between two
+        # phases (the host's other work) lowers one call's share, a missing phase all of them
+        "phases_share_per_call": [sum(t.values()) / c["wall_s"] if c["wall_s"] > 0 else 0.0
+                                  for t, c in zip(totals, calls)],
     }
 
 
@@ -146,7 +150,7 @@ def summarise_profile(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     ``per_rank[r]``: ``{"numel", "k", "workers", "algorithm", "calls": profile_calls(...)}``
     of rank r. The row has ``ranks`` (per rank: medians of wall, thread/process CPU, phase
-    totals and their sum), ``rounds`` (per round position, mean over ranks of each phase),
+    totals, their sum and each call's share of its wall time in phases), ``rounds`` (per round position, mean over ranks of each phase),
     and the means over ranks ``wall_mean_s``, ``thread_cpu_mean_s``, ``process_cpu_mean_s``,
     ``phases_mean_s`` plus ``wall_max_s`` (the slowest rank's median wall time) and the
     critical path: ``thread_cpu_max_s`` and ``virtual_s``, per call the max over ranks, then
