@@ -9,8 +9,9 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 OUT    ?= results/demo
-# The suite runs in this many pytest-xdist processes, one test file each at a time
-# (--dist loadfile keeps a file's cluster fixtures in one process); most tests wait on
+# The suite runs in this many pytest-xdist processes, one test file each at a time, the
+# notebooks spread over both at the end (tests/conftest.py; every other file stays in one process,
+# so its cluster fixtures are built once); most tests wait on
 # processes, sockets and kernels, so 2 processes fit 2 cores. `make test JOBS=0` runs serially.
 JOBS   ?= 2
 
@@ -37,7 +38,7 @@ demo: $(VENV)/.installed
 	$(BIN)/gtopk-lab demo --out $(OUT)
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q --durations=25 $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
+	$(BIN)/python -m pytest -q --durations=25 $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadgroup --no-loadscope-reorder)
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/collectives.py

@@ -268,9 +268,11 @@ def test_panel_study_on_a_cluster_live_figures_compare_and_report(tmp_path: Path
         def measured() -> int:
             return sum(len(t.x) for t in efficiency.data if "markers" in (t.mode or ""))
 
-        deadline = time.monotonic() + 20  # the watcher's last call comes after the last run ended
-        while ((measured() < expected or panel.run_lines.value.count(": completed") < 3)
-               and time.monotonic() < deadline):
+        # the watchers' last calls come after the last run ended; the efficiency and the
+        # convergence figures each have their own (seen under load: 3 points, no lines yet)
+        deadline = time.monotonic() + 20
+        while ((measured() < expected or panel.run_lines.value.count(": completed") < 3
+                or len(convergence.data) < 3) and time.monotonic() < deadline):
             time.sleep(0.1)
         assert measured() == expected == 3, (table, efficiency.data)
         assert panel.run_lines.value.count(": completed") == 3, panel.run_lines.value
