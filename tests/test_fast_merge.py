@@ -68,6 +68,51 @@ def test_compiled_merge_equals_torch_path_bitwise() -> None:
     assert taken > 900
 
 
+@pytest.mark.timeout(120)
+def test_compiled_merge_of_large_unions_equals_torch_path_bitwise() -> None:
+    """Unions from fast_merge._WIDE_MIN entries on take the two-digit select whose histogram
+    the merge builds: the same result, on draws that crowd one top-16-bit bin (equal
+    exponent and high mantissa: the low 15 bits decide), all-equal and few-valued
+    magnitudes, +-inf, k from 1 to above the union, and a NaN sum declined."""
+    rng = np.random.default_rng(1818)
+    wide = 0
+    for trial in range(48):
+        numel = int(rng.choice([40_000, 1_000_000]))
+        n_a, n_b = (int(rng.integers(3000, 16_000)) for _ in range(2))
+        i_a = np.sort(rng.choice(numel, size=n_a, replace=False))
+        i_b = np.sort(np.unique(np.concatenate([rng.choice(numel, size=n_b, replace=False),
+                                                rng.choice(i_a, size=n_a // 4)])))
+        kind = trial % 6
+        draw = {0: lambda n: rng.standard_normal(n),
+                1: lambda n: rng.integers(-2, 3, n).astype(float),
+                2: lambda n: np.full(n, rng.choice([1.0, -1.0, 0.0])),
+                3: lambda n: rng.choice([0.0, -0.0, np.inf, 1.0, -1.0, 2.0], n),
+                # one top bin: 1 + m * 2**-23 with m < 2**15, either sign
+                4: lambda n: (1.0 + rng.integers(0, 2**15, n) * 2.0**-23) * rng.choice([-1.0, 1.0], n),
+                5: lambda n: rng.standard_normal(n) * 1e-30}[kind]
+        v_a = torch.tensor(draw(n_a), dtype=torch.float32)
+        v_b = torch.tensor(draw(len(i_b)), dtype=torch.float32)
+        ops = (v_a, torch.tensor(i_a, dtype=torch.int32), v_b, torch.tensor(i_b, dtype=torch.int32))
+        union = len(np.union1d(i_a, i_b))
+        k = int(rng.choice([1, 2, union // 3, union // 2, union - 1, union, union + 5]))
+        k = max(k, 1)
+        want = merge_sparse_torch(*ops, k)
+        got = fast_merge.numba_merge(*ops, k)
+        if got is None:
+            assert any(bool(torch.isnan(t).any()) for t in want[::2]), trial
+            continue
+        wide += union >= fast_merge._WIDE_MIN and union > k
+        assert _same(got, want), f"trial {trial} kind {kind} k {k} union {union}"
+    assert wide >= 25
+    v = torch.ones(9000)
+    i = torch.arange(9000, dtype=torch.int32)
+    w = v.clone()
+    w[4000] = -float("inf")
+    v[4000] = float("inf")  # inf + -inf: the one NaN sum
+    assert fast_merge.numba_merge(v, i, w, i + 0, 100) is None
+    assert fast_merge.numba_merge(v, i, torch.ones(9000), i + 0, 100) is not None  # inf + 1
+
+
 @pytest.mark.timeout(60)
 def test_declines_non_canonical_operands_and_falls_back(monkeypatch) -> None:
     v = torch.tensor([3.0, -1.0, 2.0])

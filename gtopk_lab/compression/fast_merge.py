@@ -10,21 +10,29 @@ runs. Its result, bitwise:
 - kept: the ``min(k, |union|)`` entries of largest magnitude, ties at the k-th largest
   magnitude to the lower index; dropped: the rest of the union; each ascending by index.
 
-Algorithm (n = n_a + n_b entries):
+Algorithm (n = |union| entries):
   1. one two-pointer merge of the two ascending operands into the union (values summed at
-     shared indices), checking on the way that each operand is strictly ascending (unique
-     indices in canonical order) and that no sum is NaN;
-  2. if |union| > k: t = the k-th largest |value| and g = the count above t, by a radix
-     select on the magnitudes' IEEE bits (3 passes of 11/10/10-bit digits; numba's
-     ``np.partition`` took 1.8 ms at 50k entries, numpy's 0.27 ms);
+     shared indices), checking first that each operand is strictly ascending (unique
+     indices in canonical order);
+  2. the magnitudes' IEEE bits without the sign as keys (NaN is a key above +inf's: the
+     largest key declines a NaN sum); if n > k: t = the k-th largest key and g = the count
+     above t, by a radix select: from n >= 8192 (:data:`_WIDE_MIN`) in two digits, 16 + 15
+     bits, the first histogrammed in the same pass that makes the keys; below it in three
+     (11/10/10 bits). The candidates in the bin of the k-th largest are copied out without
+     a branch: top-k operands crowd a narrow band of magnitudes (most of 50k keys from a
+     25M gradient at density 0.001 share the top 11 bits), and a branch on "in the bin"
+     mispredicted on every other key (numba's ``np.partition`` took 1.8 ms at 50k
+     entries, numpy's 0.27 ms);
   3. one pass over the union in index order writes every entry with |v| > t, and the first
      k - g entries with |v| == t, to kept, the others to dropped.
 It declines (returns None) when an operand is not strictly ascending or a sum is NaN
 (the torch path defines those cases), so callers always get the torch path's result.
 
-Cost: O(n) reads and writes in three passes plus the selection, no sort and no Python
-loop. One thread on the shared 2-core box (load 6-7): 2 x 1k pairs 0.07 ms against
-0.39-0.54 ms for the torch path, 2 x 25k pairs 1.0-1.2 ms against 2.4-2.7 ms.
+Cost: O(n) reads and writes in four passes plus the bins of the select, no sort and no
+Python loop. One thread, two ranks' top-k selections in the wire format
+(``benchmarks/merge_kernel_ab.py``): 2 x 1k pairs 0.033 ms, 2 x 25k pairs 0.90 ms (1.0 ms
+after a 30 ms sleep), 1.46x faster than the three-digit select with a branch
+(``merge_sparse``'s torch path: 2.4-2.7 ms).
 
 :func:`numba_sort_by_index` is the once-per-call sort of a local selection by index
 (``merge.sort_by_index``): a stable LSD radix sort with as few <= 13-bit digits as the
@@ -80,10 +88,11 @@ def _jit(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _kth_largest_key(keys: np.ndarray, k: int) -> tuple[int, int]:
     """(t, r): t = the k-th largest of the 31-bit ``keys`` (1 <= k <= n), r = how many of
-    the k largest equal t. Radix select over digits of 11, 10 and 10 bits, most significant
-    first: the first pass histograms all keys (2048 bins) and copies out those in the bin
-    that holds the k-th largest; the next two histogram only those. Cost: 2 reads of n
-    keys plus O(bin size) and 3 scans of the bins; exact, no float arithmetic."""
+    the k largest equal t, for small inputs (below :data:`_WIDE_MIN` entries). Radix select
+    over digits of 11, 10 and 10 bits, most significant first: the first pass histograms all
+    keys (2048 bins) and copies out those in the bin that holds the k-th largest; the next
+    two histogram only those. Copies and counts are branch-free (the bin test is random).
+    Cost: 2 reads of n keys plus O(bin size) and 3 scans of the bins; exact, integer only."""
     hist = np.zeros(2048, dtype=np.int64)
     for j in range(keys.size):
         hist[keys[j] >> 20] += 1
@@ -93,19 +102,20 @@ def _kth_largest_key(keys: np.ndarray, k: int) -> tuple[int, int]:
         above += hist[b]
         b -= 1
     need = k - above  # rank, from the top, of the k-th largest among the keys in bin b
-    cand = np.empty(hist[b], dtype=np.uint32)
+    cand = np.empty(hist[b] + 1, dtype=np.uint32)
     c = 0
+    bin_b = np.uint32(b)
     for j in range(keys.size):
-        if keys[j] >> 20 == b:
-            cand[c] = keys[j]
-            c += 1
+        key = keys[j]
+        cand[c] = key
+        c += (key >> 20) == bin_b
     prefix = b
     for shift in (10, 0):
         hist[:1024] = 0
+        high = np.uint32(prefix)
         for j in range(c):
             key = cand[j]
-            if key >> (shift + 10) == prefix:
-                hist[(key >> shift) & 1023] += 1
+            hist[(key >> shift) & 1023] += (key >> (shift + 10)) == high
         above = 0
         b = 1023
         while above + hist[b] < need:
@@ -115,6 +125,41 @@ def _kth_largest_key(keys: np.ndarray, k: int) -> tuple[int, int]:
         prefix = (prefix << 10) | b
     return prefix, need
 
+
+#: from this many union entries on, the merge histograms the magnitudes' top 16 bits while
+#: it merges (65536 counters: their zeroing costs what ~8k entries do) and selects in two
+#: digits (16 + 15 bits), instead of the three-digit :func:`_kth_largest_key` afterwards
+_WIDE_MIN = 8192
+
+
+def _kth_largest_wide(keys: np.ndarray, hist: np.ndarray, top_key: int, k: int) -> tuple[int, int]:
+    """:func:`_kth_largest_key` from ``hist``, the counts of ``keys >> 15`` (the merge made
+    it), and ``top_key``, the largest key: the bin of the k-th largest, found scanning down
+    from the top key's bin; one branch-free pass copies that bin's keys out; their low 15
+    bits are counted (32768 bins) and scanned. Cost: 1 read of n keys, O(bin size), and
+    the bins between the top key and the k-th largest."""
+    above = 0
+    b = np.int64(top_key) >> 15
+    while above + hist[b] < k:
+        above += hist[b]
+        b -= 1
+    need = k - above
+    cand = np.empty(hist[b] + 1, dtype=np.uint32)
+    c = 0
+    bin_b = np.uint32(b)
+    for j in range(keys.size):
+        key = keys[j]
+        cand[c] = key
+        c += (key >> 15) == bin_b
+    low = np.zeros(32768, dtype=np.int32)
+    for j in range(c):
+        low[cand[j] & 32767] += 1
+    above = 0
+    d = 32767
+    while above + low[d] < need:
+        above += low[d]
+        d -= 1
+    return (b << 15) | d, need - above
 
 
 def _merge_kernel(va: np.ndarray, ia: np.ndarray, vb: np.ndarray, ib: np.ndarray, k: int) -> tuple:
@@ -149,14 +194,31 @@ def _merge_kernel(va: np.ndarray, ia: np.ndarray, vb: np.ndarray, ib: np.ndarray
         uv[n], ui[n] = vb[q], ib[q]
         q += 1
         n += 1
-    for j in range(n):
-        if np.isnan(uv[j]):
-            return False, empty_v, empty_i, empty_v, empty_i
+    # |v| as its IEEE bits without the sign: monotone in |v| for non-NaN floats, -0.0 == 0.0;
+    # NaN is exactly a key above +inf's, so the largest key tells whether a sum is NaN
+    sign_off = np.uint32(0x7FFFFFFF)
+    wide = n >= _WIDE_MIN and n > k
+    hist = np.zeros(65536 if wide else 1, dtype=np.int32)
+    if wide:  # one pass: keys, their largest, and the counts of their top 16 bits
+        bits = uv.view(np.uint32)
+        mag = np.empty(n, dtype=np.uint32)
+        top_key = np.uint32(0)
+        for j in range(n):
+            m = bits[j] & sign_off
+            mag[j] = m
+            top_key = max(top_key, m)
+            hist[np.int64(m) >> 15] += 1
+    else:  # vectorised
+        mag = uv[:n].view(np.uint32) & sign_off
+        top_key = mag.max() if n > 0 else np.uint32(0)
+    if top_key > np.uint32(0x7F800000):
+        return False, empty_v, empty_i, empty_v, empty_i
     if n <= k:
         return True, uv[:n].copy(), ui[:n].copy(), empty_v, empty_i
-    # |v| as its IEEE bits without the sign: monotone in |v| for non-NaN floats, -0.0 == 0.0
-    mag = uv[:n].view(np.uint32) & np.uint32(0x7FFFFFFF)
-    t, ties = _kth_largest_key(mag, k)
+    if wide:
+        t, ties = _kth_largest_wide(mag[:n], hist, top_key, k)
+    else:
+        t, ties = _kth_largest_key(mag[:n], k)
     # one slot more each: both outputs are written every step and one cursor advances,
     # so the loop has no branch on the (random) keep decision
     kv = np.empty(k + 1, dtype=uv.dtype)
@@ -253,8 +315,9 @@ def _compiled(name: str) -> Callable[..., Any]:
     """The jitted kernel ``name`` ("merge" | "sort"), made on first use. The merge kernel
     calls the select kernel through this module's global, which must be jitted first."""
     if not _KERNELS:
-        global _kth_largest_key
+        global _kth_largest_key, _kth_largest_wide
         _kth_largest_key = _jit(_kth_largest_key)
+        _kth_largest_wide = _jit(_kth_largest_wide)
         _KERNELS.update(merge=_jit(_merge_kernel), sort=_jit(_sort_kernel))
     return _KERNELS[name]
 
