@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gtopk_lab.comm.allocator import tune_for_collectives
 from gtopk_lab.comm.process_start import adopt_state, child_state, process_context
 
 __all__ = ["free_port", "run_gloo", "set_single_thread", "master_store", "LOCALHOST"]
@@ -95,6 +96,7 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                state: dict[str, Any] | None = None) -> None:
     adopt_state(state)
     set_single_thread()
+    tune_for_collectives()
     ifname = _loopback_ifname()
     if ifname is not None:  # gloo binds its sockets on loopback only
         os.environ.setdefault("GLOO_SOCKET_IFNAME", ifname)

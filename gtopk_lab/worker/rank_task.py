@@ -222,9 +222,11 @@ def run_rank(
     import torch.distributed as dist
     from distributed import get_client, get_worker
 
-    from gtopk_lab.config import RunConfig
+    from gtopk_lab.comm.allocator import tune_for_collectives
     from gtopk_lab.comm.launch import master_store
+    from gtopk_lab.config import RunConfig
 
+    tune_for_collectives()  # the nanny's MALLOC_TRIM_THRESHOLD_ maps every message anew
     config = RunConfig.from_dict(config_dict)
     run_id = config.run_id
     if not run_id:

@@ -40,9 +40,11 @@ def run_simulated(config_dict: dict[str, Any], cancel_key: str, *,
     import torch
     from distributed import get_worker
 
+    from gtopk_lab.comm.allocator import tune_for_collectives
     from gtopk_lab.config import RunConfig
     from gtopk_lab.training.simulator import simulate
 
+    tune_for_collectives()  # its ranks' messages, as on real ranks (comm.allocator)
     config = RunConfig.from_dict(config_dict)
     if not config.run_id:
         raise ValueError("run_id=None is invalid: the client assigns a run id before submitting")
