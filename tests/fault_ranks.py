@@ -8,6 +8,7 @@ it imports nothing from pytest or the tests.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -120,9 +121,11 @@ def toy_train(config: RunConfig, sink=None, device=None, checkpoint_dir: str | N
         ended = type(exc).__name__
         raise
     finally:
-        if extra.get("marker_dir"):
-            Path(extra["marker_dir"], f"rank{rank}-from{start}.json").write_text(json.dumps(
-                {"rank": rank, "ended": ended, "at": time.time(), "start": start,
-                 "began": began}))
+        if extra.get("marker_dir"):  # written aside, then renamed: a test may be polling
+            marker = Path(extra["marker_dir"], f"rank{rank}-from{start}.json")
+            aside = marker.with_name(f".{marker.name}.tmp")
+            aside.write_text(json.dumps({"rank": rank, "ended": ended, "at": time.time(), "start": start,
+                                         "began": began}))
+            os.replace(aside, marker)
     return SimpleNamespace(rows=rows, summary={"iterations": len(rows),
                                                "final_train_loss": float(w.sum())})
