@@ -86,29 +86,43 @@ def _jit(fn: Callable[..., Any]) -> Callable[..., Any]:
         return numba.njit(cache=False, nogil=True)(fn)
 
 
-def _kth_largest_key(keys: np.ndarray, k: int) -> tuple[int, int]:
-    """(t, r): t = the k-th largest of the 31-bit ``keys`` (1 <= k <= n), r = how many of
-    the k largest equal t, for small inputs (below :data:`_WIDE_MIN` entries). Radix select
-    over digits of 11, 10 and 10 bits, most significant first: the first pass histograms all
-    keys (2048 bins) and copies out those in the bin that holds the k-th largest; the next
-    two histogram only those. Copies and counts are branch-free (the bin test is random).
-    Cost: 2 reads of n keys plus O(bin size) and 3 scans of the bins; exact, integer only."""
-    hist = np.zeros(2048, dtype=np.int64)
-    for j in range(keys.size):
-        hist[keys[j] >> 20] += 1
+def _bin_of_kth(hist: np.ndarray, top_bin: int, k: int) -> tuple[int, int]:
+    """(b, r): the bin that holds the k-th largest key, scanning ``hist`` down from
+    ``top_bin``, and that key's rank from the top among the keys of bin b."""
     above = 0
-    b = 2047
+    b = top_bin
     while above + hist[b] < k:
         above += hist[b]
         b -= 1
-    need = k - above  # rank, from the top, of the k-th largest among the keys in bin b
-    cand = np.empty(hist[b] + 1, dtype=np.uint32)
+    return b, k - above
+
+
+def _copy_bin(keys: np.ndarray, size: int, shift: int, b: int) -> tuple[np.ndarray, int]:
+    """The ``size`` keys with ``key >> shift == b``, copied out without a branch (every
+    key is written, the cursor advances on a match: the test is random on crowded
+    magnitudes, and a branch on it mispredicted on every other key)."""
+    cand = np.empty(size + 1, dtype=np.uint32)
     c = 0
     bin_b = np.uint32(b)
     for j in range(keys.size):
         key = keys[j]
         cand[c] = key
-        c += (key >> 20) == bin_b
+        c += (key >> shift) == bin_b
+    return cand, c
+
+
+def _kth_largest_key(keys: np.ndarray, k: int) -> tuple[int, int]:
+    """(t, r): t = the k-th largest of the 31-bit ``keys`` (1 <= k <= n), r = how many of
+    the k largest equal t, for small inputs (below :data:`_WIDE_MIN` entries). Radix select
+    over digits of 11, 10 and 10 bits, most significant first: the first pass histograms all
+    keys (2048 bins) and copies out those in the bin that holds the k-th largest; the next
+    two histogram only those. Cost: 2 reads of n keys plus O(bin size) and 3 scans of the
+    bins; exact, integer only."""
+    hist = np.zeros(2048, dtype=np.int64)
+    for j in range(keys.size):
+        hist[keys[j] >> 20] += 1
+    b, need = _bin_of_kth(hist, 2047, k)
+    cand, c = _copy_bin(keys, hist[b], 20, b)
     prefix = b
     for shift in (10, 0):
         hist[:1024] = 0
@@ -116,12 +130,7 @@ def _kth_largest_key(keys: np.ndarray, k: int) -> tuple[int, int]:
         for j in range(c):
             key = cand[j]
             hist[(key >> shift) & 1023] += (key >> (shift + 10)) == high
-        above = 0
-        b = 1023
-        while above + hist[b] < need:
-            above += hist[b]
-            b -= 1
-        need -= above
+        b, need = _bin_of_kth(hist, 1023, need)
         prefix = (prefix << 10) | b
     return prefix, need
 
@@ -135,31 +144,16 @@ _WIDE_MIN = 8192
 def _kth_largest_wide(keys: np.ndarray, hist: np.ndarray, top_key: int, k: int) -> tuple[int, int]:
     """:func:`_kth_largest_key` from ``hist``, the counts of ``keys >> 15`` (the merge made
     it), and ``top_key``, the largest key: the bin of the k-th largest, found scanning down
-    from the top key's bin; one branch-free pass copies that bin's keys out; their low 15
-    bits are counted (32768 bins) and scanned. Cost: 1 read of n keys, O(bin size), and
-    the bins between the top key and the k-th largest."""
-    above = 0
-    b = np.int64(top_key) >> 15
-    while above + hist[b] < k:
-        above += hist[b]
-        b -= 1
-    need = k - above
-    cand = np.empty(hist[b] + 1, dtype=np.uint32)
-    c = 0
-    bin_b = np.uint32(b)
-    for j in range(keys.size):
-        key = keys[j]
-        cand[c] = key
-        c += (key >> 15) == bin_b
+    from the top key's bin; one pass copies that bin's keys out; their low 15 bits are
+    counted (32768 bins) and scanned. Cost: 1 read of n keys, O(bin size), and the bins
+    between the top key and the k-th largest."""
+    b, need = _bin_of_kth(hist, np.int64(top_key) >> 15, k)
+    cand, c = _copy_bin(keys, hist[b], 15, b)
     low = np.zeros(32768, dtype=np.int32)
     for j in range(c):
         low[cand[j] & 32767] += 1
-    above = 0
-    d = 32767
-    while above + low[d] < need:
-        above += low[d]
-        d -= 1
-    return (b << 15) | d, need - above
+    d, rank = _bin_of_kth(low, 32767, need)
+    return (b << 15) | d, rank
 
 
 def _merge_kernel(va: np.ndarray, ia: np.ndarray, vb: np.ndarray, ib: np.ndarray, k: int) -> tuple:
@@ -313,9 +307,11 @@ _KERNELS: dict[str, Callable[..., Any]] = {}
 
 def _compiled(name: str) -> Callable[..., Any]:
     """The jitted kernel ``name`` ("merge" | "sort"), made on first use. The merge kernel
-    calls the select kernel through this module's global, which must be jitted first."""
+    calls the select kernels, and they their helpers, through this module's globals, which
+    must be jitted first."""
     if not _KERNELS:
-        global _kth_largest_key, _kth_largest_wide
+        global _bin_of_kth, _copy_bin, _kth_largest_key, _kth_largest_wide
+        _bin_of_kth, _copy_bin = _jit(_bin_of_kth), _jit(_copy_bin)
         _kth_largest_key = _jit(_kth_largest_key)
         _kth_largest_wide = _jit(_kth_largest_wide)
         _KERNELS.update(merge=_jit(_merge_kernel), sort=_jit(_sort_kernel))
