@@ -38,7 +38,8 @@ def test_resume_after_epoch_reaches_the_uninterrupted_weights(tmp_path: Path) ->
     assert min(r["iteration"] for r in resumed[0].rows if r["kind"] == "iter") == 4
     assert ckpt.read_latest(folder)["epoch"] == 3
     assert sorted(p.name for p in Path(folder).iterdir()) == [
-        "epoch00003-rank00000.pt", "epoch00003-rank00001.pt", "latest.json"]
+        "epoch00003-rank00000.pt", "epoch00003-rank00000.rows.json", "epoch00003-rank00001.pt",
+        "epoch00003-rank00001.rows.json", "latest.json"]
 
 
 @pytest.mark.timeout(60)
@@ -48,7 +49,13 @@ def test_checkpoints_only_with_checkpoint_true_and_without_temp_files(tmp_path: 
     assert not off.exists()
     on = tmp_path / "on"
     one = train_rank(_config(workers=1, epochs=2), checkpoint_dir=str(on))
-    assert sorted(p.name for p in on.iterdir()) == ["epoch00002-rank00000.pt", "latest.json"]
+    assert sorted(p.name for p in on.iterdir()) == ["epoch00002-rank00000.pt", "epoch00002-rank00000.rows.json",
+                                                    "latest.json"]
+    # the rows since the previous checkpoint (epoch 1's end): epoch 2's iterations and its epoch row
+    saved_rows = ckpt.load_checkpoint_rows(on, ckpt.read_latest(on))
+    ipe = min(r["iteration"] for r in one.rows if r["kind"] == "epoch")
+    assert sorted((r["kind"], r["iteration"]) for r in saved_rows) == sorted(
+        [("iter", i) for i in range(ipe, 2 * ipe)] + [("epoch", 2 * ipe)])
     saved = ckpt.load_rank_state(on, 2, 0)
     assert saved["iteration"] == 16 and saved["epoch"] == 2
     assert set(saved) >= {"model", "optimizer", "step", "rng_state"}
@@ -83,15 +90,21 @@ def test_resume_refuses_a_checkpoint_of_another_world_size(tmp_path: Path) -> No
 
 def _fail_then_resume_via_cli(out: Path, config: RunConfig, rows: list[dict], capsys, *flags: str) -> None:
     """Store ``config`` (2 ranks, 3 epochs of 4 iterations) as failed after its epoch 1
-    checkpoint, with ``rows`` and a stray row past the checkpoint, then ``gtopk-lab run
-    --resume`` it: it must complete with one continuous set of rows, the stray one dropped."""
+    checkpoint, with ``rows`` but for rank 1's iterations 2 and 3 (as if a batch was still in
+    flight when the scheduler died) and with a stray row past the checkpoint, then
+    ``gtopk-lab run --resume`` it: it must complete with one continuous set of rows, the
+    lost ones back as they were (from the rows the rank saved beside its checkpoint), the
+    stray one dropped."""
     from gtopk_lab.cli import main
     from gtopk_lab.orchestration import results as store
 
     run_id = config.run_id
+    lost = [r for r in rows if r["kind"] == "iter" and r["rank"] == 1 and r["iteration"] in (2, 3)]
+    assert len(lost) == 2
     stray = {**next(r for r in rows if r["kind"] == "iter"), "iteration": 4, "train_loss": -1.0}
-    store.write_run(out, config, store.rows_to_frame(rows + [stray]),
-                    store.run_summary(config, None, status="failed", error="worker lost"))
+    stored = [r for r in rows if r not in lost] + [stray]
+    store.write_run(out, config, store.rows_to_frame(stored),
+                    store.run_summary(config, None, status="failed", error="scheduler unreachable"))
     rc = main(["run", "--resume", run_id, "--out", str(out), "--json", *flags])
     captured = capsys.readouterr()
     assert rc == 0, captured.err[-2000:]
@@ -103,6 +116,9 @@ def _fail_then_resume_via_cli(out: Path, config: RunConfig, rows: list[dict], ca
     for rank in (0, 1):
         assert sorted(iters[iters["rank"] == rank]["iteration"]) == list(range(12))
     assert (iters["train_loss"] >= 0).all()
+    back = iters[(iters["rank"] == 1) & iters["iteration"].isin([2, 3])].sort_values("iteration")
+    assert list(back["train_loss"]) == [r["train_loss"] for r in sorted(lost, key=lambda r: r["iteration"])]
+    assert list(back["bytes_sent"]) == [r["bytes_sent"] for r in sorted(lost, key=lambda r: r["iteration"])]
     epochs = metrics[(metrics["kind"] == "epoch") & (metrics["rank"] == 0)]
     assert sorted(epochs["iteration"]) == [4, 8, 12]
     assert ckpt.read_latest(store.checkpoint_folder(out, run_id))["epoch"] == 3
@@ -163,7 +179,8 @@ def test_simulator_resume_after_epoch_reaches_the_uninterrupted_weights(tmp_path
     assert min(r["iteration"] for r in resumed.rows if r["kind"] == "iter") == 2
     assert resumed.summary["virtual_time_s"] > 0
     assert sorted(p.name for p in Path(folder).iterdir()) == [
-        "epoch00003-rank00000.pt", "epoch00003-rank00001.pt", "latest.json"]
+        "epoch00003-rank00000.pt", "epoch00003-rank00000.rows.json", "epoch00003-rank00001.pt",
+        "epoch00003-rank00001.rows.json", "latest.json"]
     with pytest.raises(ValueError, match="resume_from=.*workers=2"):
         simulate(full.replace(workers=4), resume_from=folder)
 
@@ -214,3 +231,21 @@ def test_failed_simulated_run_keeps_the_rows_it_produced(tmp_path: Path, monkeyp
     assert summary["status"] == "failed" and "simulated crash" in summary["error"]
     iters = store.RunStore(tmp_path, "crash").read_metrics()
     assert sorted(set(iters[iters["kind"] == "iter"]["iteration"])) == [0, 1, 2]
+
+
+@pytest.mark.timeout(30)
+def test_rows_saved_with_a_checkpoint_cover_every_batch_not_yet_sent() -> None:
+    """RowBuffer.since_checkpoint: rows since the previous checkpoint, plus those still
+    waiting for the sink then (sink_every = 3 over checkpoints every 2 iterations)."""
+    from gtopk_lab.training.rows import RowBuffer
+
+    sent: list[list[int]] = []
+    buffer = RowBuffer(lambda rows: sent.append([r["iteration"] for r in rows]), every=3)
+    saved = []
+    for it in range(8):
+        buffer.add({"kind": "iter", "rank": 0, "iteration": it})
+        if it % 2 == 1:
+            saved.append([r["iteration"] for r in buffer.since_checkpoint()])
+    assert sent == [[0, 1, 2], [3, 4, 5]]
+    # at each checkpoint: unsent rows stay in the next one's too
+    assert saved == [[0, 1], [0, 1, 2, 3], [3, 4, 5], [6, 7]]

@@ -254,9 +254,10 @@ class Lab:
         if resume:
             from gtopk_lab.training.checkpoint import read_latest
 
-            latest = read_latest(_results.checkpoint_folder(self.out, handle.run_id))
+            folder = _results.checkpoint_folder(self.out, handle.run_id)
+            latest = read_latest(folder)
             handle.resume = latest is not None
-            kept = _results.rows_before(store.read_metrics(), latest["iteration"] if latest else 0)
+            kept = _results.rows_kept_on_resume(store.read_metrics(), folder, latest)
             handle.preload_rows(kept.to_dict("records"))
         store.write_config(config)
         store.write_summary(_results.run_summary(config, None, status="queued",

@@ -81,6 +81,7 @@ from gtopk_lab.orchestration.run_files import (
     config_hash,
     new_run_id,
     rows_before,
+    rows_kept_on_resume,
     rows_to_frame,
     utc_now,
     write_json_atomic,
@@ -92,7 +93,7 @@ __all__ = [
     # run_files
     "CHECKPOINT_DIR", "CONFIG_FILE", "DAMAGED_MARK", "FINAL_STATUSES", "METRICS_FILE", "STATUSES",
     "SUMMARY_FILE", "SUMMARY_KEYS", "checkpoint_folder", "config_hash", "new_run_id", "rows_before",
-    "rows_to_frame", "utc_now", "write_json_atomic", "write_parquet_atomic",
+    "rows_kept_on_resume", "rows_to_frame", "utc_now", "write_json_atomic", "write_parquet_atomic",
     # reading
     "DamagedRun", "StoredRun", "completed_runs", "point_key", "load_metrics", "load_runs", "load_summaries",
     "move_aside", "read_run", "read_runs", "run_dirs",

@@ -11,7 +11,7 @@ layout and re-exports every name here). Both the writers (``results.RunStore``,
 3. **Atomic writes**: JSON (NaN/inf as null) and parquet go to a temporary name and are
    moved into place with ``os.replace`` (:mod:`gtopk_lab.atomic_io`).
 4. **Metric rows**: :func:`rows_to_frame` (the one frame order, by kind, rank, iteration)
-   and :func:`rows_before` (the rows a resumed run keeps).
+   and :func:`rows_before` / :func:`rows_kept_on_resume` (the rows a resumed run keeps).
 
 Client side only (pandas/pyarrow); no torch, no Dask.
 """
@@ -114,6 +114,28 @@ def rows_to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 def checkpoint_folder(out: str | os.PathLike[str], run_id: str) -> str:
     """Absolute ``<out>/<run_id>/checkpoints``: where the ranks of a run save epoch checkpoints."""
     return str((Path(out) / run_id / CHECKPOINT_DIR).resolve())
+
+
+def rows_kept_on_resume(metrics: pd.DataFrame, checkpoint_dir: str | os.PathLike[str] | None,
+                        latest: dict[str, int] | None) -> pd.DataFrame:
+    """The rows a run resumed from the checkpoint ``latest`` keeps: :func:`rows_before` of
+    the stored ``metrics`` together with the rows its ranks saved beside that checkpoint
+    (those since their previous one), where the store lacks them: rows that were still in
+    flight when the run stopped (at most ``sink_every`` per rank) come back this way.
+    Stored rows win where both have one (same kind, rank and iteration)."""
+    from gtopk_lab.training.checkpoint import load_checkpoint_rows
+
+    iteration = latest["iteration"] if latest else 0
+    saved = load_checkpoint_rows(checkpoint_dir, latest)
+    if saved:
+        have: set[tuple[Any, Any, Any]] = set()
+        if not metrics.empty and {"kind", "rank", "iteration"} <= set(metrics.columns):
+            have = set(zip(metrics["kind"], metrics["rank"], metrics["iteration"]))
+        missing = [r for r in saved if (r.get("kind"), r.get("rank"), r.get("iteration")) not in have]
+        if missing:
+            frames = [f for f in (metrics, pd.DataFrame.from_records(missing)) if not f.empty]
+            metrics = rows_to_frame(pd.concat(frames, ignore_index=True).to_dict("records"))
+    return rows_before(metrics, iteration)
 
 
 def rows_before(metrics: pd.DataFrame, iteration: int) -> pd.DataFrame:

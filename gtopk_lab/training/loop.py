@@ -182,6 +182,7 @@ class _RealRank:
                         count_iteration=False)
 
     def save(self, checkpoint_dir: str, epoch: int, iteration: int, timeline: Timeline) -> None:
+        ckpt.save_rank_rows(checkpoint_dir, epoch, self.rank, self.buffer.since_checkpoint())
         ckpt.save_rank_state(checkpoint_dir, epoch, self.rank, rank_checkpoint_state(
             self.replica, self.state, virtual_time_s=self.clock.virtual_time_s, iteration=iteration,
             epoch=epoch, wall_time_s=timeline.elapsed_s(), eval_wall_s=timeline.eval_wall_s))

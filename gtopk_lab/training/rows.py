@@ -204,6 +204,7 @@ class RowBuffer:
         self.rows: list[dict] = []
         self._pending: list[dict] = []
         self._iters = 0
+        self._checkpointed = 0
 
     def add(self, row: dict, count_iteration: bool = True) -> None:
         self.rows.append(row)
@@ -212,6 +213,15 @@ class RowBuffer:
             self._iters += 1
             if self._iters % self.every == 0:
                 self.flush()
+
+    def since_checkpoint(self) -> list[dict]:
+        """What a checkpoint saves beside its state: the rows added since the previous
+        checkpoint, and those the sink had not been handed by then (a batch spans
+        checkpoints when ``sink_every`` exceeds an epoch's iterations)."""
+        rows = self.rows[self._checkpointed:]
+        # without a sink every row is already where it goes (the run's result)
+        self._checkpointed = len(self.rows) - (len(self._pending) if self.sink is not None else 0)
+        return rows
 
     def flush(self) -> None:
         if self.sink is not None and self._pending:

@@ -301,7 +301,9 @@ class _VirtualRanks:
 
     def save(self, checkpoint_dir: str, epoch: int, iteration: int, timeline: Timeline) -> None:
         wall_s = timeline.elapsed_s()
+        rows = self.buffer.since_checkpoint()
         for state in self.states:
+            ckpt.save_rank_rows(checkpoint_dir, epoch, state.rank, [r for r in rows if r.get("rank") == state.rank])
             with state.active(self.replica, self.swap_buffers):  # this rank's BN buffers
                 ckpt.save_rank_state(checkpoint_dir, epoch, state.rank, rank_checkpoint_state(
                     self.replica, state, virtual_time_s=self.clock.synced_time_s, iteration=iteration,
