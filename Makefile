@@ -9,10 +9,11 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 OUT    ?= results/demo
-# The suite runs in this many pytest-xdist processes, one test file each at a time, the
-# notebooks spread over both at the end (tests/conftest.py; every other file stays in one process,
-# so its cluster fixtures are built once); most tests wait on
+# The suite runs in this many pytest-xdist processes, one test file each at a time
+# (--dist loadfile keeps a file's cluster fixtures in one process; the notebooks are two
+# files so that both processes take some); most tests wait on
 # processes, sockets and kernels, so 2 processes fit 2 cores. `make test JOBS=0` runs serially.
+# (Not --dist loadgroup: with pytest 9.2, pytest-xdist 3.8's xdist_group marks group nothing.)
 JOBS   ?= 2
 
 .PHONY: demo test install install-dev bench clean
@@ -38,7 +39,7 @@ demo: $(VENV)/.installed
 	$(BIN)/gtopk-lab demo --out $(OUT)
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q --durations=25 $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadgroup --no-loadscope-reorder)
+	$(BIN)/python -m pytest -q --durations=25 $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/collectives.py

@@ -121,11 +121,22 @@ def test_plotlyjs_is_embedded_once_per_kernel(monkeypatch: pytest.MonkeyPatch) -
         live.static_bundle(fig, plotlyjs="directory")
 
 
+#: the notebooks this file executes; tests/test_notebooks_more.py executes the others (two
+#: files, so that pytest-xdist's ``--dist loadfile`` can give them to both workers)
+HERE: tuple[str, ...] = ("00_quickstart.ipynb", "02_scaling_efficiency.ipynb")
+
+
 @pytest.mark.notebook
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("name", sorted(CI_PARAMETERS))
+@pytest.mark.parametrize("name", HERE)
 def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    execute_and_check(name, tmp_path, monkeypatch)
+
+
+def execute_and_check(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Execute ``name`` with its CI parameters and check its figures and HTML export (the
+    module docstring)."""
     papermill = pytest.importorskip("papermill")
     monkeypatch.setenv("GTOPK_LAB_STATIC", "1")  # the kernel inherits it: static figures
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
