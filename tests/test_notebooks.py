@@ -126,12 +126,21 @@ def test_plotlyjs_is_embedded_once_per_kernel(monkeypatch: pytest.MonkeyPatch) -
 HERE: tuple[str, ...] = ("00_quickstart.ipynb", "02_scaling_efficiency.ipynb")
 
 
-@pytest.mark.notebook
-@pytest.mark.slow
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("name", HERE)
-def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    execute_and_check(name, tmp_path, monkeypatch)
+def notebook_execution_test(names: tuple[str, ...]) -> Any:
+    """The test that executes each of ``names`` (:func:`execute_and_check`); each file binds
+    it to ``test_notebook_executes``."""
+
+    @pytest.mark.notebook
+    @pytest.mark.slow
+    @pytest.mark.timeout(150)
+    @pytest.mark.parametrize("name", names)
+    def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        execute_and_check(name, tmp_path, monkeypatch)
+
+    return test_notebook_executes
+
+
+test_notebook_executes = notebook_execution_test(HERE)
 
 
 def execute_and_check(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,13 +1,9 @@
 """The notebooks tests/test_notebooks.py does not execute, executed and checked the same way
-(its ``execute_and_check``); together the two files cover every notebook (checked here)."""
+(its ``notebook_execution_test``); together the two files cover every notebook (checked here)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
-from test_notebooks import CI_PARAMETERS, HERE, execute_and_check
+from test_notebooks import CI_PARAMETERS, HERE, notebook_execution_test
 
 OTHERS: tuple[str, ...] = tuple(name for name in sorted(CI_PARAMETERS) if name not in HERE)
 
@@ -16,9 +12,4 @@ def test_the_two_files_execute_every_notebook_once() -> None:
     assert sorted(HERE + OTHERS) == sorted(CI_PARAMETERS) and not set(HERE) & set(OTHERS)
 
 
-@pytest.mark.notebook
-@pytest.mark.slow
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("name", OTHERS)
-def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    execute_and_check(name, tmp_path, monkeypatch)
+test_notebook_executes = notebook_execution_test(OTHERS)

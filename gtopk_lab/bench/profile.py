@@ -150,8 +150,8 @@ def summarise_profile(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     ``per_rank[r]``: ``{"numel", "k", "workers", "algorithm", "calls": profile_calls(...)}``
     of rank r. The row has ``ranks`` (per rank: medians of wall, thread/process CPU, phase
-    totals, their sum and each call's share of its wall time in phases), ``rounds`` (per round position, mean over ranks of each phase),
-    and the means over ranks ``wall_mean_s``, ``thread_cpu_mean_s``, ``process_cpu_mean_s``,
+    totals, their sum and each call's share of its wall time in phases), ``rounds`` (per
+    round position, mean over ranks of each phase), and the means over ranks ``wall_mean_s``, ``thread_cpu_mean_s``, ``process_cpu_mean_s``,
     ``phases_mean_s`` plus ``wall_max_s`` (the slowest rank's median wall time) and the
     critical path: ``thread_cpu_max_s`` and ``virtual_s``, per call the max over ranks, then
     the median over calls (calls are aligned: every rank makes the same ones in turn).

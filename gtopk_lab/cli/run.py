@@ -156,10 +156,9 @@ def simulate_run(config: RunConfig, out: str, resume_at: dict[str, int] | None =
     if config.run_id is None:
         config = config.replace(run_id=store.new_run_id(config))
     run_store = store.RunStore(out, config.run_id)
-    kept = (store.rows_kept_on_resume(run_store.read_metrics(), store.checkpoint_folder(out, config.run_id),
-                                      resume_at).to_dict("records")
-            if resume_at is not None else [])
     folder = store.checkpoint_folder(out, config.run_id)
+    kept = (store.rows_kept_on_resume(run_store.read_metrics(), folder, resume_at).to_dict("records")
+            if resume_at is not None else [])
     started = store.utc_now()
     run_store.write_config(config)
     produced: list[dict] = []

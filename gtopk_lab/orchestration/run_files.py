@@ -133,8 +133,7 @@ def rows_kept_on_resume(metrics: pd.DataFrame, checkpoint_dir: str | os.PathLike
             have = set(zip(metrics["kind"], metrics["rank"], metrics["iteration"]))
         missing = [r for r in saved if (r.get("kind"), r.get("rank"), r.get("iteration")) not in have]
         if missing:
-            frames = [f for f in (metrics, pd.DataFrame.from_records(missing)) if not f.empty]
-            metrics = rows_to_frame(pd.concat(frames, ignore_index=True).to_dict("records"))
+            metrics = rows_to_frame(metrics.to_dict("records") + missing)
     return rows_before(metrics, iteration)
 
 
