@@ -62,7 +62,7 @@ def test_analysis_parse_count_is_the_shared_parser() -> None:
 
 
 def test_network_is_parsed_once_per_process(monkeypatch) -> None:
-    from gtopk_lab.training.replica import network_of
+    from gtopk_lab.training.runtime import network_of
 
     calls = []
     real = NetworkModel.from_strings.__func__

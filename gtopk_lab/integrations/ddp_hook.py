@@ -8,12 +8,14 @@ Drop-in for ``torch.nn.parallel.DistributedDataParallel``::
     model.register_comm_hook(state, gtopk_hook)
 
 The hook runs the project's one training step underneath
-(:class:`~gtopk_lab.training.step.RankStep`: the method's memory, selector and collective
-from the registry, :mod:`gtopk_lab.methods`), so a DDP model trained with it follows the same
-trajectory as ``gtopk_lab.training.loop.train_rank`` with the same method
-(tests/test_ddp_hook.py checks it). Every registered per-step method (``sync_every == 1``)
-works, a plugin's too; ``options`` carries a method's settings as a run's ``extra`` would, and
-the step sees the parameters' shapes, so PowerSGD runs per layer::
+(:class:`~gtopk_lab.training.step.RankStep`, built from the hook's
+:class:`~gtopk_lab.training.step_settings.StepSettings`: the method's memory, selector and
+collective from the registry, :mod:`gtopk_lab.methods`), so a DDP model trained with it follows
+the same trajectory as ``gtopk_lab.training.loop.train_rank`` with the same method
+(tests/test_ddp_hook.py, tests/test_step_conformance.py check it). Every registered per-step
+method works, a plugin's too; a local-steps one (``Method.local_steps``: DiLoCo, SparseLoCo)
+is refused with one line when the state is built. ``options`` carries a method's settings as
+a run's ``extra`` would, and the step sees the parameters' shapes, so PowerSGD runs per layer::
 
     state = SparseHookState(method="powersgd", warmup_iterations=2,
                             options={"powersgd_rank": 2, "powersgd_min_compression_rate": 1.0})
@@ -28,10 +30,12 @@ Algorithm of one backward pass (``selection="model"``, the paper's whole-model t
 2. At the last bucket (``bucket.is_last()``) the gradients of all parameters are
    concatenated in a fixed per-parameter order (order of first appearance, which does not
    change when DDP rebuilds its buckets after iteration 1) into one flat ``g`` of d floats.
-3. ``acc = g + residual``; ``values, indices = selector(acc, k)`` with ``k = max(1, floor(density * d))``.
-4. The collective (identical result on every rank); ``ErrorFeedback.update`` keeps the
-   residual (rule "paper" or "mass").
-5. The dense ``G / P`` (DDP's averaging convention, which is also the project's update
+3. The parameter set's step (one per set, kept across calls) begins its synchronisation:
+   ``acc = g + residual`` (or the method's memory); ``values, indices = selector(acc, k)``
+   with ``k = max(1, floor(density * d))``.
+4. The collective (identical result on every rank); the step's finish updates the memory
+   (rule "paper" or "mass") and returns the dense ``G / P`` (after the memory's aggregate).
+5. ``G / P`` (DDP's averaging convention, which is also the project's update
    ``w -= lr * G / P``) is written back into every bucket buffer and all futures complete.
 
 ``selection="bucket"`` selects ``k_b = max(1, floor(density * d_b))`` per bucket and
@@ -44,9 +48,12 @@ Cost per iteration: the collective's (see :mod:`gtopk_lab.comm`), plus O(d) copi
 flattening and writing back; residuals take d floats per rank. Works with gloo (CPU) and
 NCCL (the collectives move to the tensor's GPU for NCCL).
 
-Residuals are kept per parameter (keyed by the parameter's position in order of first
-appearance), so they survive bucket rebuilds. When the state is pickled the process group
-and the parameter keys are left out (residuals are kept, in slot order).
+Parameters are keyed by their position in order of first appearance. With
+``selection="bucket"`` a bucket DDP rebuilt gets a new step that takes over its parameters'
+residuals from the steps that held them (a method with its own memory is refused for this
+scope). When the state is pickled the process group and the parameter keys are left out;
+every step's state is kept (``RankStep.state_dict``) and taken up when its parameter set
+comes again.
 """
 
 from __future__ import annotations
@@ -62,8 +69,9 @@ from gtopk_lab.comm.torch_dist import dense_allreduce
 from gtopk_lab.compression.residual import RESIDUAL_RULES
 from gtopk_lab.compression.selection import available_selectors
 from gtopk_lab.config import k_for
-from gtopk_lab.methods import available_methods, get_collective, get_method
-from gtopk_lab.training.step import RankStep, communicate
+from gtopk_lab.methods import available_methods, get_method
+from gtopk_lab.training.step import RankStep
+from gtopk_lab.training.step_settings import StepSettings
 
 __all__ = ["SparseHookState", "gtopk_hook", "hook_methods", "SELECTION_SCOPES"]
 
@@ -77,15 +85,17 @@ def hook_methods() -> tuple[str, ...]:
 
 @dataclass
 class SparseHookState:
-    """State of :func:`gtopk_hook`: hyper-parameters (validated) and residuals.
+    """State of :func:`gtopk_hook`: hyper-parameters (validated) and the training steps.
 
     Tuned by the user: ``density`` (0 < rho <= 1), ``method`` (a per-step registered method:
-    :func:`hook_methods`), ``algorithm`` (gTop-k pattern: butterfly | tree), ``residual_rule`` (paper |
-    mass), ``warmup_iterations`` (dense iterations first, >= 0), ``selection`` (model |
-    bucket), ``selector`` (registry name; None: the method's), ``process_group`` (None: default),
-    ``options`` (the method's options, as in a run's ``extra``; checked by the method).
-    Internal state: ``iteration`` (completed backward passes), per-parameter residuals,
-    ``last_stats`` (CommStats of the last sparse collective).
+    :func:`hook_methods`; a local-steps one is refused with one line), ``algorithm`` (gTop-k
+    pattern: butterfly | tree), ``residual_rule`` (paper | mass), ``warmup_iterations`` (dense
+    iterations first, >= 0), ``selection`` (model | bucket), ``selector`` (registry name; None:
+    the method's), ``process_group`` (None: default), ``options`` (the method's options, as in a
+    run's ``extra``; checked by the method). Internal state: ``iteration`` (completed backward
+    passes), one :class:`~gtopk_lab.training.step.RankStep` per parameter set (the whole model,
+    or one per bucket) kept across calls, ``last_stats`` (CommStats of the last sparse
+    collective).
     """
 
     # tuned by the user
@@ -103,11 +113,15 @@ class SparseHookState:
     iteration: int = 0
     last_stats: Any = None
     _slots: dict[int, int] = field(default_factory=dict, repr=False)
-    _residuals: list[torch.Tensor] = field(default_factory=list, repr=False)
+    _sizes: dict[int, int] = field(default_factory=dict, repr=False)
+    #: the step of each parameter set, keyed by its slots in flat order
+    _steps: dict[tuple[int, ...], RankStep] = field(default_factory=dict, repr=False)
+    #: steps' state_dicts from a pickle, taken up when their parameter set comes again
+    _saved_steps: dict[tuple[int, ...], dict[str, Any]] = field(default_factory=dict, repr=False)
     _parked: list[tuple[Any, torch.futures.Future]] = field(default_factory=list, repr=False)
-    _collective_state: Any = field(default=None, repr=False)
-    #: a method's own memory (EF21's estimates, CLT-k's filtered memory), kept across calls
-    _memories: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False)
+    _settings: StepSettings | None = field(default=None, repr=False)
+    #: a memory-free dense method: its update is the plain mean, DDP's own allreduce computes it
+    _plain_mean: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.density, bool) or not isinstance(self.density, (int, float)):
@@ -115,39 +129,90 @@ class SparseHookState:
         if not 0.0 < float(self.density) <= 1.0:
             raise ValueError(f"density={self.density!r} is invalid: expected a number in (0, 1]")
         self.density = float(self.density)
-        for name, allowed in (("method", hook_methods()), ("algorithm", SPARSE_ALGORITHMS),
+        for name, allowed in (("method", available_methods()), ("algorithm", SPARSE_ALGORITHMS),
                               ("residual_rule", RESIDUAL_RULES), ("selection", SELECTION_SCOPES),
                               ("selector", (None, *available_selectors()))):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: expected one of {', '.join(allowed)}")
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: expected one of "
+                                 f"{', '.join(str(a) for a in allowed)}")
         w = self.warmup_iterations
         if isinstance(w, bool) or not isinstance(w, int) or w < 0:
             raise ValueError(f"warmup_iterations={w!r} is invalid: expected an integer >= 0")
-        method = get_method(self.method)
         if not isinstance(self.options, dict):
             raise TypeError(f"options={self.options!r} has type {type(self.options).__name__}: expected dict")
-        method.run_options(self.options)  # its ValueError names the option, the value and the type
-        if self.selection == "bucket" and method.memory not in ("residual", None):
-            raise ValueError(f"selection='bucket' is invalid with method {self.method!r}: its own memory is "
-                             "kept for one fixed parameter set; expected selection='model'")
-        make_state = method.comm.make_state
-        self._collective_state = make_state() if make_state is not None else None
+        settings = self._step_settings(world=1)
+        settings.check_driver("ddp_hook", scope=self.selection)
+        self._plain_mean = settings.plain_mean
 
-    # --- pickling: the process group and parameter keys stay behind -------------------------
+    def _step_settings(self, world: int) -> StepSettings:
+        """The hook's :class:`StepSettings` at P = ``world`` (validates method, options, selector)."""
+        return StepSettings(get_method(self.method), world=world, residual_rule=self.residual_rule,
+                            selector=self.selector, algorithm=self.algorithm, options=self.options)
+
+    # --- pickling: the process group, parameter keys and steps' objects stay behind ---------
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["process_group"] = None
         state["_slots"] = {}
         state["_parked"] = []
+        state["_settings"] = None
+        state["_saved_steps"] = {**self._saved_steps, **{key: step.state_dict() for key, step in self._steps.items()}}
+        state["_steps"] = {}
         return state
 
-    # --- residual store ---------------------------------------------------------------------
-    def _slot(self, param: torch.Tensor, like: torch.Tensor) -> int:
+    # --- one step per parameter set -----------------------------------------------------------
+    def _slot(self, param: torch.Tensor) -> int:
+        """The parameter's position in order of first appearance (survives bucket rebuilds)."""
         key = id(param)
         if key not in self._slots:
             self._slots[key] = len(self._slots)
-            self._residuals.append(torch.zeros(like.numel(), dtype=torch.float32, device=like.device))
+            self._sizes[self._slots[key]] = param.numel()
         return self._slots[key]
+
+    def _step_for(self, key: tuple[int, ...], shapes: list[tuple[int, ...]], device: torch.device) -> RankStep:
+        """The step of the parameter set ``key``: kept across calls; a new set (the first call,
+        or a bucket DDP rebuilt) starts from a pickled state of it, else takes over the error
+        feedback of its parameters from the sets they were in."""
+        step = self._steps.get(key)
+        if step is not None:
+            return step
+        if self._settings is None:
+            self._settings = self._step_settings(world=_world(self))
+        step = RankStep(self._settings, sum(self._sizes[s] for s in key), device,
+                        rank=dist.get_rank(self.process_group), layout=shapes)
+        saved = self._saved_steps.pop(key, None)
+        if saved is not None:
+            step.load_state_dict(saved)
+        else:
+            _carry_residuals(self, key, step)
+        for old in [k for k in self._steps if set(k) & set(key)]:  # their parameters moved
+            del self._steps[old]
+        self._steps[key] = step
+        return step
+
+
+def _carry_residuals(state: SparseHookState, key: tuple[int, ...], step: RankStep) -> None:
+    """Seed ``step``'s error-feedback residual (memory "residual", the only memory a rebuilt
+    bucket may have) with its parameters' entries from the steps that held them before; new
+    parameters start at zero. Goes through the steps' checkpoint state (``state_dict``)."""
+    pieces: dict[int, torch.Tensor] = {}
+    for old_key, old in state._steps.items():
+        saved = old.state_dict()["memory"]
+        if saved is None or not set(old_key) & set(key):
+            continue
+        offset = 0
+        for slot in old_key:
+            n = state._sizes[slot]
+            pieces[slot] = saved["residual"][offset:offset + n]
+            offset += n
+    if not pieces:
+        return
+    mine = step.state_dict()
+    like = mine["memory"]["residual"]
+    carried = [pieces[s] if s in pieces else torch.zeros(state._sizes[s], dtype=like.dtype, device=like.device)
+               for s in key]
+    mine["memory"] = {**mine["memory"], "residual": torch.cat(carried)}
+    step.load_state_dict(mine)
 
 
 def _world(state: SparseHookState) -> int:
@@ -159,44 +224,24 @@ def _sparse_step(state: SparseHookState, pairs: list[tuple[torch.Tensor, torch.T
 
     The gradient views are overwritten with ``G / P``.
     """
-    slots = [state._slot(p, g) for p, g in pairs]
+    slots = [state._slot(p) for p, _g in pairs]
     order = sorted(range(len(pairs)), key=lambda j: slots[j])  # fixed order: survives rebuilds
     grads = [pairs[j][1] for j in order]
-    slot_ids = [slots[j] for j in order]
     flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads])
-    numel = flat.numel()
-    method = get_method(state.method)
     # the parameters' shapes in flat order: a per-layer method (PowerSGD) compresses each one
-    step = RankStep(method, numel, flat.device, residual_rule=state.residual_rule, selector=state.selector,
-                    algorithm=state.algorithm, layout=[tuple(g.shape) for g in grads],
-                    rank=dist.get_rank(state.process_group), world=_world(state), options=state.options)
-    step.collective_state = state._collective_state
-    residual = method.memory == "residual"
-    if residual:  # the hook keeps residuals per parameter, across bucket rebuilds
-        step.memory.residual = torch.cat([state._residuals[s] for s in slot_ids])
-    elif step.memory is not None:  # a method's own memory lives on, for this parameter set
-        step.memory = state._memories.setdefault(tuple(slot_ids), step.memory)
-    k = k_for(numel, state.density)
-    contribution = step.prepare(flat, k)
-    result = communicate(method, contribution, step.call(k, state.iteration, group=state.process_group))
-    step.finish(contribution, result)
+    step = state._step_for(tuple(slots[j] for j in order), [tuple(g.shape) for g in grads], flat.device)
+    k = k_for(flat.numel(), state.density)
+    sync = step.begin(flat, k, state.iteration, group=state.process_group)
+    assert sync is not None  # a per-step method synchronises every call
+    result = step.collective.run(sync.contribution, sync.call)
+    update = sync.finish(result)
+    assert update is not None
     state.last_stats = result.stats
-    dense = step.aggregate(result, flat.device).to(torch.float32)
-    dense.div_(_world(state))
-    ef = step.memory if residual else None
     offset = 0
-    for g, s in zip(grads, slot_ids):
+    for g in grads:
         n = g.numel()
-        g.copy_(dense[offset:offset + n].view_as(g))
-        if ef is not None:
-            state._residuals[s] = ef.residual[offset:offset + n].clone()
+        g.copy_(update[offset:offset + n].view_as(g))
         offset += n
-
-
-def _plain_dense(method: Any) -> bool:
-    """A memory-free method on the dense allreduce: DDP's own per-bucket allreduce is that method
-    (other dense-input methods, e.g. CLT-k, go through the training step)."""
-    return not method.sparse and method.memory is None and method.comm is get_collective("allreduce")
 
 
 def _done(tensor: torch.Tensor) -> torch.futures.Future:
@@ -221,7 +266,7 @@ def gtopk_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.futures
     buffer = bucket.buffer()
     last = bucket.is_last()
     try:
-        if _plain_dense(get_method(state.method)) or state.iteration < state.warmup_iterations:
+        if state._plain_mean or state.iteration < state.warmup_iterations:
             dense_allreduce(buffer, group=state.process_group)
             buffer.div_(_world(state))
             return _done(buffer)

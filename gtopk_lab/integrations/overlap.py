@@ -18,9 +18,11 @@ Mechanics (:class:`WaitFreeBackprop`):
 2. ``Tensor.register_post_accumulate_grad_hook`` on every parameter counts down its group;
    when a group is complete its id goes to a **communication thread**;
 3. the thread handles groups strictly in group order (the same on every rank, so the
-   collectives match): flatten, ``ErrorFeedback.compensate``, select, the method's
-   collective from :mod:`gtopk_lab.collectives` (or Ok-Topk), ``ErrorFeedback.update``, and
-   write ``G / P`` back into the group's ``.grad``;
+   collectives match): flatten, then the group's training step
+   (:class:`~gtopk_lab.training.step.RankStep`: the method's memory and selector, its
+   collective from the registry with the group's layout, the iteration and the process
+   group, the memory update and aggregate), and write the step's ``G / P`` back into the
+   group's ``.grad``;
 4. :meth:`WaitFreeBackprop.finish` (after ``loss.backward()``) releases groups whose
    parameters got no gradient, waits for the thread and returns an :class:`OverlapReport`.
 
@@ -65,10 +67,10 @@ from torch import nn
 from gtopk_lab.comm.schedules import SPARSE_ALGORITHMS
 from gtopk_lab.compression.residual import RESIDUAL_RULES
 from gtopk_lab.config import k_for
-from gtopk_lab.integrations.ddp_hook import hook_methods
-from gtopk_lab.methods import get_method
+from gtopk_lab.methods import available_methods, get_method
 from gtopk_lab.network.model import NetworkModel
-from gtopk_lab.training.step import RankStep, aggregate_dense, communicate
+from gtopk_lab.training.step import RankStep
+from gtopk_lab.training.step_settings import StepSettings
 
 __all__ = ["WaitFreeBackprop", "OverlapReport", "GroupTiming", "SCOPES",
            "hidden_time_s", "link_timeline"]
@@ -133,22 +135,29 @@ def link_timeline(ready_s: list[float], durations_s: list[float]) -> list[tuple[
 class WaitFreeBackprop:
     """Per-layer-group sparse aggregation overlapped with backward (see the module docstring).
 
-    Parameters: ``model``; ``density`` (0, 1]; ``method`` gtopk | topk | oktopk | dense;
-    ``algorithm`` butterfly | tree (gTop-k); ``residual_rule`` paper | mass; ``scope``
-    layer | model; ``overlap`` (layer scope only); ``min_group_numel`` (>= 0);
-    ``network`` for the modelled figures (default: unthrottled); ``group`` process group;
-    ``timeout_s`` for :meth:`finish`.
+    Parameters: ``model``; ``density`` (0, 1]; ``method`` a per-step registered method (a
+    local-steps one is refused with one line); ``algorithm`` butterfly | tree (gTop-k);
+    ``residual_rule`` paper | mass; ``scope`` layer | model; ``overlap`` (layer scope only);
+    ``min_group_numel`` (>= 0); ``network`` for the modelled figures (default: unthrottled);
+    ``group`` process group; ``timeout_s`` for :meth:`finish`; ``options`` the method's
+    options, as a run's ``extra`` holds them.
+
+    Each group has one :class:`~gtopk_lab.training.step.RankStep` (built from one
+    :class:`~gtopk_lab.training.step_settings.StepSettings`, with the group's parameter shapes
+    as its layout), kept across iterations: a group's update is exactly what the training step
+    gives, the method's memory, aggregate and per-iteration collective state included.
     """
 
     def __init__(self, model: nn.Module, density: float, method: str = "gtopk",
                  algorithm: str = "butterfly", residual_rule: str = "mass", scope: str = "layer",
                  overlap: bool = True, min_group_numel: int = 0, network: NetworkModel | None = None,
-                 group: Any = None, timeout_s: float = 300.0) -> None:
+                 group: Any = None, timeout_s: float = 300.0, options: dict[str, Any] | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model has type {type(model).__name__}: expected torch.nn.Module")
         if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
             raise ValueError(f"density={density!r} is invalid: expected a number in (0, 1]")
-        for name, value, allowed in (("method", method, hook_methods()), ("algorithm", algorithm, SPARSE_ALGORITHMS),
+        for name, value, allowed in (("method", method, available_methods()),
+                                     ("algorithm", algorithm, SPARSE_ALGORITHMS),
                                      ("residual_rule", residual_rule, RESIDUAL_RULES), ("scope", scope, SCOPES)):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} is invalid: expected one of {', '.join(allowed)}")
@@ -158,6 +167,14 @@ class WaitFreeBackprop:
             raise TypeError(f"overlap={overlap!r} has type {type(overlap).__name__}: expected bool")
         if network is not None and not isinstance(network, NetworkModel):
             raise TypeError(f"network has type {type(network).__name__}: expected NetworkModel or None")
+        if options is not None and not isinstance(options, dict):
+            raise TypeError(f"options={options!r} has type {type(options).__name__}: expected dict or None")
+        self._distributed = dist.is_available() and dist.is_initialized()
+        self.world = dist.get_world_size(group) if self._distributed else 1
+        self.rank = dist.get_rank(group) if self._distributed else 0
+        self.settings = StepSettings(get_method(method), world=self.world, residual_rule=residual_rule,
+                                     algorithm=algorithm, options=options or {})
+        self.settings.check_driver("overlap", scope=scope)
         # tuned by the user
         self.density, self.method, self.algorithm = float(density), method, algorithm
         self.residual_rule, self.scope = residual_rule, scope
@@ -168,10 +185,12 @@ class WaitFreeBackprop:
         self.groups = self._make_groups(model, min_group_numel) if scope == "layer" else [
             [p for p in model.parameters() if p.requires_grad]]
         self.numels = [sum(p.numel() for p in g) for g in self.groups]
-        # one training step per layer group: its residual and collective state persist
-        self._method = get_method(method)
-        self.steps = [RankStep(self._method, n, torch.device("cpu"), residual_rule=residual_rule,
-                               algorithm=algorithm) for n in self.numels]
+        #: completed iterations (the collectives' CommCall.iteration, e.g. CLT-k's leader)
+        self.iteration = 0
+        # one training step per layer group: its memory and collective state persist
+        self.steps = [RankStep(self.settings, n, ps[0].device if ps else torch.device("cpu"), rank=self.rank,
+                               layout=[tuple(p.shape) for p in ps])
+                      for n, ps in zip(self.numels, self.groups)]
         self._group_of = {id(p): g for g, ps in enumerate(self.groups) for p in ps}
         self._handles = []
         self._lock = threading.Lock()
@@ -258,19 +277,21 @@ class WaitFreeBackprop:
         start = self._now()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([x.reshape(-1).to(torch.float32) for x in grads])
-        world = dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
         numel = flat.numel()
         step = self.steps[g]
-        k = k_for(numel, self.density) if self._method.sparse else numel
-        contribution = step.prepare(flat, k)
-        result = communicate(self._method, contribution, step.call(k, group=self.group))
-        step.finish(contribution, result)
-        dense = aggregate_dense(result, numel, flat.device).to(torch.float32)
-        dense = dense / world
+        k = k_for(numel, self.density)
+        sync = step.begin(flat, k, self.iteration, group=self.group)
+        assert sync is not None  # a per-step method synchronises every iteration
+        if self._distributed:
+            result = step.collective.run(sync.contribution, sync.call)
+        else:  # one process without a process group: the in-process collective
+            result = step.collective.simulate([sync.contribution], sync.call)[0]
+        update = sync.finish(result)
+        assert update is not None
         offset = 0
         for p in params:
             n = p.numel()
-            chunk = dense[offset:offset + n].view_as(p).to(p.dtype)
+            chunk = update[offset:offset + n].view_as(p).to(p.dtype)
             if p.grad is None:
                 p.grad = chunk.clone()
             else:
@@ -301,6 +322,7 @@ class WaitFreeBackprop:
         error = self._error
         timings = [t for t in self._timings if t is not None]
         self._reset_iteration()
+        self.iteration += 1
         if error is not None:
             raise error
         return self._report(backward_end, timings)

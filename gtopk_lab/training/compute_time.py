@@ -8,11 +8,12 @@ from typing import Any
 
 import torch
 
-from gtopk_lab.compression.residual import ErrorFeedback
-from gtopk_lab.compression.selection import get_selector
 from gtopk_lab.config import RunConfig, k_for
 from gtopk_lab.training.data import load_dataset
-from gtopk_lab.training.replica import Replica, rank_clock_s, resolve_device
+from gtopk_lab.training.replica import Replica
+from gtopk_lab.training.runtime import rank_clock_s, resolve_device
+from gtopk_lab.training.step import RankStep
+from gtopk_lab.training.step_settings import StepSettings
 
 __all__ = ["measure_iteration_times", "calibration_task"]
 
@@ -23,8 +24,12 @@ def measure_iteration_times(config: Any, repeats: int = 7, warmup: int = 2,
 
     Compute = forward + backward + optimiser step on one batch of ``config.batch_size`` samples
     of ``config.dataset`` (what one rank does per iteration besides selection and
-    communication); selection = error-feedback compensation + the config's selector (default
-    ``topk``) at ``k = max(1, floor(density * d))`` on the real gradient. Times are CPU time
+    communication); selection = the method's own training step before its collective
+    (:meth:`~gtopk_lab.training.step.RankStep.prepare`: clip, DGC velocity, the method's memory
+    compensating, its selector or the run's ``selector``, at ``k = max(1, floor(density * d))``)
+    on the real gradient. After each pass the step's memory is updated as on one rank
+    (:meth:`~gtopk_lab.training.step.RankStep.finish` with the one-rank collective, untimed), so
+    the residual a selection sees is a trained one. Times are CPU time
     (``replica.rank_clock_s``: the thread's with one torch thread, else the process's; CUDA:
     synchronised wall time), so other jobs on the machine inflate them less than wall time;
     the median discards the slow outliers of a loaded machine. ``warmup`` untimed passes come
@@ -70,9 +75,12 @@ def _measure(config: RunConfig, repeats: int, warmup: int, device: Any) -> dict[
     if len(x) < config.batch_size:
         raise ValueError(f"batch_size={config.batch_size} is invalid for dataset={config.dataset!r}: "
                          f"it gave {len(x)} training samples for one batch")
-    selector = get_selector(config.default_selector or "topk")
     k = k_for(replica.numel, config.density)
-    ef = ErrorFeedback(replica.numel, rule=config.residual_rule, device=dev)
+    # one rank alone: its settings are P = 1, so the one-rank collective closes each pass
+    settings = StepSettings.from_config(config, world=1)
+    settings.check_driver("calibration")
+    step = RankStep(settings, replica.numel, dev, layout=replica.layout, params=replica.params,
+                    optimizer=replica.optimizer)
 
     compute, selection = [], []
     for i in range(warmup + repeats):
@@ -80,9 +88,9 @@ def _measure(config: RunConfig, repeats: int, warmup: int, device: Any) -> dict[
         replica.forward_backward(x, y)
         replica.optimizer.step()
         t1 = rank_clock_s(dev)
-        acc = ef.compensate(replica.grad)
-        selector(acc, k)
+        contribution = step.prepare(replica.grad, k)
         t2 = rank_clock_s(dev)
+        step.finish(contribution, step.collective.simulate([contribution], step.call(k, i))[0])
         if i >= warmup:
             compute.append(t1 - t0)
             selection.append(t2 - t1)

@@ -1,25 +1,24 @@
 """The per-rank S-SGD training loop: ``train_rank(config, sink, device) -> RankResult``.
 
-One iteration on rank i of P (docs/architecture.md, "Data flow of one iteration"):
+One iteration on rank i of P (docs/architecture.md, "Data flow of one iteration"); the loop
+computes the gradient, runs the collective and writes the update, the rank's
+:class:`~gtopk_lab.training.step.RankStep` (built from the run's
+:class:`~gtopk_lab.training.step_settings.StepSettings`) does the rest:
 
 1. forward + backward on the rank's shard; every parameter's ``.grad`` is a view into
-   one model-sized flat buffer, so the gradient ``g`` is that buffer (no copy)
-2. with ``grad_clip_mode="local"``, clipping of the local gradient at ``grad_clip / sqrt(P)``
-   (DGC's) and,
-   with ``momentum_correction`` (DGC, Lin et al. 2018), local velocity
-   ``u = m * u + g`` which replaces ``g`` in what follows
-3. ``acc = memory.compensate(g)``; sparse methods: ``values, indices = selector(acc, k)``
-   (steps 2-5 are :class:`~gtopk_lab.training.step.RankStep`, the one training step)
-4. the method's collective (from the registry, :mod:`gtopk_lab.methods`), wrapped by the
+   one model-sized flat buffer, so the gradient ``g`` is that buffer (no copy); a
+   local-steps method takes its inner optimiser step here (``RankStep.local_step``)
+2. ``RankStep.begin(g, k, it)``: the step's clip, DGC velocity, compensation and selection,
+   giving this rank's contribution and ``CommCall`` (None when the iteration does not
+   synchronise: a local-steps method between synchronisations)
+3. the method's collective (``Collective.run`` on the process group), wrapped by the
    :class:`VirtualClock` (virtual time, throttling)
-5. ``ErrorFeedback.update`` (rule ``config.residual_rule``); with momentum correction the
-   velocity is zeroed at this rank's own selection S_i (DGC's momentum factor masking: the
-   entries whose accumulated velocity just left the residual)
-6. the aggregated ``G / P`` (with ``grad_clip_mode="aggregated"``, the default, clipped to
-   L2 norm ``grad_clip`` as the references do after synchronisation) is written into the
-   flat gradient buffer and SGD steps
-   (momentum / weight decay as configured, LR from :func:`~gtopk_lab.training.optim.lr_at`)
-7. one metric row (docs/architecture.md schema), flushed to ``sink`` every ``sink_every``
+4. ``Sync.finish(result)``: memory update, DGC masking, the memory's aggregate, the
+   aggregated clip, giving the update ``G / P`` (a local-steps method's outer step happens
+   here instead), which :meth:`~gtopk_lab.training.replica.Replica.apply` writes into the
+   flat gradient buffer before the optimiser steps (momentum / weight decay as configured, LR
+   from :func:`~gtopk_lab.training.optim.lr_at`)
+5. one metric row (docs/architecture.md schema), flushed to ``sink`` every ``sink_every``
 
 Costs per iteration: one forward/backward, O(d) for flattening-free error feedback and
 update, the selector's cost, and the collective's (see gtopk_lab.comm).
@@ -58,13 +57,14 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
 from gtopk_lab.training.compute_charge import charged_selection_s, fixed_times
-from gtopk_lab.training.replica import (
-    RankResult, RankState, Replica, limit_threads, network_of, rank_checkpoint_state, rank_cpu_timer,
-    resolve_device, restore_rank_state, run_dataset, sync_device,
-)
+from gtopk_lab.training.rank_state import RankResult, RankState, rank_checkpoint_state, restore_rank_state
+from gtopk_lab.training.replica import Replica
 from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row
+from gtopk_lab.training.runtime import (
+    limit_threads, network_of, rank_cpu_timer, resolve_device, run_dataset, sync_device,
+)
 from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
-from gtopk_lab.training.step import communicate, communicate_simulated
+from gtopk_lab.training.step_settings import StepSettings
 
 __all__ = ["RankResult", "train_rank", "resolve_device", "gloo_rank_entry", "gloo_checkpoint_entry",
            "gloo_runs_entry"]
@@ -111,40 +111,32 @@ class _RealRank:
         self.coordinator = rank == 0
 
     def iteration(self, point: Point, timeline: Timeline) -> None:
-        replica, state, dev, clock = self.replica, self.state, self.dev, self.clock
+        replica, state, step, dev, clock = self.replica, self.state, self.state.step, self.dev, self.clock
         it, lr, k = point.iteration, point.lr, point.k
         x, y = state.next_batch(point.epoch_index, point.first_of_epoch)
         t0 = time.perf_counter()
-        with state.active(replica, swap_buffers=False):
+        with state.active(replica, swap_buffers=False):  # dropout and a random selector: the rank's RNG
             loss = replica.forward_backward(x, y)
-        sync_device(dev)
-        t1 = time.perf_counter()
-        result = None
-        if state.local is not None:  # local steps; the pseudo-gradient is synchronised
-            replica.local_step(state.optimizer, lr)
-            g = state.local.pseudo_gradient() if state.local.due(it) else None
-        else:
-            g = replica.grad
-        if g is not None:
+            step.local_step(lr)  # a local-steps method's inner step; nothing otherwise
+            sync_device(dev)
+            t1 = time.perf_counter()
             c1 = clock.cpu_timer()
-            local = state.step.prepare(g, k)
+            sync = step.begin(replica.grad, k, it)
+        result = None
+        if sync is not None:
             sync_device(dev)
             t2 = time.perf_counter()
             if self.fixed_compute_s is not None:
                 charged_selection_s = self._charge(clock.cpu_timer() - c1)
-            call = state.step.call(k, it)
             if self.has_group:
-                result = clock.collective(communicate, state.method, local, call)
-            else:
-                result = clock.collective(lambda: communicate_simulated(state.method, [local], call)[0])
+                result = clock.collective(step.collective.run, sync.contribution, sync.call)
+            else:  # the only rank: the in-process collective, so that stats match
+                result = clock.collective(lambda: step.collective.simulate([sync.contribution], sync.call)[0])
             sync_device(dev)
             t3 = time.perf_counter()
-            state.step.finish(local, result)
-            aggregate = state.step.aggregate(result, dev)
-            if state.local is not None:
-                state.local.outer_step(aggregate, self.world)
-            else:
-                replica.apply(aggregate, lr)
+            update = sync.finish(result)
+            if update is not None:  # None: a local-steps method's outer step moved the weights
+                replica.apply(update, lr)
         else:
             t2 = t3 = time.perf_counter()
             if self.fixed_compute_s is not None:
@@ -166,7 +158,8 @@ class _RealRank:
         """Charge this iteration's fixed compute plus its selection (:func:`charged_selection_s`
         of this rank's measured CPU time); returns the selection charged."""
         assert self.fixed_compute_s is not None
-        selection_s = charged_selection_s(self.state.method.sparse, self.fixed_selection_s, selection_cpu_s)
+        selection_s = charged_selection_s(self.state.step.method.sparse, self.fixed_selection_s,
+                                          selection_cpu_s)
         self.clock.charge(self.fixed_compute_s + selection_s)
         return selection_s
 
@@ -227,7 +220,9 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
 
     dataset = run_dataset(config)
     replica = Replica(config, world, dev)
-    state = RankState(config, rank, world, replica, dataset)
+    settings = StepSettings.from_config(config, world)
+    settings.check_driver("ranks")
+    state = RankState(settings, config, rank, replica, dataset)
     if dev.type == "cuda":  # CUDA dropout masks differ between ranks, as on CPU
         torch.cuda.manual_seed(config.seed + 1 + rank)
     fixed_compute_s, fixed_selection_s = fixed_times(config.extra)

@@ -10,7 +10,7 @@ from typing import Any
 
 from gtopk_lab.config import RunConfig, k_for
 from gtopk_lab.methods import get_method
-from gtopk_lab.training.replica import network_of
+from gtopk_lab.training.runtime import network_of
 
 Sink = Callable[[list[dict]], None]
 

@@ -5,10 +5,13 @@
 checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, the skeleton
 ``train_rank`` runs too; per iteration:
 
-1. for each virtual rank r (its RNG state and BatchNorm buffers swapped into the shared
-   replica): forward/backward on r's shard, then :meth:`~gtopk_lab.training.step.RankStep.prepare`
-   (clipping, momentum correction, error feedback, selection) -- the step ``train_rank`` runs;
-   rank r's CPU time for this is measured with ``time.process_time`` (wall time on CUDA)
+1. for each virtual rank r (its RNG state and BatchNorm buffers, and a local-steps method's
+   own weights, swapped into the shared replica): forward/backward on r's shard, then
+   :meth:`~gtopk_lab.training.step.RankStep.begin` (clipping, momentum correction, error
+   feedback, selection) -- the step ``train_rank`` runs, built from the same
+   :class:`~gtopk_lab.training.step_settings.StepSettings`; rank r's CPU time for this is
+   measured with ``time.process_time`` (wall time on CUDA). A local-steps method takes its
+   inner step here and synchronises on the last iteration of a round only
 2. the method's in-process collective (``Collective.simulate``: the real per-rank message
    programs without transport; identical ``CommStats``)
 3. ``VirtualClock.simulate_collective(compute_s, stats)``: virtual time advances by the
@@ -19,11 +22,15 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    ``"straggler"`` draws each rank's charge from the run's measured distribution, ``"max"``
    charges each its own measurement. The summary names the rule (``compute_charge``) and
    the measurements' spread (``compute_s_spread``: p10/p50/p90 seconds)
-4. each rank's :meth:`~gtopk_lab.training.step.RankStep.finish` (residual rule), then one SGD
-   step of the shared replica (in synchronous SGD every rank holds the same weights). The
-   clock is charged what one real rank pays: rank 0's residual update, aggregation and the
-   optimiser step; the other P - 1 ranks' copies run here but cost no virtual time, so the
-   charged update does not grow with P
+4. each rank's ``Sync.finish`` (memory update, DGC masking, the memory's aggregate, the
+   clip), giving the update ``G / P``, then one optimiser step of the shared replica with
+   rank 0's update (in synchronous SGD every rank holds the same weights; a local-steps
+   method's finish is every rank's own outer step instead). The clock is charged what one
+   real rank pays: rank 0's finish and the optimiser step; the other P - 1 ranks' finishes
+   run here but cost no virtual time, so the charged update does not grow with P
+
+Steps 1, 2 and 4 are the driver's three seams (``_VirtualRanks.iteration``): P gradients and
+P contributions, one ``Collective.simulate`` call, P finishes.
 
 **Fixed compute time** (``compute_time_s=`` / ``config.extra["compute_time_s"]``, and
 optionally ``selection_time_s=`` / ``config.extra["selection_time_s"]``): on a loaded machine
@@ -76,22 +83,21 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from gtopk_lab.config import RunConfig
-from gtopk_lab.methods import get_method
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
 from gtopk_lab.training.compute_charge import ComputeCharge, charged_selection_s, fixed_times
-from gtopk_lab.training.replica import (
-    RankResult, RankState, Replica, network_of, rank_checkpoint_state, rank_clock_s, resolve_device,
-    restore_rank_state, run_dataset,
-)
+from gtopk_lab.training.rank_state import RankResult, RankState, rank_checkpoint_state, restore_rank_state
+from gtopk_lab.training.replica import Replica
 from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row, peak_comm_pair
+from gtopk_lab.training.runtime import network_of, rank_clock_s, resolve_device, run_dataset
 from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
-from gtopk_lab.training.step import communicate_simulated
+from gtopk_lab.training.step import Sync
+from gtopk_lab.training.step_settings import StepSettings
 
 __all__ = ["simulate", "ALL_ROWS_MAX_WORKERS"]
 
@@ -122,7 +128,6 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     if not isinstance(config, RunConfig):
         raise TypeError(f"config has type {type(config).__name__}: expected RunConfig")
     fixed_compute_s, fixed_selection_s = fixed_times(config.extra, compute_time_s, selection_time_s)
-    method = get_method(config.method)
     rows = rows or config.extra.get("sim_rows")
     if rows is None:
         rows = "all" if config.workers <= ALL_ROWS_MAX_WORKERS else "rank0"
@@ -133,12 +138,14 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     setup_start = time.perf_counter()
     dataset = run_dataset(config)
     replica = Replica(config, world, dev)
+    settings = StepSettings.from_config(config, world)
+    settings.check_driver("simulator")
     # Fixed compute removes CPU noise from virtual time; charging measured merges would
     # bring it back, so merges count only when compute is measured too.
     clock = VirtualClock(network_of(config), throttle=False,
                          include_merge_cpu=config.virtual_merge_cpu and fixed_compute_s is None)
     buffer = RowBuffer(sink, config.sink_every)
-    ranks = _VirtualRanks(config, method, dev, dataset, replica, clock, buffer,
+    ranks = _VirtualRanks(config, settings, dev, dataset, replica, clock, buffer,
                           emit=range(world) if rows == "all" else range(1),
                           fixed_compute_s=fixed_compute_s, fixed_selection_s=fixed_selection_s)
     try:
@@ -174,109 +181,117 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
         buffer.flush()
 
 
+class _RankWork(NamedTuple):
+    """One virtual rank's part of phase 1: its loss, its synchronisation waiting for the
+    collective (None when the iteration does not synchronise), the CPU seconds of its
+    forward/backward and contribution (of which ``selection_cpu_s`` the contribution), and
+    the wall seconds of the two (``wall_s``: compute, selection)."""
+
+    loss: float
+    sync: Sync | None
+    compute_cpu_s: float
+    selection_cpu_s: float
+    wall_s: tuple[float, float]
+
+
 class _VirtualRanks:
     """The :class:`~gtopk_lab.training.skeleton.IterationDriver` of P virtual ranks
-    (steps 1-4 of the module docstring per iteration)."""
+    (steps 1-4 of the module docstring per iteration).
+
+    One iteration is three phases with one seam each (:meth:`iteration`): P gradients and P
+    contributions (:meth:`_contribute`, one rank at a time in the shared replica), one
+    ``Collective.simulate`` call over all P contributions, P finishes (:meth:`_finish`) and
+    the write of rank 0's update into the shared replica.
+    """
 
     coordinator = True
 
-    def __init__(self, config: RunConfig, method: Any, dev: torch.device, dataset: Any,
+    def __init__(self, config: RunConfig, settings: StepSettings, dev: torch.device, dataset: Any,
                  replica: Replica, clock: VirtualClock, buffer: RowBuffer, *, emit: range,
                  fixed_compute_s: float | None, fixed_selection_s: float | None) -> None:
-        self.config, self.method, self.dev, self.dataset = config, method, dev, dataset
+        self.config, self.dev, self.dataset = config, dev, dataset
         self.replica, self.clock, self.buffer, self.emit = replica, clock, buffer, emit
         self.fixed_compute_s, self.fixed_selection_s = fixed_compute_s, fixed_selection_s
-        self.world = config.workers
-        # a local-steps method's virtual ranks hold their own weights and inner optimisers
-        self.states = [RankState(config, r, self.world, replica, dataset, own_optimizer=method.local_steps)
+        self.world = settings.world
+        self.sparse = settings.method.sparse
+        self.states = [RankState(settings, config, r, replica, dataset, shares_replica=True)
                        for r in range(self.world)]
+        self.collective = self.states[0].step.collective
         self.swap_buffers = len(self.states[0].buffers) > 0
         self.ipe = self.states[0].shard.iterations_per_epoch
         self.charge = ComputeCharge(config.extra.get("sim_compute"), config.seed)
 
+    def _contribute(self, state: RankState, point: Point) -> _RankWork:
+        """One rank's gradient and contribution (phase 1), timed."""
+        replica, dev = self.replica, self.dev
+        x, y = state.next_batch(point.epoch_index, point.first_of_epoch)
+        with state.active(replica, self.swap_buffers):
+            c0, w0 = rank_clock_s(dev), time.perf_counter()
+            loss = replica.forward_backward(x, y)
+            state.step.local_step(point.lr)  # a local-steps method's inner step; nothing otherwise
+            c_mid, w1 = rank_clock_s(dev), time.perf_counter()
+            # the next rank's backward reuses the gradient buffer: shared_buffer
+            sync = state.step.begin(replica.grad, point.k, point.iteration, shared_buffer=True)
+            c1, w2 = rank_clock_s(dev), time.perf_counter()
+        return _RankWork(loss, sync, c1 - c0, c1 - c_mid, (w1 - w0, w2 - w1))
+
+    def _finish(self, state: RankState, sync: Sync, result: Any) -> torch.Tensor | None:
+        """One rank's end of the synchronisation, with its own weights current (a local-steps
+        method's outer step moves them): the update G / P, or None."""
+        with state.active(self.replica, swap_buffers=False):
+            return sync.finish(result)
+
     def iteration(self, point: Point, timeline: Timeline) -> None:
         config, replica, dev, clock, states = self.config, self.replica, self.dev, self.clock, self.states
-        world, swap_buffers, it, lr, k = self.world, self.swap_buffers, point.iteration, point.lr, point.k
-        locals_, losses, compute_s, selection_cpu_s, timings = [], [], [], [], []
-        sync_now = states[0].local is None or states[0].local.due(it)
-        for state in states:
-            x, y = state.next_batch(point.epoch_index, point.first_of_epoch)
-            c0, w0 = rank_clock_s(dev), time.perf_counter()
-            with state.active(replica, swap_buffers):
-                loss = replica.forward_backward(x, y)
-                if state.local is not None:
-                    replica.local_step(state.optimizer, lr)
-            c_mid, w1 = rank_clock_s(dev), time.perf_counter()
-            if sync_now:
-                if state.local is not None:
-                    with state.active(replica, swap_buffers=False):
-                        g = state.local.pseudo_gradient()
-                else:
-                    g = replica.grad
-                local = state.step.prepare(g, k)
-                if local.gradient is replica.grad:  # the next rank's backward reuses the buffer
-                    local.gradient = replica.grad.clone()
-                    local.acc = local.gradient if local.acc is replica.grad else local.acc
-                locals_.append(local)
-            c1, w2 = rank_clock_s(dev), time.perf_counter()
-            losses.append(loss)
-            compute_s.append(c1 - c0)
-            selection_cpu_s.append(c1 - c_mid)
-            timings.append((w1 - w0, w2 - w1))
+        world, it, lr, k = self.world, point.iteration, point.lr, point.k
+        # 1. P gradients, P contributions
+        work = [self._contribute(state, point) for state in states]
+        losses = [w.loss for w in work]
+        syncs = [w.sync for w in work]
+        compute_s = [w.compute_cpu_s for w in work]
+        timings = [w.wall_s for w in work]
         if self.fixed_compute_s is not None:
             # Every rank is charged the same: the clock then only sees method differences.
-            selection_s = charged_selection_s(self.method.sparse, self.fixed_selection_s,
-                                              statistics.median(selection_cpu_s))
+            selection_s = charged_selection_s(self.sparse, self.fixed_selection_s,
+                                              statistics.median(w.selection_cpu_s for w in work))
             compute_s = [self.fixed_compute_s + selection_s] * world
             timings = [(self.fixed_compute_s, selection_s)] * world
         else:
             compute_s = self.charge.charge(compute_s)
         update_cpu_s = update_wall_s = 0.0
         results: list[Any] = [None] * world
-        if sync_now:
-            # one collective state for the whole group: every real rank would hold the same
-            results = communicate_simulated(self.method, locals_, states[0].step.call(k, it))
+        synced = syncs[0] is not None  # every rank's step has the same schedule
+        if synced:
+            # 2. one collective over all P contributions; one collective state for the group:
+            # every real rank would hold the same (rank 0's call carries it)
+            results = self.collective.simulate([s.contribution for s in syncs], syncs[0].call)
             clock.simulate_collective(compute_s, [r.stats for r in results])
-            # A real rank pays its own residual update, aggregation and optimiser step; the
-            # other P - 1 ranks' copies run here one after the other but cost no virtual time,
-            # so the charged update does not grow with P.
+            # 3. P finishes, then rank 0's update written. A real rank pays its own finish and
+            # optimiser step; the other P - 1 ranks' finishes run here one after the other but
+            # cost no virtual time, so the charged update does not grow with P.
             u0, uw0 = rank_clock_s(dev), time.perf_counter()
-            states[0].step.finish(locals_[0], results[0])
+            update = self._finish(states[0], syncs[0], results[0])
             update_cpu_s, update_wall_s = rank_clock_s(dev) - u0, time.perf_counter() - uw0
-            for state, local, result in zip(states[1:], locals_[1:], results[1:]):
-                state.step.finish(local, result)
+            for state, sync, result in zip(states[1:], syncs[1:], results[1:]):
+                self._finish(state, sync, result)  # their updates equal rank 0's
             u0, uw0 = rank_clock_s(dev), time.perf_counter()
-            aggregate = states[0].step.aggregate(results[0], dev)
+            if update is not None:  # None: a local-steps method's outer step moved the weights
+                replica.apply(update, lr)
             update_cpu_s += rank_clock_s(dev) - u0
             update_wall_s += time.perf_counter() - uw0
-            if hasattr(states[0].step.memory, "aggregate"):  # memories that track G too
-                for state, result in zip(states[1:], results[1:]):
-                    state.step.aggregate(result, dev)
-            u0, uw0 = rank_clock_s(dev), time.perf_counter()
-            if states[0].local is not None:
-                with states[0].active(replica, swap_buffers=False):
-                    states[0].local.outer_step(aggregate, world)
-            else:
-                replica.apply(aggregate, lr)
-            update_cpu_s += rank_clock_s(dev) - u0
-            update_wall_s += time.perf_counter() - uw0
-            if states[0].local is not None:
-                for state in states[1:]:  # after the sync every rank holds the new weights
-                    state.weights = states[0].weights.clone()
-                    state.local.anchor = states[0].local.anchor.clone()
         else:
             clock.advance(max(compute_s))
-        if self.fixed_compute_s is None and sync_now:
+        if self.fixed_compute_s is None and synced:
             clock.advance(update_cpu_s)
         wall_now = timeline.elapsed_s()
-        comm_model_s = clock.last_comm_model_s if sync_now else 0.0
+        comm_model_s = clock.last_comm_model_s if synced else 0.0
         # rows of some ranks only: the others' largest collective, so repricing still sees it
         peak = None if len(self.emit) == world else (
-            peak_comm_pair([r.stats for r in results]) if sync_now else (0, 0))
+            peak_comm_pair([r.stats for r in results]) if synced else (0, 0))
         for r in self.emit:
             t = {"compute": timings[r][0], "selection": timings[r][1],
                  "comm": comm_model_s, "update": update_wall_s}
-            stats = results[r].stats if sync_now else None
+            stats = results[r].stats if synced else None
             self.buffer.add(iter_row(config, r, world, it, point.epoch, point.density, k, losses[r],
                                      lr, t, stats, comm_model_s, wall_now, clock.synced_time_s, peak=peak),
                             count_iteration=(r == 0))

@@ -1,136 +1,201 @@
 """The one training step of a method on one rank: compensate, select, communicate, update.
 
-Used by real ranks (:func:`~gtopk_lab.training.loop.train_rank`), the simulator (P
-:class:`RankStep` s, one in-process collective), the DDP hook and wait-free overlap
-(:mod:`gtopk_lab.integrations`). One iteration of rank i of P:
+Every driver runs it: real ranks (:func:`~gtopk_lab.training.loop.train_rank`), the simulator
+(P :class:`RankStep` s, one in-process collective), the DDP hook and wait-free overlap
+(:mod:`gtopk_lab.integrations`) and calibration (:mod:`~gtopk_lab.training.compute_time`),
+each building its steps from one :class:`~gtopk_lab.training.step_settings.StepSettings`.
+A synchronisation is a program, as the collectives are: :meth:`RankStep.sync` yields this
+rank's :class:`Contribution` and :class:`CommCall`, is sent the :class:`CollectiveResult`
+and returns the update ``G / P`` (:meth:`RankStep.begin` drives it to its yield and hands
+back a :class:`Sync`). One synchronisation on rank i of P:
 
 1. ``g`` = the flat gradient; with ``grad_clip_mode="local"`` clipped at ``c = clip / sqrt(P)``
    (DGC's scaling: ``g *= c / ||g||`` when ``||g|| > c``) and, with ``momentum_correction``
-   (DGC), local velocity ``u = m u + g`` replacing ``g``
+   (DGC), local velocity ``u = m u + g`` replacing ``g`` (:meth:`RankStep.prepare`)
 2. ``acc = memory.compensate(g)`` (error feedback: ``g + residual``; no memory: ``g``)
 3. ``values, indices = selector(acc, k)`` for sparse collectives (a :class:`Contribution`)
-4. the method's collective: ``Collective.run`` on real ranks, ``Collective.simulate`` for
-   virtual ranks (:func:`communicate` / :func:`communicate_simulated`), giving the sum G
+4. the driver runs the method's collective: ``Collective.run`` on a real rank,
+   ``Collective.simulate`` over all P contributions for virtual ranks, giving the sum G
 5. ``memory.update(acc, values, indices, result)``; the velocity is zeroed at the rank's own
-   selection (DGC's momentum factor masking)
-6. the caller writes ``G / P`` into the gradient buffer and steps its optimiser
-   (:meth:`RankStep.aggregate` gives G; a memory may map it, e.g. EF21's running mean; with
-   ``grad_clip_mode="aggregated"`` G is scaled so that ``||G / P|| <= clip``, as the
-   references' ``clip_grad_norm_`` after synchronisation: :func:`clip_aggregate`)
+   selection (DGC's momentum factor masking) (:meth:`RankStep.finish`)
+6. the dense G (:meth:`RankStep.aggregate`): a memory with ``aggregate(G) -> G'`` maps it
+   (EF21's running sum); with ``grad_clip_mode="aggregated"`` G is scaled so that
+   ``||G / P|| <= clip``, as the references' ``clip_grad_norm_`` after synchronisation
+   (:func:`clip_aggregate`); the step returns ``G / P`` and the driver writes it into its
+   gradients and steps its optimiser
 
-Infrequent synchronisation (``Method.sync_every`` = H > 1, DiLoCo-shaped) wraps this in
-:class:`LocalSteps`: H local optimiser steps on the rank's own gradient, then steps 1-5 on
-the pseudo-gradient ``anchor - w`` and an outer optimiser step from the anchor.
+Local-steps methods (``Method.sync_every`` = H > 1 or an outer optimiser, DiLoCo-shaped): the
+step holds their :class:`~gtopk_lab.training.local_steps.LocalSteps`. :meth:`RankStep.local_step`
+takes the inner optimiser step every iteration (a no-op for per-step methods); the program
+synchronises only on the last iteration of a round (otherwise it returns at once, without a
+collective), on the pseudo-gradient ``anchor - w``, and ends with the outer step from the
+anchor instead of returning an update (it returns None: nothing is left to write).
 
-Cost: O(d) for compensation and update (clipping: one more O(d) norm), plus the selector's
-and the collective's.
+Cost: O(d) for compensation and update (clipping: one more O(d) norm; the update: one
+O(d) division), plus the selector's and the collective's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from gtopk_lab.comm.stats import CollectiveResult
 from gtopk_lab.compression.residual import ErrorFeedback
-from gtopk_lab.methods.base import CommCall, Contribution, Method
+from gtopk_lab.methods.base import Collective, CommCall, Contribution, Method
 from gtopk_lab.methods.registry import selector_for
+from gtopk_lab.training.local_steps import LocalSteps
+from gtopk_lab.training.step_settings import StepSettings
 
-__all__ = ["RankStep", "LocalSteps", "communicate", "communicate_simulated", "aggregate_dense",
-           "clip_aggregate", "flat_params", "load_flat_params"]
+__all__ = ["RankStep", "Sync", "SyncProgram", "communicate", "communicate_simulated", "aggregate_dense",
+           "clip_aggregate"]
+
+#: :meth:`RankStep.sync`: yields (contribution, call), is sent the result, returns G / P or None.
+SyncProgram = Generator[tuple[Contribution, CommCall], CollectiveResult, "torch.Tensor | None"]
 
 
-def flat_params(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """A copy of ``params`` as one flat tensor, in order."""
-    return torch.cat([p.detach().reshape(-1) for p in params])
+@dataclass
+class Sync:
+    """One rank's synchronisation waiting for its collective (:meth:`RankStep.begin`).
 
+    ``contribution`` and ``call`` go to the collective; :meth:`finish` takes its result and
+    returns what the driver writes (``G / P``, or None after a local-steps outer step).
+    """
 
-@torch.no_grad()
-def load_flat_params(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
-    """Copy ``flat`` into ``params`` in place (so parameters keep their ``.grad`` views)."""
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.copy_(flat[offset:offset + n].view_as(p))
-        offset += n
+    contribution: Contribution
+    call: CommCall
+    program: SyncProgram
+
+    def finish(self, result: CollectiveResult) -> torch.Tensor | None:
+        try:
+            self.program.send(result)
+        except StopIteration as done:
+            return done.value
+        raise RuntimeError("RankStep.sync yielded twice: a synchronisation has one collective")
 
 
 class RankStep:
-    """What one (real or virtual) rank keeps between iterations for its method, and steps 1-5.
+    """What one (real or virtual) rank keeps between iterations for its method, and steps 1-6.
 
-    ``selector``: a registered selector name overriding the method's (``RunConfig.selector``).
-    ``layout``: parameter shapes in flat-buffer order (handed to the collective).
-    ``world``: P (given to memory factories with ``needs_world``; the clip scales with it).
-    ``grad_clip`` / ``grad_clip_mode``: see steps 1 and 6 (``RunConfig.grad_clip_mode``).
-    ``options``: the run's ``config.extra``; the method's declared options are read from it
-    (:meth:`~gtopk_lab.methods.base.Method.run_options`) and handed to its memory factory
-    (keyword ``options``, only for methods that declare options) and to every ``CommCall``.
+    ``settings``: the run's :class:`StepSettings` (or a :class:`Method`, with the settings'
+    fields as keywords: ``RankStep(method, d, device, world=4)`` is
+    ``RankStep(StepSettings(method, world=4), d, device)``). ``numel``: d, the flat buffer's
+    length; ``layout``: parameter shapes in flat-buffer order (handed to the collective, e.g.
+    PowerSGD's per-layer plan). ``params`` / ``optimizer``: the model's parameters and the
+    rank's optimiser, needed by local-steps methods only (inner and outer steps move them;
+    without them such a step has its parts, :meth:`prepare` to :meth:`aggregate`, only).
+    The method's declared options (:meth:`~gtopk_lab.methods.base.Method.run_options`) reach
+    its memory factory (keyword ``options``, only for methods that declare options) and every
+    ``CommCall`` (with the rest of the settings' ``options``).
     """
 
-    def __init__(self, method: Method, numel: int, device: torch.device, *, rank: int = 0,
-                 residual_rule: str = "mass", selector: str | None = None, grad_clip: float | None = None,
-                 grad_clip_mode: str = "aggregated", momentum_correction: bool = False,
-                 momentum: float = 0.0, algorithm: str | None = None,
-                 layout: Sequence[tuple[int, ...]] = (), world: int = 1,
-                 options: Mapping[str, Any] | None = None,
-                 collective_options: dict[str, Any] | None = None) -> None:
-        self.method, self.numel, self.rank = method, numel, rank
+    def __init__(self, settings: StepSettings | Method, numel: int, device: torch.device, *, rank: int = 0,
+                 layout: Sequence[tuple[int, ...]] = (), params: Sequence[torch.nn.Parameter] | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, **fields: Any) -> None:
+        if isinstance(settings, Method):
+            settings = StepSettings(settings, **fields)
+        elif fields:
+            raise TypeError(f"RankStep got settings and the fields {sorted(fields)}: give one or the other")
+        method = settings.method
+        self.settings, self.method, self.numel, self.rank = settings, method, numel, rank
+        self.world = settings.world
         # the whole extra (a collective may read its own keys, e.g. powersgd_rank) with the
         # method's declared options and their defaults on top
-        self.options = {**dict(options or {}), **method.run_options(options)}
-        self.select, self.exact_k = selector_for(method, selector)
-        self.algorithm = method.comm.algorithm_for(method.algorithm or algorithm)
-        if grad_clip_mode not in ("aggregated", "local"):
-            raise ValueError(f"grad_clip_mode={grad_clip_mode!r} is invalid: expected aggregated or local")
-        self.grad_clip, self.grad_clip_mode, self.momentum = grad_clip, grad_clip_mode, momentum
-        self.world = world
-        memory = method.memory
-        if memory == "residual":
-            self.memory: Any = ErrorFeedback(numel, rule=residual_rule, device=device)
-        elif memory is None:
-            self.memory = None
-        elif getattr(memory, "needs_world", False):  # its error is against the mean G / P
-            self.memory = memory(numel, residual_rule, device, world=world)
-        elif method.options:  # hyper-parameters reach the factory (older factories take three)
-            self.memory = memory(numel, residual_rule, device, options=self.options)
-        else:
-            self.memory = memory(numel, residual_rule, device)
+        self.options = {**settings.options, **method.run_options(settings.options)}
+        self.select, self.exact_k = selector_for(method, settings.selector)
+        self.algorithm = method.comm.algorithm_for(method.algorithm or settings.algorithm)
+        self.memory: Any = _make_memory(settings, numel, device)
         # DGC momentum correction means something only where entries stay behind
-        self.velocity = torch.zeros(numel, device=device) if momentum_correction and method.sparse else None
+        self.velocity = (torch.zeros(numel, device=device) if settings.momentum_correction and method.sparse
+                         else None)
         make_state = method.comm.make_state
-        if collective_options and make_state is None:
-            raise ValueError(f"collective_options={collective_options!r} is invalid for method "
-                             f"{method.name!r}: its collective keeps no state to configure")
-        self.collective_state = make_state(**(collective_options or {})) if make_state is not None else None
+        self.collective_state = (make_state(**(settings.collective_options or {})) if make_state is not None
+                                 else None)
         self.layout = tuple(tuple(s) for s in layout)
+        # without the model a local-steps step has its parts (prepare ... aggregate) only
+        self.local: LocalSteps | None = None
+        if settings.local_steps and params is not None and optimizer is not None:
+            self.local = LocalSteps(settings, list(params), optimizer)
 
+    @property
+    def collective(self) -> Collective:
+        """The method's collective (``run`` on a real rank, ``simulate`` for virtual ranks)."""
+        return self.method.comm
+
+    # --- one iteration ------------------------------------------------------------------------
+    def local_step(self, lr: float) -> None:
+        """The rank's own optimiser step between synchronisations: one inner step at ``lr`` on
+        the gradients in the parameters' ``.grad`` for local-steps methods; nothing otherwise."""
+        self._check_local()
+        if self.local is not None:
+            self.local.inner_step(lr)
+
+    def sync(self, g: torch.Tensor, k: int, iteration: int = 0, group: Any = None, *,
+             shared_buffer: bool = False) -> SyncProgram:
+        """This rank's synchronisation of iteration ``iteration`` as a program (steps 1-6).
+
+        ``g``: the flat gradient (a local-steps method synchronises its pseudo-gradient instead,
+        and only on the last iteration of a round: otherwise the program returns None without
+        yielding). ``group``: the process group of a real rank. ``shared_buffer``: the caller
+        overwrites ``g`` before the collective runs (the simulator's ranks share one gradient
+        buffer), so a contribution that would alias ``g`` holds a copy instead.
+        """
+        self._check_local()
+        if self.local is not None:
+            if not self.local.due(iteration):
+                return None
+            g = self.local.pseudo_gradient()
+        contribution = self.prepare(g, k)
+        if shared_buffer and contribution.acc is g:
+            acc = g.clone()
+            contribution = dataclasses.replace(contribution, gradient=acc, acc=acc)
+        result = yield contribution, self.call(k, iteration, group)
+        self.finish(contribution, result)
+        total = self.aggregate(result, g.device)
+        if self.local is not None:
+            self.local.outer_step(total, self.world)
+            return None
+        return torch.div(total, self.world)
+
+    def begin(self, g: torch.Tensor, k: int, iteration: int = 0, group: Any = None, *,
+              shared_buffer: bool = False) -> Sync | None:
+        """:meth:`sync` run to its collective: a :class:`Sync`, or None when this iteration does
+        not synchronise (a local-steps method between synchronisations)."""
+        program = self.sync(g, k, iteration, group, shared_buffer=shared_buffer)
+        try:
+            contribution, call = next(program)
+        except StopIteration:
+            return None
+        return Sync(contribution, call, program)
+
+    def _check_local(self) -> None:
+        if self.settings.local_steps and self.local is None:
+            raise ValueError(f"method={self.method.name!r} takes local steps: its RankStep needs the model's "
+                             "params and the rank's optimizer to synchronise")
+
+    # --- the parts of a synchronisation ----------------------------------------------------------
     def prepare(self, g: torch.Tensor, k: int) -> Contribution:
         """Steps 1-3: clip, momentum correction, compensation, selection."""
-        if self.grad_clip is not None and self.grad_clip_mode == "local":
+        if self.settings.grad_clip is not None and self.settings.grad_clip_mode == "local":
             # DGC clips each of the P local gradients at clip / sqrt(P), so that their sum's
             # norm stays near what one worker's clip would allow on the whole batch
-            threshold = self.grad_clip / math.sqrt(self.world)
+            threshold = self.settings.grad_clip / math.sqrt(self.world)
             norm = float(torch.linalg.vector_norm(g))
             if norm > threshold:
                 g = g * (threshold / (norm + 1e-12))
-        if self.velocity is not None:
-            self.velocity.mul_(self.momentum).add_(g)
+        if self.velocity is not None:  # DGC's momentum correction: u = m u + g is what is sent
+            self.velocity.mul_(self.settings.momentum).add_(g)
             g = self.velocity
         acc = self.memory.compensate(g) if self.memory is not None else g
         if not self.method.sparse:
             return Contribution(gradient=g, acc=acc)
         values, indices = self.select(acc, k)
         return Contribution(gradient=g, acc=acc, values=values, indices=indices)
-
-    def describe(self) -> dict[str, Any]:
-        """What a run summary records of the collective's settings (e.g. Ok-Topk's
-        ``oktopk_tau``), from its state's ``describe()``; {} without one."""
-        describe = getattr(self.collective_state, "describe", None)
-        return dict(describe()) if callable(describe) else {}
 
     def call(self, k: int, iteration: int = 0, group: Any = None) -> CommCall:
         """The :class:`CommCall` of this rank's next collective."""
@@ -151,18 +216,26 @@ class RankStep:
             self.velocity[contribution.indices.long()] = 0.0
 
     def aggregate(self, result: CollectiveResult, device: torch.device) -> torch.Tensor:
-        """The dense sum G the update divides by P. A memory with ``aggregate(G) -> G'`` maps it
-        first (EF21-shaped memories keep the running sum of the compressed differences)."""
+        """Step 6's dense sum G (the update divides it by P). A memory with
+        ``aggregate(G) -> G'`` maps it first (EF21-shaped memories keep the running sum of the
+        compressed differences)."""
         dense = aggregate_dense(result, self.numel, device)
         hook = getattr(self.memory, "aggregate", None)
         dense = hook(dense) if hook is not None else dense
-        if self.grad_clip is not None and self.grad_clip_mode == "aggregated":
-            dense = clip_aggregate(dense, self.grad_clip, self.world)
+        if self.settings.grad_clip is not None and self.settings.grad_clip_mode == "aggregated":
+            dense = clip_aggregate(dense, self.settings.grad_clip, self.world)
         return dense
+
+    def describe(self) -> dict[str, Any]:
+        """What a run summary records of the collective's settings (e.g. Ok-Topk's
+        ``oktopk_tau``), from its state's ``describe()``; {} without one."""
+        describe = getattr(self.collective_state, "describe", None)
+        return dict(describe()) if callable(describe) else {}
 
     # --- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Memory, velocity and collective state (what a checkpoint keeps of this step)."""
+        """Memory, velocity and collective state (what a checkpoint keeps of this step; a
+        local-steps method's anchor and outer optimiser are ``self.local.state_dict()``)."""
         st = self.collective_state
         return {"memory": self.memory.state_dict() if self.memory is not None else None,
                 "velocity": self.velocity.detach().cpu().clone() if self.velocity is not None else None,
@@ -178,6 +251,22 @@ class RankStep:
             self.collective_state = type(self.collective_state)(**st)
         elif st is not None:
             self.collective_state = st
+
+
+def _make_memory(settings: StepSettings, numel: int, device: torch.device) -> Any:
+    """The method's memory: the project's error feedback, none, or the method's factory (given
+    ``world`` when it ``needs_world``, its options when the method declares any)."""
+    method, rule = settings.method, settings.residual_rule
+    memory = method.memory
+    if memory == "residual":
+        return ErrorFeedback(numel, rule=rule, device=device)
+    if memory is None:
+        return None
+    if getattr(memory, "needs_world", False):  # its error is against the mean G / P
+        return memory(numel, rule, device, world=settings.world)
+    if method.options:  # hyper-parameters reach the factory (older factories take three)
+        return memory(numel, rule, device, options={**settings.options, **method.run_options(settings.options)})
+    return memory(numel, rule, device)
 
 
 def communicate(method: Method, contribution: Contribution, call: CommCall) -> CollectiveResult:
@@ -214,49 +303,3 @@ def clip_aggregate(total: torch.Tensor, max_norm: float, world: int) -> torch.Te
     norm = float(torch.linalg.vector_norm(total / world))
     coef = max_norm / (norm + 1e-6)
     return total * coef if coef < 1.0 else total
-
-
-class LocalSteps:
-    """Infrequent synchronisation (DiLoCo-shaped): the anchor and the outer optimiser.
-
-    ``params`` are the model's parameters (the weights the outer step moves); ``anchor`` is
-    their flat value after the last synchronisation. :meth:`due` says whether iteration
-    ``it`` ends a round of ``sync_every`` local steps; :meth:`pseudo_gradient` is
-    ``anchor - w``; :meth:`outer_step` resets the weights to the anchor, writes
-    ``aggregate / P`` into the parameters' gradients, steps the outer optimiser and takes
-    the new anchor. H is ``config.extra["sync_every"]`` when set, else ``method.sync_every``.
-    """
-
-    def __init__(self, method: Method, params: list[torch.nn.Parameter], config: Any) -> None:
-        self.sync_every = method.run_options(config.extra)["sync_every"]
-        self.params = params
-        factory = method.outer_optimizer
-        self.outer = (factory(params, config) if factory is not None
-                      else torch.optim.SGD(params, lr=1.0, momentum=0.0))
-        self.anchor = self.flat()  # torch.cat already copies
-
-    def flat(self) -> torch.Tensor:
-        return flat_params(self.params)
-
-    def due(self, iteration: int) -> bool:
-        return (iteration + 1) % self.sync_every == 0
-
-    def pseudo_gradient(self) -> torch.Tensor:
-        return self.anchor - self.flat()
-
-    def outer_step(self, aggregate: torch.Tensor, world: int) -> None:
-        load_flat_params(self.params, self.anchor)
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad.copy_((aggregate[offset:offset + n] / world).view_as(p))
-            offset += n
-        self.outer.step()
-        self.anchor = self.flat()  # torch.cat already copies
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"anchor": self.anchor.detach().cpu().clone(), "outer": self.outer.state_dict()}
-
-    def load_state_dict(self, saved: dict[str, Any]) -> None:
-        self.anchor = saved["anchor"].to(self.anchor.device).clone()
-        self.outer.load_state_dict(saved["outer"])
