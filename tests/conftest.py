@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
+
+import pytest
+
+#: tests/plugins: the test-only methods of every shape (lab_test_methods.py)
+PLUGINS = Path(__file__).with_name("plugins")
 
 # Ranks, Dask workers and notebooks each run many processes on a 2-core machine:
 # one intra-op thread per process keeps them from fighting over cores.
@@ -17,3 +24,22 @@ def pytest_sessionstart(session: object) -> None:
     from gtopk_lab.compression.fast_merge import warm_up
 
     warm_up()
+
+
+@pytest.fixture(scope="module")
+def lab_test_methods():
+    """Register the test plugin (tests/plugins/lab_test_methods.py) for this module and make it
+    importable and named for every child process ($GTOPK_LAB_METHODS, $PYTHONPATH); both are
+    restored afterwards."""
+    sys.path.insert(0, str(PLUGINS))
+    old_env, old_path = os.environ.get("GTOPK_LAB_METHODS"), os.environ.get("PYTHONPATH")
+    os.environ["GTOPK_LAB_METHODS"] = "lab_test_methods"
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGINS), old_path) if p)
+    import lab_test_methods  # noqa: F401
+    yield
+    for key, old in (("GTOPK_LAB_METHODS", old_env), ("PYTHONPATH", old_path)):
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+    sys.path.remove(str(PLUGINS))

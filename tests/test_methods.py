@@ -16,25 +16,13 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.methods import Method, get_method, register_method, unregister_method
 from gtopk_lab.methods.builtin import program_collective
 
-PLUGINS = Path(__file__).with_name("plugins")
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def test_methods():
-    """Register the test plugin here and make it importable and named for every child process."""
-    sys.path.insert(0, str(PLUGINS))
-    old_env, old_path = os.environ.get("GTOPK_LAB_METHODS"), os.environ.get("PYTHONPATH")
-    os.environ["GTOPK_LAB_METHODS"] = "lab_test_methods"
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGINS), old_path) if p)
-    import lab_test_methods  # noqa: F401
+def test_methods(lab_test_methods):
+    """The test plugin for every test here and its child processes (conftest.py)."""
     yield
-    for key, old in (("GTOPK_LAB_METHODS", old_env), ("PYTHONPATH", old_path)):
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
-    sys.path.remove(str(PLUGINS))
 
 
 def _config(method: str, workers: int = 3, **kw) -> RunConfig:
