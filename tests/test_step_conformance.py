@@ -21,6 +21,9 @@ atol=1e-6`` (it applies momentum in its own order; measured: 1.5e-8 on weights o
 leaving out the drops' residual moves gTop-k's by 5e-2): dense S-SGD (SGD on the averaged
 gradient) and gTop-k at P = 2 (a brute-force top-k of the sum of both ranks' local top-k,
 mass-rule residuals: rank 0 owns the merge's drops).
+
+Calibration (``measure_iteration_times``), the fifth driver, times the method's own memory and
+a callable selector through the step: the last test counts their calls.
 """
 
 from __future__ import annotations
@@ -218,3 +221,56 @@ def test_a_method_with_its_own_memory_is_refused_per_bucket() -> None:
     with pytest.raises(ValueError, match=r"^method='ef21' is invalid for the DDP hook with selection='bucket'"):
         SparseHookState(method="ef21", selection="bucket")
     SparseHookState(method="gtopk", selection="bucket")  # error feedback is kept per parameter
+
+
+# --------------------------------------------------------------------------- calibration
+class _CountingMemory:
+    """Error feedback that records what it compensated (calibration must time this memory)."""
+
+    calls: list[tuple[str, torch.Tensor]] = []
+
+    def __init__(self, numel, rule, device):
+        self.residual = torch.zeros(numel, device=device)
+
+    def compensate(self, g):
+        acc = g.reshape(-1) + self.residual
+        _CountingMemory.calls.append(("compensate", acc))
+        return acc
+
+    def update(self, acc, values, indices, result):
+        _CountingMemory.calls.append(("update", acc))
+        self.residual = acc.clone()
+        self.residual[indices.long()] = 0.0
+
+    def state_dict(self):
+        return {"residual": self.residual.clone()}
+
+    def load_state_dict(self, state):
+        self.residual = state["residual"].clone()
+
+
+def _first_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A callable selector (not a registered name): the first k entries."""
+    _CountingMemory.calls.append(("select", x, k))
+    idx = torch.arange(k)
+    return x[idx], idx
+
+
+@pytest.mark.timeout(60)
+def test_calibration_times_the_methods_own_memory_and_selector() -> None:
+    from gtopk_lab.methods import Method, register_method, unregister_method
+    from gtopk_lab.training.compute_time import measure_iteration_times
+
+    register_method(Method(name="test-counted", selector=_first_k, collective="allgather",
+                           memory=_CountingMemory))
+    try:
+        _CountingMemory.calls.clear()
+        config = _config("test-counted")
+        times = measure_iteration_times(config, repeats=3, warmup=1)
+    finally:
+        unregister_method("test-counted")
+    calls = _CountingMemory.calls
+    assert [c[0] for c in calls] == ["compensate", "select", "update"] * 4  # warm-up + 3 timed passes
+    assert times["k"] == k_for(400, config.density) and all(c[2] == times["k"] for c in calls if c[0] == "select")
+    for compensated, selected in zip(calls[0::3], calls[1::3]):  # the selector saw the memory's acc
+        assert selected[1] is compensated[1]
