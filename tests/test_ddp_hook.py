@@ -9,7 +9,9 @@ and the parent compares final weights:
 - DDP + hook with density 1.0 (k = d, exact) against plain DDP (averaged allreduce);
 - DDP + hook with per-bucket gTop-k (tree) selection and one dense warm-up iteration
   (buckets rebuilt after iteration 1): replicas stay identical and training makes progress;
-  a short whole-model Ok-Topk run keeps replicas identical too.
+  a short whole-model Ok-Topk run keeps replicas identical too;
+- per-bucket selection across a bucket rebuild (one rank, the hook's step function called
+  with regrouped parameters): each parameter's residual moves to its new bucket's step.
 """
 
 from __future__ import annotations
@@ -193,3 +195,41 @@ def test_powersgd_hook_form_equals_torch_powersgd_hook() -> None:
         torch.testing.assert_close(res["ours"], res["torch"], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(res["ours"], results[0]["ours"], rtol=0, atol=0)  # identical replicas
     assert not torch.allclose(results[0]["ours"], results[0]["ddp"], atol=1e-4)  # it did compress
+
+
+def _residuals_by_parameter(state: SparseHookState, sizes: list[int]) -> dict[int, torch.Tensor]:
+    """Each parameter slot's residual, read from its bucket's step (``RankStep.state_dict``)."""
+    out = {}
+    for key, step in state._steps.items():
+        residual, offset = step.state_dict()["memory"]["residual"], 0
+        for slot in key:
+            out[slot] = residual[offset:offset + sizes[slot]]
+            offset += sizes[slot]
+    return out
+
+
+def _rebucket_job(rank: int, world: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per-bucket selection, then the parameters regrouped as a DDP bucket rebuild would: with
+    zero gradients the second round compresses exactly the residuals the first left."""
+    from gtopk_lab.integrations.ddp_hook import _sparse_step
+
+    gen = torch.Generator().manual_seed(5)
+    sizes = [5, 7, 6]
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+    state = SparseHookState(density=0.3, method="topk", selection="bucket", warmup_iterations=0)
+    _sparse_step(state, [(params[0], torch.randn(5, generator=gen)), (params[1], torch.randn(7, generator=gen))])
+    _sparse_step(state, [(params[2], torch.randn(6, generator=gen))])
+    left = _residuals_by_parameter(state, sizes)
+    sent = [torch.zeros(n) for n in sizes]  # zero gradients; the hook writes G into them
+    _sparse_step(state, [(params[2], sent[2]), (params[0], sent[0])])  # the rebuilt buckets
+    _sparse_step(state, [(params[1], sent[1])])
+    kept = _residuals_by_parameter(state, sizes)
+    return [(left[s], sent[s], kept[s]) for s in range(3)]
+
+
+@pytest.mark.timeout(60)
+def test_rebuilt_buckets_take_over_their_parameters_residuals() -> None:
+    # P = 1: what a parameter sends after the rebuild plus what it keeps is what it had left
+    for left, sent, kept in run_gloo(_rebucket_job, 1, timeout_s=40)[0]:
+        assert left.abs().sum() > 0
+        torch.testing.assert_close(sent + kept, left, rtol=0, atol=0)  # nothing lost, nothing added

@@ -118,6 +118,8 @@ class SparseHookState:
     _steps: dict[tuple[int, ...], RankStep] = field(default_factory=dict, repr=False)
     #: steps' state_dicts from a pickle, taken up when their parameter set comes again
     _saved_steps: dict[tuple[int, ...], dict[str, Any]] = field(default_factory=dict, repr=False)
+    #: per parameter slot, the residual of a retired step (DDP rebuilt its bucket), until taken
+    _loose: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _parked: list[tuple[Any, torch.futures.Future]] = field(default_factory=list, repr=False)
     _settings: StepSettings | None = field(default=None, repr=False)
     #: a memory-free dense method: its update is the plain mean, DDP's own allreduce computes it
@@ -178,39 +180,39 @@ class SparseHookState:
             return step
         if self._settings is None:
             self._settings = self._step_settings(world=_world(self))
+        for old in [k for k in self._steps if set(k) & set(key)]:  # their parameters moved
+            self._loose.update(_residual_pieces(self, old, self._steps.pop(old)))
         step = RankStep(self._settings, sum(self._sizes[s] for s in key), device,
                         rank=dist.get_rank(self.process_group), layout=shapes)
         saved = self._saved_steps.pop(key, None)
         if saved is not None:
             step.load_state_dict(saved)
-        else:
-            _carry_residuals(self, key, step)
-        for old in [k for k in self._steps if set(k) & set(key)]:  # their parameters moved
-            del self._steps[old]
+        elif any(s in self._loose for s in key):
+            _take_residuals(self, key, step)
         self._steps[key] = step
         return step
 
 
-def _carry_residuals(state: SparseHookState, key: tuple[int, ...], step: RankStep) -> None:
-    """Seed ``step``'s error-feedback residual (memory "residual", the only memory a rebuilt
-    bucket may have) with its parameters' entries from the steps that held them before; new
-    parameters start at zero. Goes through the steps' checkpoint state (``state_dict``)."""
-    pieces: dict[int, torch.Tensor] = {}
-    for old_key, old in state._steps.items():
-        saved = old.state_dict()["memory"]
-        if saved is None or not set(old_key) & set(key):
-            continue
-        offset = 0
-        for slot in old_key:
-            n = state._sizes[slot]
-            pieces[slot] = saved["residual"][offset:offset + n]
-            offset += n
-    if not pieces:
-        return
+def _residual_pieces(state: SparseHookState, key: tuple[int, ...], step: RankStep) -> dict[int, torch.Tensor]:
+    """The error-feedback residual of ``step`` (memory "residual", the only memory a rebuilt
+    bucket may have; none: {}) per parameter slot, through its checkpoint state."""
+    saved = step.state_dict()["memory"]
+    if saved is None:
+        return {}
+    pieces, offset = {}, 0
+    for slot in key:
+        n = state._sizes[slot]
+        pieces[slot] = saved["residual"][offset:offset + n]
+        offset += n
+    return pieces
+
+
+def _take_residuals(state: SparseHookState, key: tuple[int, ...], step: RankStep) -> None:
+    """Seed ``step``'s residual with its parameters' pieces from retired steps (new ones: 0)."""
     mine = step.state_dict()
     like = mine["memory"]["residual"]
-    carried = [pieces[s] if s in pieces else torch.zeros(state._sizes[s], dtype=like.dtype, device=like.device)
-               for s in key]
+    carried = [state._loose.pop(s) if s in state._loose else
+               torch.zeros(state._sizes[s], dtype=like.dtype, device=like.device) for s in key]
     mine["memory"] = {**mine["memory"], "residual": torch.cat(carried)}
     step.load_state_dict(mine)
 
