@@ -9,11 +9,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
-from gtopk_lab.comm import process_start
+from gtopk_lab.comm import launch, process_start
+from gtopk_lab.comm.launch import LOCALHOST
 
 SCRIPT = textwrap.dedent('''
     import json, os, sys
@@ -64,3 +68,89 @@ def test_start_method_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         process_start.start_method()
     monkeypatch.delenv("GTOPK_LAB_START_METHOD")
     assert process_start.start_method() == "forkserver"  # Linux has one
+
+
+class _SlowToJoinStore(dist.Store):
+    """A rank's rendezvous store whose first read of the others' keys waits ``delay_s``,
+    as a rank descheduled on a loaded machine would: its peers must wait for it."""
+
+    def __init__(self, inner: dist.Store, delay_s: float) -> None:
+        super().__init__()
+        self.inner, self.delay_s, self.delay_ended = inner, delay_s, None
+
+    def _late(self) -> None:
+        if self.delay_ended is None:
+            time.sleep(self.delay_s)
+            self.delay_ended = time.monotonic()
+
+    def get(self, key):
+        self._late()
+        return self.inner.get(key)
+
+    def wait(self, keys, timeout=None):
+        self._late()
+        return self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+
+    def set(self, key, value):
+        self.inner.set(key, value)
+
+    def add(self, key, amount):
+        return self.inner.add(key, amount)
+
+    def check(self, keys):
+        return self.inner.check(keys)
+
+    def compare_set(self, key, expected, desired):
+        return self.inner.compare_set(key, expected, desired)
+
+    def delete_key(self, key):
+        return self.inner.delete_key(key)
+
+    def num_keys(self):
+        return self.inner.num_keys()
+
+    def set_timeout(self, timeout):
+        return self.inner.set_timeout(timeout)
+
+
+def _join_rank(rank: int, world_size: int, port: int, late_rank: int, delay_s: float, results) -> None:
+    """One rank of the join test: rendezvous through run_gloo's join, report when it returned."""
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    try:
+        timeout = timedelta(seconds=30)
+        inner = dist.TCPStore(LOCALHOST, port, world_size, is_master=False, timeout=timeout)
+        store = _SlowToJoinStore(inner, delay_s) if rank == late_rank else inner
+        launch._join_process_group(store, rank, world_size, timeout)
+        left = time.monotonic()
+        dist.destroy_process_group()  # at once, as a rank that does not communicate would
+        results.put((rank, left, getattr(store, "delay_ended", None)))
+    except BaseException as exc:  # noqa: BLE001 - the test reports it
+        results.put((rank, None, repr(exc)))
+
+
+@pytest.mark.timeout(90)
+def test_no_rank_leaves_the_rendezvous_before_a_late_rank_has_joined() -> None:
+    """The load flake of run_gloo ("Gloo connectFullMesh failed ... Connection closed by
+    peer"): a rank that connected to a slower peer could leave init_process_group, close its
+    sockets and so break the peer's connect. Rank 0 here is late by 1 s (its store delays
+    its first read of the others' addresses); with three prompt ranks, at least one connects
+    to it as gloo's initiator in 7 of 8 starts and, without the join barrier, left at once.
+    Every rank must leave only after rank 0 got past its delay, and all must succeed."""
+    world_size, delay_s = 4, 1.0
+    ctx = process_start.process_context()
+    store = launch.master_store(LOCALHOST, None, timedelta(seconds=30))
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_join_rank, args=(r, world_size, store.port, 0, delay_s, results), daemon=True)
+             for r in range(world_size)]
+    try:
+        for p in procs:
+            p.start()
+        seen = {}
+        for _ in range(world_size):
+            rank, left, detail = results.get(timeout=60)
+            seen[rank] = (left, detail)
+        assert all(left is not None for left, _ in seen.values()), seen
+        late_joined = seen[0][1]
+        assert all(left >= late_joined for left, _ in seen.values()), seen
+    finally:
+        launch._stop(procs)

@@ -104,8 +104,7 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
     try:
         store = dist.TCPStore(LOCALHOST, port, world_size, is_master=False,
                               timeout=timedelta(seconds=timeout_s))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s))
+        _join_process_group(store, rank, world_size, timedelta(seconds=timeout_s))
         initialised = True
         results.put((rank, None, b""))  # ready: the fn timeout starts when all ranks are
         value = fn(rank, world_size, *args)
@@ -118,6 +117,34 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - the group may be broken after a peer died
                 pass
+
+
+#: the join barrier's keys in the rendezvous store (init_process_group's own live under default_pg/)
+_JOINED_KEY = "gtopk_lab/joined/"
+
+
+def _join_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta,
+                        backend: str = "gloo") -> None:
+    """``init_process_group`` on ``store``, returning only once every rank's call has returned.
+
+    gloo connects each pair asymmetrically: one rank connects, writes the sequence number
+    the other expects and counts the pair as connected at once; the other rank takes the
+    connection later, on its own loop thread. A rank that returns early and closes its
+    sockets (a function that does not communicate, a rank that stops at once) can make a
+    slower peer's ``connectFullMesh`` fail with "Connection closed by peer": the peer was
+    still connecting. That is the load flake of run_gloo (1 run in 30 of two ranks beside
+    the other developers' jobs). A retry cannot mend it (the rank that closed has left),
+    so no rank may leave before all have joined:
+
+    1. ``init_process_group(backend, store=store, ...)``;
+    2. set ``_JOINED_KEY + rank``, wait for every rank's key (``timeout``).
+
+    Cost: one store write and one wait per rank. torch has the same barrier behind
+    ``TORCH_DIST_INIT_BARRIER=1``.
+    """
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    store.set(f"{_JOINED_KEY}{rank}", b"1")
+    store.wait([f"{_JOINED_KEY}{r}" for r in range(world_size)], timeout)
 
 
 def _stop(procs: list[Any]) -> None:
