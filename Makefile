@@ -2,6 +2,7 @@
 #   make demo   creates .venv, installs, runs a small sweep on an embedded LocalCluster,
 #               writes results and an HTML report under results/demo
 #   make test   creates .venv if needed, installs with dev extras, runs the whole suite
+#   make test-stress   the same suite with busy CPU loops beside it (see below)
 PYTHON ?= python3
 VENV   ?= .venv
 # The CPU wheel of this torch lies on the build machines' disk; override as needed,
@@ -15,8 +16,14 @@ OUT    ?= results/demo
 # processes, sockets and kernels, so 2 processes fit 2 cores. `make test JOBS=0` runs serially.
 # (Not --dist loadgroup: with pytest 9.2, pytest-xdist 3.8's xdist_group marks group nothing.)
 JOBS   ?= 2
+# `make test-stress` runs the suite (or TESTS=...) RUNS times in a row with LOOPS busy shell
+# loops beside it, a loaded machine on purpose: a test that fails only under load is a bug.
+# The loops are stopped when the recipe ends, passed or failed or interrupted.
+LOOPS  ?= 2
+RUNS   ?= 1
+TESTS  ?=
 
-.PHONY: demo test install install-dev bench clean
+.PHONY: demo test test-stress install install-dev bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +47,16 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q --durations=25 $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
+
+test-stress: $(VENV)/.installed-dev
+	@pids=""; trap 'kill $$pids 2>/dev/null; wait $$pids 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
+	for i in $$(seq $(LOOPS)); do (while :; do :; done) & pids="$$pids $$!"; done; \
+	echo "test-stress: $(LOOPS) busy loops (pids$$pids), $(RUNS) run(s)"; \
+	for run in $$(seq $(RUNS)); do \
+	  echo "test-stress: run $$run of $(RUNS)"; \
+	  $(BIN)/python -m pytest -q --durations=25 $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile) \
+	    $(TESTS) || exit $$?; \
+	done
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/collectives.py
