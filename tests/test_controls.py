@@ -129,18 +129,20 @@ class FakeStudy:
 
 
 class FakeLab:
-    """A Lab whose study() takes ``delay_s`` (a large grid's submission) and records calls."""
+    """A Lab whose study() records calls and, given a ``gate``, waits until the test opens
+    it (a large grid's submission that takes as long as the test needs, whatever the load)."""
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    def __init__(self, gate: threading.Event | None = None) -> None:
         self.closed = False
-        self.delay_s = delay_s
+        self.gate = gate
         self.calls: list[dict[str, Any]] = []
         self.out = "unused"
 
     def study(self, **kwargs: Any) -> FakeStudy:
         if self.closed:
             raise RuntimeError("this Lab is closed")
-        time.sleep(self.delay_s)
+        if self.gate is not None:
+            assert self.gate.wait(30), "the test never opened the gate"
         self.calls.append(kwargs)
         n = len(self.calls)
         return FakeStudy([{"method": m, "workers": p, "density": 0.01, "bandwidth": "1GbE", "latency": None,
@@ -159,14 +161,16 @@ def _message(panel: ControlPanel) -> str:
 
 
 def test_panel_launch_returns_at_once_and_lines_of_studies_never_overwrite() -> None:
-    lab = FakeLab(delay_s=1.0)
+    submitting = threading.Event()
+    lab = FakeLab(gate=submitting)
     panel = ControlPanel(lab, defaults={"method": ["dense", "gtopk"], "workers": [1, 2], "latencies": "5ms",
                                         "max_iterations": 7}, extra={"train_samples": 400})
     assert panel.workers.value == "1,2" and panel.latencies.value == "5ms"
-    started = time.monotonic()
     future = panel.launch()
-    assert future is not None and time.monotonic() - started < 0.5  # the kernel is not blocked
+    # launch() returned while Lab.study is still submitting: the kernel is not blocked
+    assert future is not None and not future.done() and not lab.calls
     assert panel.launch_button.disabled  # until the study is submitted
+    submitting.set()
     first = future.result(10)
     assert not panel.launch_button.disabled and "study 1: 2 method(s) x P 1,2" in _message(panel)
     call = lab.calls[0]
@@ -301,8 +305,10 @@ def test_panel_study_on_a_cluster_live_figures_compare_and_report(tmp_path: Path
 
 def test_panel_field_threads_are_daemons() -> None:
     """The launch thread never keeps a kernel from exiting."""
-    lab = FakeLab(delay_s=0.2)
-    panel = ControlPanel(lab)
-    panel.launch()
+    submitting = threading.Event()
+    panel = ControlPanel(FakeLab(gate=submitting))
+    future = panel.launch()
     threads = [t for t in threading.enumerate() if t.name == "gtopk-lab-panel-launch"]
+    submitting.set()
     assert threads and all(t.daemon for t in threads)
+    future.result(10)
