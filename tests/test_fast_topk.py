@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import gtopk_lab.compression.fast_topk as ft
+import gtopk_lab.compression.fast_topk_kernels as kern
 from gtopk_lab.compression.merge import index_dtype
 from gtopk_lab.compression.selection import get_selector, selects_exactly_k
 
@@ -180,12 +181,20 @@ def test_other_dtypes_use_the_torch_path() -> None:
             ft.numba_select(x, 3)
 
 
+def _fresh_copy(module, name: str):
+    spec = importlib.util.spec_from_file_location(name, module.__file__)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_fallback_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fresh copy of the module imported while numba is unimportable uses torch only."""
     monkeypatch.setitem(sys.modules, "numba", None)
-    spec = importlib.util.spec_from_file_location("fast_topk_without_numba", ft.__file__)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    kernels = _fresh_copy(kern, "fast_topk_kernels_without_numba")
+    monkeypatch.setitem(sys.modules, kern.__name__, kernels)
+    monkeypatch.setattr(sys.modules["gtopk_lab.compression"], "fast_topk_kernels", kernels)
+    mod = _fresh_copy(ft, "fast_topk_without_numba")
     assert not mod.HAVE_NUMBA
     x = torch.randn(30_000, generator=torch.Generator().manual_seed(2)).to(torch.float16)
     for k in (1, 30, 29_999):
@@ -197,7 +206,7 @@ def test_fallback_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
 @needs_numba
 def test_no_writable_numba_cache_compiles_without_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """With no cache locator (read-only source tree and cache dirs) numba raises at
-    decoration; _jit warns and compiles uncached instead."""
+    decoration; kern.jit warns and compiles uncached instead."""
     import numba.core.config
 
     # a locator that only applies to IPython cells: none is found, as when nothing is writable
@@ -208,7 +217,7 @@ def test_no_writable_numba_cache_compiles_without_cache(monkeypatch: pytest.Monk
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fn = ft._jit(twice)
+        fn = kern.jit(twice)
     assert any("cache unavailable" in str(w.message) for w in caught)
     assert fn(21) == 42
 
@@ -224,3 +233,142 @@ def test_numba_and_torch_paths_agree_on_group_layouts() -> None:
         for k in (1, len(pos), len(pos) + 1, n // 64):
             _check_against_oracle(x, k, ft.numba_select)
             _check_against_oracle(x, k, ft.torch_select)
+
+
+def key_oracle(x: torch.Tensor, k: int) -> np.ndarray:
+    """Indices of a stable sort on (-key, index), key = the bit pattern without its sign:
+    |x| order with NaN above +inf, the numba path's documented NaN rule."""
+    if x.dtype == torch.float32:
+        key = x.view(torch.int32).numpy().astype(np.int64) & 0x7FFFFFFF
+    else:
+        key = x.view(torch.int16).numpy().astype(np.int64) & 0x7FFF
+    order = np.lexsort((np.arange(key.size), -key))
+    return np.sort(order[:k])
+
+
+def _layered(n: int, seed: int) -> torch.Tensor:
+    """A gradient-like vector: layers of very different scales and sizes (a small layer
+    of large entries can sit inside one sample block, or between two)."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes = [7, 300, 5000, 40_000, 1000, n // 2]
+    parts, scale = [], 1.0
+    for size in sizes:
+        parts.append(torch.randn(size, generator=gen) * scale)
+        scale *= 1e-2 if scale > 1e-3 else 1e4
+    parts.append(torch.randn(n - sum(sizes), generator=gen) * 1e-3)
+    return torch.cat(parts)
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_sampled_threshold_path_on_large_adversarial_inputs(dtype: torch.dtype) -> None:
+    """Sizes above _SAMPLE_MIN_NUMEL take the sampled threshold (step 1); the result is
+    the stable-sort oracle's whatever the sample saw."""
+    n = ft._SAMPLE_MIN_NUMEL * 2 + 12_345
+    gen = torch.Generator().manual_seed(11)
+    normal = torch.randn(n, generator=gen)
+    spikes = torch.zeros(n)
+    spikes[(torch.arange(50) * 997 + 3) % n] = 5.0  # few, isolated, tied
+    inputs = {
+        "layered": _layered(n, 4),
+        "spikes_on_zeros": spikes,
+        "spikes_on_noise": normal * 1e-3 + spikes,
+        "ascending": torch.linspace(-1.0, 1.0, n),
+        "all_equal": torch.full((n,), 3.0),
+        "signed_zeros": torch.where(torch.rand(n, generator=gen) < 0.5, 0.0, -0.0),
+        "denormals": normal * 1e-41,
+        "infinities": torch.where(torch.rand(n, generator=gen) < 1e-3, float("inf"), 1.0) * normal.sign(),
+        "integers": torch.randint(-3, 4, (n,), generator=gen).float(),
+    }
+    for name, x in inputs.items():
+        x = x.to(dtype)
+        for k in (1, 7, n // 1000, n // 64):
+            try:
+                _check_against_oracle(x, k)
+            except AssertionError as exc:
+                raise AssertionError(f"{name} dtype={dtype} k={k}") from exc
+
+
+@needs_numba
+def test_large_block_of_big_entries_between_sample_blocks() -> None:
+    """Big entries in the gaps between sample blocks: the sample sets T far too low, the
+    candidates overflow their buffer and the threshold rises (step 2) until k remain."""
+    n = 1 << 20
+    x = torch.randn(n, generator=torch.Generator().manual_seed(6)) * 1e-3
+    block, k = ft._SAMPLE_BLOCK, 1000
+    fraction = min(ft._SAMPLE_MAX_FRACTION, ft._SAMPLE_HITS / k)
+    nblocks = max(1, round(n * fraction / block))
+    sampled = torch.zeros(n, dtype=torch.bool)
+    for s in range(nblocks):
+        base = (s * (n - block) // max(nblocks - 1, 1)) & ~31
+        sampled[base:base + block] = True
+    x[n // 4:][~sampled[n // 4:]] = 2.0  # ~700k ties above everything the sample saw
+    for k_ in (1, k, 300_000):
+        _check_against_oracle(x, k_)
+
+
+@needs_numba
+def test_compaction_raises_its_threshold_when_the_buffer_fills() -> None:
+    """compact() from T = 0 (every entry a candidate) with room for k + 3 chunks: it keeps
+    the k first of the stable order each time the buffer fills; the result is the oracle's."""
+    gen = torch.Generator().manual_seed(8)
+    for x in (torch.randn(100_003, generator=gen), torch.full((50_000,), 1.0),
+              torch.randint(0, 5, (70_001,), generator=gen).float()):
+        u, mask, _ = ft._key_view(x)
+        for k in (1, 100, 5000):
+            idx = np.empty(k + 3 * kern.CHUNK, np.int32)
+            key = np.empty(idx.size, np.uint32)
+            c, _ = kern.compact(u, mask, 0, k, idx, key)
+            assert k <= c <= idx.size - kern.CHUNK
+            assert np.all(np.diff(idx[:c]) > 0)  # index order kept through the raises
+            out, out_key = np.empty(k, np.int32), np.empty(k, np.uint32)
+            assert kern.keep_first(idx, key, c, k, out, out_key)[0] == k
+            np.testing.assert_array_equal(out, oracle(x, k))
+
+
+@needs_numba
+def test_threshold_too_high_falls_back_to_the_exact_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample that aims above every entry leaves fewer than k candidates (step 3)."""
+    monkeypatch.setattr(ft, "_SAMPLE_SIGMAS", -1e9)
+    x = torch.randn(ft._SAMPLE_MIN_NUMEL + 5, generator=torch.Generator().manual_seed(9))
+    u, mask, shift = ft._key_view(x)
+    assert ft._sampled_threshold(u, mask, shift, 300)[0] > int(u.max() & mask)
+    for k in (1, 300, 4000):
+        _check_against_oracle(x, k)
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nan_ranks_above_infinity(dtype: torch.dtype) -> None:
+    for n in (5000, ft._SAMPLE_MIN_NUMEL + 1):
+        x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        x[[10, n // 2, n - 1]] = float("nan")
+        x[[11, 12]] = float("-inf")
+        x[13] = float("inf")
+        x = x.to(dtype)
+        for k in (1, 3, 5, 6, n // 100):
+            np.testing.assert_array_equal(ft.numba_select(x, k)[1].numpy(), key_oracle(x, k))
+
+
+@needs_numba
+def test_int64_index_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs of 2**31 entries or more take int64 index buffers (too large to allocate in a
+    test): the same kernels compiled for int64 indices give the oracle's set."""
+    monkeypatch.setattr(ft, "index_dtype", lambda numel: torch.int64)
+    x = torch.randn(ft._SAMPLE_MIN_NUMEL + 77, generator=torch.Generator().manual_seed(10))
+    for k in (1, 500, 20_000):
+        values, idx = ft.numba_select(x, k)
+        assert idx.dtype == torch.int64
+        np.testing.assert_array_equal(idx.numpy(), oracle(x, k))
+        assert torch.equal(values, x[idx])
+
+
+@needs_numba
+def test_k_equal_numel_and_tiny_sizes() -> None:
+    for n in (1, 2, 3):
+        x = torch.tensor([-0.0, 0.0, -1.0][:n])
+        for k in range(1, n + 1):
+            _check_against_oracle(x, k, ft.numba_select)
+    x = torch.randn(ft._SAMPLE_MIN_NUMEL + 3)
+    _check_against_oracle(x, x.numel(), ft.numba_select)
+    _check_against_oracle(x, x.numel() - 1, ft.numba_select)

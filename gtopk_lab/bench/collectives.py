@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gtopk_lab.bench.collective_calls import COLLECTIVES, GAMMA_CALLS, bench_collectives, measure_gamma
-from gtopk_lab.bench.selection import bench_selection
+from gtopk_lab.bench.selection import bench_selection, cpu_model
 from gtopk_lab.bench.stalls import probe_exchange_stalls
 from gtopk_lab.bench.tables import print_collectives, print_collectives_notes, print_profile, print_selection
 from gtopk_lab.bench.timing import common_start_s, host_cores
@@ -130,9 +130,10 @@ def run(args: argparse.Namespace) -> int:
     if args.what in ("selection", "all"):
         rows = [row for n in numels for row in bench_selection(n, args.density, args.repeats)]
         report["selection"] = rows
+        report["selection_cpu"] = cpu_model()
         if not args.json:
             print(f"# selection: one thread, N(0,1), density {args.density}, median of {args.repeats}")
-            print_selection(rows)
+            print_selection(rows, cpu_model())
     if args.json:
         print(json.dumps(report, indent=2))
     return 0

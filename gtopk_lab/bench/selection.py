@@ -1,15 +1,19 @@
 """Selection benchmark: torch.topk versus every registered selector, on one thread.
 
 For one ``numel``: the median time of each selector on a N(0,1) vector (seed 0), the
-count it selected and its speed-up over ``torch.topk``, with ``x.sum()`` (one read pass)
-and ``x.abs().sum()`` timed beside them as the memory-bandwidth references. One thread,
-because the training ranks run selection with one intra-op thread each.
+count it selected, its speed-up over ``torch.topk`` and its cost in read passes: the
+selector's median over the median of ``x.sum()`` (one read pass of x) timed just before
+each of its calls, so both see the same machine load. ``x.abs().sum()`` is timed once
+beside them. One thread, because the training ranks run selection with one intra-op
+thread each. :func:`cpu_model` names the CPU the figures belong to.
 """
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,39 +21,54 @@ import torch
 from gtopk_lab.compression.selection import available_selectors, get_selector
 from gtopk_lab.config import k_for
 
-__all__ = ["bench_selection"]
+__all__ = ["bench_selection", "cpu_model"]
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name, with "AVX-512" when it has AVX-512F (Linux: /proc/cpuinfo;
+    elsewhere ``platform.processor()``): memory-bound kernels differ by both."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return platform.processor() or platform.machine() or "unknown CPU"
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    name = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    flags = fields.get("flags", "").split()
+    return f"{name}, {'AVX-512' if 'avx512f' in flags else 'no AVX-512'}" if flags else name
+
+
+def _timed(fn: Any, *args: Any) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - t0, out
 
 
 def bench_selection(numel: int, density: float, repeats: int) -> list[dict[str, Any]]:
-    """Median single-thread time of each selector on N(0,1) of ``numel`` elements."""
+    """Median single-thread time of each selector on N(0,1) of ``numel`` elements, and its
+    cost in read passes (``passes``; see the module docstring)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
         k = k_for(numel, density)
+        # x.abs().sum() also writes and re-reads a temporary of numel elements (and pays its
+        # page faults): no one-pass reference, printed for comparison only
+        abs_sum_s = statistics.median(_timed(lambda t: t.abs().sum(), x)[0] for _ in range(repeats + 1))
         rows = []
-        # references: x.sum() is one read pass; x.abs().sum() also writes and re-reads a
-        # temporary of numel elements (and pays its page faults)
-        ref: dict[str, list[float]] = {"sum": [], "abs_sum": []}
-        for _ in range(repeats + 1):
-            for key, fn in (("sum", torch.sum), ("abs_sum", lambda t: t.abs().sum())):
-                t0 = time.perf_counter()
-                fn(x)
-                ref[key].append(time.perf_counter() - t0)
-        one_pass_s = statistics.median(ref["sum"][1:])
-        abs_sum_s = statistics.median(ref["abs_sum"][1:])
         for name in available_selectors():
             sel = get_selector(name)
             sel(x, k)  # warm-up
-            times, count = [], 0
+            times, sums, count = [], [], 0
             for _ in range(repeats):
-                t0 = time.perf_counter()
-                _, idx = sel(x, k)
-                times.append(time.perf_counter() - t0)
+                sums.append(_timed(torch.sum, x)[0])
+                elapsed, (_, idx) = _timed(sel, x, k)
+                times.append(elapsed)
                 count = idx.numel()
+            median_s, one_pass_s = statistics.median(times), statistics.median(sums)
             rows.append({"selector": name, "numel": numel, "k": k, "count": count,
-                         "median_s": statistics.median(times), "one_pass_s": one_pass_s,
-                         "abs_sum_s": abs_sum_s})
+                         "median_s": median_s, "one_pass_s": one_pass_s,
+                         "passes": median_s / one_pass_s, "abs_sum_s": abs_sum_s})
         base = next(r["median_s"] for r in rows if r["selector"] == "topk")
         for r in rows:
             r["speedup_vs_topk"] = base / r["median_s"]

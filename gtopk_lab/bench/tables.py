@@ -7,6 +7,7 @@ output of ``--json`` holds the same rows), so the measurement code prints nothin
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,16 +83,19 @@ def print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
         print(line)
 
 
-def print_selection(rows: list[dict[str, Any]]) -> None:
-    """The selection table, after one reference line (read passes) per size."""
+def print_selection(rows: list[dict[str, Any]], cpu: str = "") -> None:
+    """The selection table (passes: median time / median ``x.sum()`` beside it), after the
+    CPU and one reference line per size."""
+    if cpu:
+        print(f"# CPU: {cpu}")
     for numel in dict.fromkeys(r["numel"] for r in rows):
-        r = next(r for r in rows if r["numel"] == numel)
-        print(f"# {fmt_count(numel)}: one read pass x.sum() {r['one_pass_s'] * 1e3:.1f} ms, "
-              f"x.abs().sum() {r['abs_sum_s'] * 1e3:.1f} ms")
-    print(f"{'selector':<18} {'numel':>6} {'k':>7} {'count':>7} {'median ms':>10} {'vs topk':>8}")
+        same = [r for r in rows if r["numel"] == numel]
+        print(f"# {fmt_count(numel)}: one read pass x.sum() {statistics.median(r['one_pass_s'] for r in same) * 1e3:.1f} ms "
+              f"(median over the selectors' runs), x.abs().sum() {same[0]['abs_sum_s'] * 1e3:.1f} ms")
+    print(f"{'selector':<18} {'numel':>6} {'k':>7} {'count':>7} {'median ms':>10} {'vs topk':>8} {'passes':>7}")
     for r in rows:
         print(f"{r['selector']:<18} {fmt_count(r['numel']):>6} {r['k']:>7} {r['count']:>7} "
-              f"{r['median_s'] * 1e3:>10.1f} {r['speedup_vs_topk']:>7.2f}x")
+              f"{r['median_s'] * 1e3:>10.1f} {r['speedup_vs_topk']:>7.2f}x {r['passes']:>7.2f}")
 
 
 def print_profile(rows: list[dict[str, Any]], cores: int) -> None:

@@ -1,4 +1,4 @@
-"""``topk-fast``: exact top-k of |x| on CPU in two streaming passes plus work on ~k candidates.
+"""``topk-fast``: exact top-k of |x| on CPU in one streaming read after a small sample.
 
 Semantics: the k indices that a stable sort on ``(-|x_i|, i)`` puts first, i.e. the k
 largest magnitudes with ties broken by the lowest index, returned as ``(values, indices)``
@@ -8,28 +8,37 @@ unspecified order; ascending index is the canonical order of merge.py. ``-0.0`` 
 have equal magnitude (a tie, broken by index). NaN inputs are unspecified (the numba path
 ranks NaN above +inf).
 
-Algorithm (CPU, float32 / float16 / bfloat16, numba). For non-negative floats the IEEE bit
+Algorithm (CPU, float32 / float16 / bfloat16, numba; kernels in
+:mod:`gtopk_lab.compression.fast_topk_kernels`). For non-negative floats the IEEE bit
 pattern is monotone in the value, so ``key_i = bits(x_i) & ~sign`` orders entries by |x_i|
 with no float arithmetic and no parameters:
 
-  1. Pass 1 (reads d): histogram, over 2**15 bins of the key's top 15 bits (a log-scale
-     histogram: 8 exponent + 7 mantissa bits for fp32, the exact key for 16-bit types), of the
-     maximum key of every group of 16 entries (of every entry when k > d/64; a group is one
-     lane of a 1024-entry chunk, entries 64 apart, so the maxima vectorise). From the top,
-     take the first bin ``b`` whose cumulative count reaches k and set ``T = b << shift``.
-     At least k groups hold an entry with key >= T, so at least k entries have key >= T:
-     the k-th largest key is >= T and every top-k entry is a candidate.
-  2. Pass 2 (reads d): compact the candidates (key >= T) with their indices, in index order.
-     The same group maxima are recomputed; only groups whose max reaches T are read again.
-  3. On the c candidates (c ~ k for smooth data): radix select (two 16-bit digits) for the
-     k-th largest key v and the number g of keys above v; keep every key > v and the first
-     k - g keys == v in index order, which is exactly the stable-sort tie rule.
+  1. Sample (reads ~256 d / k entries, at most d / 16): bin counts (2**15 bins: the key's
+     top 15 bits, 8 exponent + 7 mantissa bits for fp32, the exact key for 16-bit types) of
+     evenly spread blocks of 256 entries, a fraction f of x, and of the blocks' maxima. From
+     the top, take the first bin whose count reaches ``m = f k + 4 sqrt(f k) + 8``, a block
+     counting for at most 4x its share (so that one block inside a small layer of large
+     entries cannot set T alone), and set T to its lower edge: about
+     k + 4 sqrt(k / f) + 8 / f entries of x have key >= T (~1.3 k for N(0,1)).
+  2. One read of x (:func:`~.fast_topk_kernels.compact`): the candidates (key >= T) with
+     their indices, in index order, through the maxima of groups of 16 entries (only groups
+     whose max reaches T are read again, from L1). Should the buffer (~2x the expected
+     count, at most 8 k + 2**16) fill, the k first of the stable order are kept and T rises
+     past their smallest key: a sample that set T too low (an all-equal x, large entries
+     the sample missed) costs time, never memory or exactness.
+  3. Fewer than k candidates (T too high; never seen on the test inputs, a 4-sigma event
+     for i.i.d. data): the exact pass of the two-pass algorithm, bin counts of the group
+     maxima of all of x, gives a T with at least k groups (so entries) at or above it, and
+     step 2 runs again.
+  4. On the c candidates: radix select (two 16-bit digits) for the k-th largest key v and
+     the number g of keys above v; keep every key > v and the first k - g keys == v in
+     index order, which is exactly the stable-sort tie rule; gather their values' bits.
 
-Cost: 2 streaming reads of x at about memory speed (measured 25M fp32, one thread: ~6 ms
-each, ``x.sum()`` 5 ms) + O(c) + O(2**16) on the candidates, versus torch.topk's O(d log k)
-heap. Degenerate inputs (all equal, mostly zeros) make c large but the cost stays linear
-in d. Memory: candidate buffers of min(d, 16 h) entries (h = groups counted above T): ~k
-for smooth data, d for an all-equal x.
+Cost: one streaming read of x (25M fp32, one thread, this box: ~1.15 ``x.sum()``) + the
+sample (~0.05 of a read) + O(c) + O(2**16): about 1.7 reads in all (benchmarks/RESULTS.md),
+versus torch.topk's O(d log k) heap and the two-pass algorithm's 2.5-3.6. Inputs under
+``_SAMPLE_MIN_NUMEL`` entries (in cache, where fixed costs dominate) take the exact pass
+for step 1 instead.
 
 Other dtypes (float64), non-CPU tensors and environments without numba use
 :func:`torch_select`: the same index set and order from torch ops (kth value by
@@ -38,161 +47,35 @@ Other dtypes (float64), non-CPU tensors and environments without numba use
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
-from typing import Any
+import math
 
 import numpy as np
 import torch
 
-from gtopk_lab.compression.merge import index_dtype
+from gtopk_lab.compression import fast_topk_kernels as kern
 from gtopk_lab.compression.checks import check_selection as _check, selection_result as _result
-
-try:
-    import numba
-except ImportError:  # optional: the torch path has the same semantics
-    numba = None
+from gtopk_lab.compression.fast_topk_kernels import HAVE_NUMBA
+from gtopk_lab.compression.merge import index_dtype
 
 __all__ = ["fast_topk_select", "torch_select", "numba_select", "HAVE_NUMBA"]
 
-HAVE_NUMBA: bool = numba is not None
-
-#: Pass 1 bins the maximum key of groups of _GROUP entries: one histogram update per 16 reads.
-_GROUP = 16
-#: Stride between a group's members: group l of a chunk is ``base + j * _LANES + l``
-#: (j < _GROUP), so the group maxima are a lane-wise max over 16 rows, which LLVM vectorises;
-#: contiguous groups need a horizontal max per group, which it left scalar (3x slower).
-_LANES = 64
-_CHUNK = _GROUP * _LANES
-#: Pass 1 histograms group maxima only while k groups are few of all groups; denser k would
-#: make most groups hit and the candidate set a large superset.
+#: The exact pass histograms group maxima only while k groups are few of all groups; denser
+#: k would make most groups hit and the candidate set a large superset.
 _GROUP_MAX_DENSITY = 1.0 / 64.0
-_NBINS = 1 << 15
-_DIGIT = 16
-
-
-def _jit(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
-    """``numba.njit(cache=True, nogil=True)``, without the cache where none can be written.
-
-    numba raises at decoration when neither ``__pycache__`` next to this file nor a user
-    cache directory is writable; compiling on every process start is then the only option.
-    Without numba the plain Python function is returned (never called on the hot path).
-    """
-    if numba is None:
-        return fn
-    try:
-        return numba.njit(cache=True, nogil=True, **options)(fn)
-    except RuntimeError as exc:  # "cannot cache function ...: no locator available"
-        warnings.warn(f"topk-fast: numba cache unavailable ({exc}); compiling without cache",
-                      RuntimeWarning, stacklevel=2)
-        return numba.njit(cache=False, nogil=True, **options)(fn)
-
-
-def _group_max(u: np.ndarray, mask: Any, base: int, acc: np.ndarray) -> None:
-    for lane in range(_LANES):
-        acc[lane] = u[base + lane] & mask
-    for j in range(1, _GROUP):
-        off = base + j * _LANES
-        for lane in range(_LANES):
-            acc[lane] = max(acc[lane], u[off + lane] & mask)
-
-
-# inlined in numba's IR: as a call it ran 2.5x slower (measured), presumably because LLVM then
-# cannot prove acc and u disjoint and does not vectorise
-_group_max = _jit(_group_max, inline="always")
-
-
-@_jit
-def _threshold(u: np.ndarray, mask: Any, shift: int, k: int, grouped: bool) -> tuple[int, int]:
-    """Pass 1: (T, h) with h >= k groups (entries when not grouped) whose max key is >= T."""
-    n = u.size
-    hist = np.zeros(_NBINS, np.int64)
-    nchunks = n // _CHUNK if grouped else 0
-    acc = np.empty(_LANES, u.dtype)
-    for c in range(nchunks):
-        _group_max(u, mask, c * _CHUNK, acc)
-        for lane in range(_LANES):
-            hist[acc[lane] >> shift] += 1
-    for i in range(nchunks * _CHUNK, n):  # the tail: groups of one
-        hist[(u[i] & mask) >> shift] += 1
-    above = 0
-    b = _NBINS - 1
-    while b > 0 and above + hist[b] < k:
-        above += hist[b]
-        b -= 1
-    return b << shift, above + hist[b]
-
-
-@_jit
-def _compact(u: np.ndarray, mask: Any, thresh: Any, out_idx: np.ndarray, out_key: np.ndarray) -> int:
-    """Pass 2: candidates with key >= thresh, in index order; returns their count."""
-    n = u.size
-    c = 0
-    nchunks = n // _CHUNK
-    acc = np.empty(_LANES, u.dtype)
-    hit = np.empty(_LANES, np.int64)
-    for ch in range(nchunks):
-        base = ch * _CHUNK
-        _group_max(u, mask, base, acc)
-        nhit = 0
-        for lane in range(_LANES):
-            if acc[lane] >= thresh:
-                hit[nhit] = lane
-                nhit += 1
-        # rows outer, hit lanes (ascending) inner: visits the chunk in index order while
-        # reading only the ~1 group per chunk that can hold candidates
-        for j in range(_GROUP if nhit else 0):
-            off = base + j * _LANES
-            for h in range(nhit):
-                i = off + hit[h]
-                v = u[i] & mask
-                if v >= thresh:
-                    out_idx[c] = i
-                    out_key[c] = v
-                    c += 1
-    for i in range(nchunks * _CHUNK, n):
-        v = u[i] & mask
-        if v >= thresh:
-            out_idx[c] = i
-            out_key[c] = v
-            c += 1
-    return c
-
-
-@_jit
-def _finish(cand_idx: np.ndarray, cand_key: np.ndarray, c: int, k: int, out: np.ndarray) -> int:
-    """Step 3: the k entries of the stable order among the c candidates, in index order."""
-    hist = np.zeros(1 << _DIGIT, np.int64)
-    low = (1 << _DIGIT) - 1
-    for i in range(c):
-        hist[cand_key[i] >> _DIGIT] += 1
-    above = 0
-    hi = low
-    while hi > 0 and above + hist[hi] < k:
-        above += hist[hi]
-        hi -= 1
-    hist[:] = 0
-    for i in range(c):
-        v = cand_key[i]
-        if (v >> _DIGIT) == hi:
-            hist[v & low] += 1
-    lo = low
-    while lo > 0 and above + hist[lo] < k:
-        above += hist[lo]
-        lo -= 1
-    kth = (hi << _DIGIT) | lo
-    ties = k - above  # entries equal to kth to keep: the lowest indices first
-    j = 0
-    for i in range(c):
-        v = cand_key[i]
-        if v > kth:
-            out[j] = cand_idx[i]
-            j += 1
-        elif v == kth and ties > 0:
-            out[j] = cand_idx[i]
-            j += 1
-            ties -= 1
-    return j
+#: Step 1 aims at this many top-k entries in the sample (relative error ~1/sqrt of it)...
+_SAMPLE_HITS = 256
+#: ...in blocks of this many entries (1 KiB of fp32: whole cache lines, small enough that
+#: one block cannot dominate the count)...
+_SAMPLE_BLOCK = 256
+#: ...reading at most this fraction of x (k small against d).
+_SAMPLE_MAX_FRACTION = 1.0 / 16.0
+#: Below this size (2 MiB of fp32, in cache) fixed costs dominate and the exact pass is as
+#: fast (measured: equal at 500k, the sample 8% faster at 1M, 12% at 2M).
+_SAMPLE_MIN_NUMEL = 1 << 19
+#: standard deviations of the sample count between the aim and the threshold's count
+_SAMPLE_SIGMAS = 4.0
+#: a block counts for at most this many times its expected share of the aim (+ 1/2)
+_SAMPLE_SPREAD = 4.0
 
 
 def _key_view(x: torch.Tensor) -> tuple[np.ndarray, Any, int]:
@@ -203,10 +86,43 @@ def _key_view(x: torch.Tensor) -> tuple[np.ndarray, Any, int]:
     return x.view(torch.int16).numpy().view(np.uint16), np.uint16(0x7FFF), 0
 
 
+def _sampled_threshold(u: np.ndarray, mask: object, shift: int, k: int) -> tuple[int, int]:
+    """Step 1: (T, expected number of entries with key >= T)."""
+    d = u.size
+    fraction = min(_SAMPLE_MAX_FRACTION, _SAMPLE_HITS / k)
+    nblocks = max(1, round(d * fraction / _SAMPLE_BLOCK))
+    fraction = nblocks * _SAMPLE_BLOCK / d
+    aim = fraction * k
+    per_block = _SAMPLE_SPREAD * (aim / nblocks + 0.5)
+    aim += _SAMPLE_SIGMAS * math.sqrt(aim) + 8.0
+    hist, hist_max = kern.sample_histogram(u, mask, shift, _SAMPLE_BLOCK, nblocks)
+    b, counted = kern.top_bin_spread(hist, hist_max, aim, per_block)
+    return b << shift, int(counted / fraction)
+
+
+def _candidates(u: np.ndarray, mask: object, shift: int, k: int,
+                idx_np: type) -> tuple[np.ndarray, np.ndarray, int]:
+    """Steps 1-3: candidate indices and keys (a superset of the top k, in index order) and their count."""
+    d = u.size
+    grouped = k <= d * _GROUP_MAX_DENSITY
+    if d >= _SAMPLE_MIN_NUMEL:
+        thresh, expected = _sampled_threshold(u, mask, shift, k)
+        cap = min(d, 2 * min(max(expected, k), 4 * k) + (1 << 16)) + 2 * kern.CHUNK
+        cand_idx, cand_key = np.empty(cap, idx_np), np.empty(cap, u.dtype)
+        c, _ = kern.compact(u, mask, thresh, k, cand_idx, cand_key)
+        if c >= k:
+            return cand_idx, cand_key, c
+    thresh, hits = kern.histogram_maxima(u, mask, shift, k, grouped)
+    cap = min(d, hits * kern.GROUP if grouped else hits) + 2 * kern.CHUNK
+    cand_idx, cand_key = np.empty(cap, idx_np), np.empty(cap, u.dtype)
+    c, _ = kern.compact(u, mask, thresh, k, cand_idx, cand_key)
+    return cand_idx, cand_key, c
+
+
 def numba_select(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The numba path (steps 1-3) for a CPU float32/float16/bfloat16 ``x``; needs numba."""
+    """The numba path (steps 1-4) for a CPU float32/float16/bfloat16 ``x``; needs numba."""
     _check(x, k)
-    if numba is None:
+    if not HAVE_NUMBA:
         raise RuntimeError("numba_select needs numba; use fast_topk_select or torch_select")
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"numba_select: expected a CPU float32/float16/bfloat16 tensor, got "
@@ -215,19 +131,19 @@ def numba_select(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     idx_np = np.int32 if index_dtype(d) == torch.int32 else np.int64
     if k == d:
         return _result(x, torch.arange(d))
-    xc = x.detach().contiguous()
-    u, mask, shift = _key_view(xc)
-    grouped = k <= d * _GROUP_MAX_DENSITY
-    thresh, hits = _threshold(u, mask, shift, k, grouped)
-    cap = min(d, hits * _GROUP if grouped else hits)
-    cand_idx = np.empty(cap, idx_np)
-    cand_key = np.empty(cap, u.dtype)
-    c = _compact(u, mask, u.dtype.type(thresh), cand_idx, cand_key)
-    out = np.empty(k, idx_np)
-    taken = _finish(cand_idx, cand_key, c, k, out)
-    if c < k or taken != k:  # would be a bug in pass 1's bound, never silently short
+    u, mask, shift = _key_view(x.detach().contiguous())
+    cand_idx, cand_key, c = _candidates(u, mask, shift, k, idx_np)
+    out, out_key = np.empty(k, idx_np), np.empty(k, u.dtype)
+    taken, _ = kern.keep_first(cand_idx, cand_key, c, k, out, out_key)
+    if c < k or taken != k:  # would be a bug in the threshold's bound, never silently short
         raise AssertionError(f"topk-fast: {c} candidates, {taken} taken for k={k}")
-    return _result(x, torch.from_numpy(out))
+    idx = torch.from_numpy(out)
+    if x.requires_grad:  # values that carry the autograd graph, as x[idx] does
+        return _result(x, idx)
+    bits = np.empty(k, u.dtype)
+    kern.gather(u, out, bits)  # x[idx] through torch costs ~0.08 of a read pass at k = 25k
+    signed = np.int32 if u.dtype == np.uint32 else np.int16
+    return torch.from_numpy(bits.view(signed)).view(x.dtype), idx
 
 
 def torch_select(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -256,7 +172,7 @@ def fast_topk_select(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     numba path for CPU float32/float16/bfloat16 when numba imports, else :func:`torch_select`.
     """
     _check(x, k)
-    if (numba is not None and x.device.type == "cpu"
+    if (HAVE_NUMBA and x.device.type == "cpu"
             and x.dtype in (torch.float32, torch.float16, torch.bfloat16)):
         return numba_select(x, k)
     return torch_select(x, k)

@@ -39,10 +39,11 @@ Registry (``get_selector(name)``, ``available_selectors()``):
   small constant (one fused abs/compare/nonzero pass, numpy on CPU) + O(c log k) on c ~ 2k
   candidates.
 - ``"topk-fast"``: exact top-k, the index set of a stable sort on (-|x|, index) (ties to the
-  lowest index), ascending indices. On CPU float32/float16/bfloat16 two streaming passes
-  (bit-pattern histogram of block maxima, candidate compaction) + radix select on ~k
-  candidates, JIT-compiled with numba; otherwise a torch path with the same result. See
-  :mod:`gtopk_lab.compression.fast_topk` (imported on first use).
+  lowest index), ascending indices. On CPU float32/float16/bfloat16 a bit-pattern histogram
+  of a small sample sets a threshold, one streaming read compacts the candidates (through
+  block maxima) and a radix select on ~k candidates finishes, JIT-compiled with numba;
+  otherwise a torch path with the same result. See :mod:`gtopk_lab.compression.fast_topk`
+  (imported on first use).
 """
 
 from __future__ import annotations
