@@ -66,6 +66,7 @@ from gtopk_lab.training.runtime import (
     limit_threads, network_of, rank_cpu_timer, resolve_device, run_dataset, sync_device,
 )
 from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
+from gtopk_lab.training.state_size import state_bytes_per_parameter
 from gtopk_lab.training.step_settings import StepSettings
 
 __all__ = ["RankResult", "train_rank", "resolve_device", "gloo_rank_entry", "gloo_checkpoint_entry",
@@ -253,6 +254,8 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
                                        "setup_wall_s": timeline.started_at - setup_start,
                                        **compute_time_fields(config.extra, fixed_compute_s,
                                                              fixed_selection_s),
+                                       "state_bytes_per_param": state_bytes_per_parameter(
+                                           state.step, replica.numel),
                                        **state.step.describe()})
         weights = replica.flat_weights().cpu() if config.extra.get("return_weights") else None
         return RankResult(rows=buffer.rows, summary=summary, final_weights=weights)

@@ -98,6 +98,7 @@ from gtopk_lab.training.replica import Replica
 from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row, peak_comm_pair
 from gtopk_lab.training.runtime import network_of, rank_clock_s, resolve_device, run_dataset
 from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
+from gtopk_lab.training.state_size import state_bytes_per_parameter
 from gtopk_lab.training.step import Sync
 from gtopk_lab.training.step_settings import StepSettings
 
@@ -169,6 +170,8 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                            timeline.total - timeline.start_iteration, 1)),
                                        **compute_time_fields(config.extra, fixed_compute_s,
                                                              fixed_selection_s),
+                                       "state_bytes_per_param": state_bytes_per_parameter(
+                                           ranks.states[0].step, replica.numel),
                                        "compute_charge": (None if fixed_compute_s is not None
                                                           else ranks.charge.rule),
                                        "compute_s_spread": ranks.charge.spread(),
