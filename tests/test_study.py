@@ -223,3 +223,17 @@ def test_calibrated_costs_are_measured_once_per_workload_on_a_worker_and_kept(la
     (tmp_path / CALIBRATION_FILE).write_text("{trunc")
     assert calibrated_costs(lab, config, tmp_path, repeats=3)["compute_time_s"] > 0
     assert [p.name.split(".damaged-")[0] for p in tmp_path.glob("*.damaged-*")] == [CALIBRATION_FILE]
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_lab_tune_runs_on_the_cluster_and_compares_at_the_chosen_lr(lab) -> None:
+    """Lab.tune: the tuning and comparison runs go through the cluster's sweep (simulated)
+    and come back matched to their configs; SGD with momentum 0.9 on MNIST-1D prefers 0.1
+    to 0.001 on the validation split."""
+    base = dict(model="mlp", dataset="mnist1d", train_samples=400, test_samples=100, workers=2, epochs=3,
+                batch_size=16, eval_every_epochs=3)
+    result = lab.tune("dense", lrs=[0.001, 0.1], base=base)
+    assert result.best_lr == {"dense": 0.1}
+    assert result.trials["value"].notna().all() and len(result.trials) == 2
+    row = result.comparison.iloc[0]
+    assert row["lr"] == 0.1 and row["status"] == "completed" and row["lr_budget"] == [0.001, 0.1]

@@ -352,6 +352,35 @@ class Lab:
         return Study(self, points, skip_completed=skip_completed, progress=progress,
                      refresh_s=refresh_s)
 
+    def tune(self, method: str | Sequence[str], lrs: Sequence[float], seeds: int | Sequence[int] = 1, *,
+             base: RunConfig | dict[str, Any] | None = None, simulate: bool = True,
+             metric: str = "final_test_loss", validation_fraction: float = 0.2,
+             progress: bool | None = None) -> Any:
+        """Each method's best learning rate on a validation split, then the methods compared at
+        those LRs (:func:`gtopk_lab.orchestration.tuning.tune_and_compare`; returns its
+        ``TuneResult``: ``best_lr``, ``trials``, ``comparison`` with the budget recorded).
+        Runs go through :meth:`sweep` (simulated by default: the simulator gives a real run's
+        weights to float tolerance, at a fraction of the cores); completed ones under ``out``
+        are reused. Example::
+
+            result = lab.tune(["dense", "gtopk"], lrs=[0.01, 0.05, 0.2], seeds=2,
+                              base={"model": "cnn", "workers": 4, "epochs": 10})
+            result.best_lr, result.comparison[["method", "best_lr", "final_test_accuracy"]]
+        """
+        from gtopk_lab.orchestration.run_files import config_hash
+        from gtopk_lab.orchestration.tuning import tune_and_compare
+
+        check_bool("simulate", simulate)
+
+        def run(configs: list[RunConfig]) -> list[dict[str, Any] | None]:
+            done = self.sweep(configs, simulate=simulate, progress=progress)
+            by_hash = {row["config_hash"]: row for row in done.to_dict(orient="records")} \
+                if "config_hash" in done.columns else {}
+            return [by_hash.get(config_hash(c)) for c in configs]
+
+        return tune_and_compare(run, method, lrs, seeds, base, metric=metric,
+                                validation_fraction=validation_fraction)
+
     def sweep(self, configs: Iterable[RunConfig], skip_completed: bool = True,
               progress: bool | None = None, simulate: bool = False) -> pd.DataFrame:
         """Run ``configs`` as one study of real (or, with ``simulate``, simulated) points,
