@@ -107,3 +107,32 @@ def test_prediction_counts_the_p1_merges_once() -> None:
     assert at4 == pytest.approx(2e-3 / (2e-3 + 2e-4 + comm + 4e-4))
     at1 = predicted[(predicted.method == "topk") & (predicted.workers == 1)]["predicted"].iloc[0]
     assert at1 == pytest.approx(2e-3 / 2.3e-3)  # its own merges count at P = 1 too
+
+
+def test_merges_time_share_the_cores_the_ranks_get() -> None:
+    """bench's abg with other jobs on the host: P = 4 butterfly ranks that get 0.5 cores
+    between them stretch each of their 2 concurrent merges (2k entries at gamma) 8 times."""
+    from gtopk_lab.analysis.predict import collective_time_s
+
+    net, d, k, g = NetworkModel.from_strings("1Gbps"), 25_000_000, 25_000, 5e-8
+    free = collective_time_s(net, "gtopk", d, k, 4, "butterfly", g)
+    assert collective_time_s(net, "gtopk", d, k, 4, "butterfly", g, host_cores=0.5) == pytest.approx(
+        free + 2 * (g * 2 * k) * (8 - 1))
+    with pytest.raises(ValueError, match="host_cores"):
+        collective_time_s(net, "gtopk", d, k, 4, "butterfly", g, host_cores=-1.0)
+
+
+def _cores_rank(rank: int, world: int) -> float:
+    from gtopk_lab.bench.timing import available_cores
+
+    return available_cores(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_available_cores_sums_the_shares_of_ranks_computing_at_once() -> None:
+    """Two gloo ranks spin together: each gets at most one core, so the sum lies in (0, 2]
+    and every rank reads the same sum."""
+    from gtopk_lab.comm.launch import run_gloo
+
+    shares = run_gloo(_cores_rank, 2, timeout_s=100)
+    assert shares[0] == shares[1] and 0 < shares[0] <= 2.0
