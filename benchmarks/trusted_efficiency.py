@@ -1,19 +1,22 @@
-"""Issue 15's target, measured: scaling efficiency of the CNN on 10GbE, real and simulated
-points, against the study's own alpha-beta prediction, with compute measured or charged.
+"""Issue 27's efficiency target, measured: the study grid of ``gtopk-lab study --methods
+dense,topk,gtopk --density 0.01 --model cnn --max-iterations 60 --workers 1,2,4,8,16
+--n-workers 4`` on 10GbE and on 1GbE, several runs in a row, against the study's own
+alpha-beta(-gamma) prediction.
 
-One study per compute mode on an embedded 2-worker LocalCluster: dense, Top-k and gTop-k at
-P = 1, 2 on real Dask-launched ranks and P = 4, 8, 16 simulated on the workers. Modes:
+Each run is a fresh results folder (so a fresh calibration) and a fresh embedded 4-worker
+LocalCluster: dense, Top-k and gTop-k at P = 1, 2, 4 on real Dask-launched ranks and P = 8,
+16 simulated on the workers. Compute modes (``Lab.study(compute=...)``):
 
-1. ``measured``: every rank's forward/backward is its own CPU time (the default);
-2. ``fixed``: every rank, real or virtual, is charged one calibrated compute time, the median
-   of a few passes measured once here (``extra["compute_time_s"]``); selection stays measured
-   and communication modelled.
+1. ``calibrated`` (the default of ``Lab.study`` and ``gtopk-lab study``): every rank, real
+   or simulated, charged its workload's compute and merge gamma, measured once on a worker
+   (:mod:`gtopk_lab.orchestration.calibration`); selection measured, communication modelled;
+2. ``measured``: every rank's own CPU time (what the study did before issue 27).
 
-Prints, per mode, the efficiency table with the prediction and the largest gap. On 2 cores
-the real ranks share the cores with each other and with the Dask workers, and the virtual
-clock (one core per rank) is the figure: wall time says nothing about scaling here.
+Prints one line per run: the load, the calibrated compute, the points flagged "do not trust",
+the largest gap (measured - predicted, points), then the efficiency table of the last run.
 
-Run: ``PYTHONPATH=. .venv/bin/python benchmarks/trusted_efficiency.py [--iterations 24]``
+Run: ``PYTHONPATH=. .venv/bin/python benchmarks/trusted_efficiency.py [--runs 3]
+[--bandwidths 10GbE,1GbE] [--modes calibrated,measured]``
 """
 
 from __future__ import annotations
@@ -26,39 +29,40 @@ import time
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=24, help="iterations per point")
-    parser.add_argument("--modes", default="measured,fixed", help="measured,fixed")
+    parser.add_argument("--runs", type=int, default=3, help="runs per link and mode (default 3)")
+    parser.add_argument("--bandwidths", default="10GbE,1GbE", help="links (default 10GbE,1GbE)")
+    parser.add_argument("--modes", default="calibrated", help="calibrated and/or measured")
+    parser.add_argument("--iterations", type=int, default=60, help="iterations a point (default 60)")
     args = parser.parse_args()
-    from gtopk_lab.config import RunConfig
     from gtopk_lab.orchestration import Lab
-    from gtopk_lab.training.compute_time import measure_iteration_times
 
-    base = dict(model="cnn", max_iterations=args.iterations, train_samples=1024, test_samples=64,
-                batch_size=16, sink_every=8, epochs=50, bandwidth="10GbE")
-    compute_s = measure_iteration_times(RunConfig(**base, density=0.01), repeats=5)["compute_time_s"]
-    print(f"# CNN on 10GbE, density 0.01, {args.iterations} iterations a point; P = 1, 2 real, 4, 8, 16 "
-          f"simulated; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; calibrated compute "
-          f"{compute_s * 1e3:.2f} ms")
-    with tempfile.TemporaryDirectory() as out, Lab(n_workers=2, out=out, progress=False) as lab:
-        for mode in args.modes.split(","):
-            extra = {"compute_time_s": compute_s} if mode == "fixed" else {}
-            t0 = time.perf_counter()
-            study = lab.study(methods=["dense", "topk", "gtopk"], workers=[1, 2, 4, 8, 16], density=0.01,
-                              base={**base, "extra": extra}, skip_completed=False)
-            study.wait()
-            checked = study.check(tolerance=0.10)
-            checked["gap_points"] = 100 * (checked["efficiency_mean"] - checked["predicted"])
-            table = checked.pivot_table(index="method", columns=["workers", "source"],
-                                        values=["efficiency_mean", "gap_points"])
-            print(f"\n## compute {mode} ({time.perf_counter() - t0:.0f} s)")
-            print("efficiency % (measured):")
-            print((100 * table["efficiency_mean"]).round(1).to_string())
-            print("measured - predicted, points:")
-            print(table["gap_points"].round(1).to_string())
-            worst = checked.loc[checked["gap_points"].abs().idxmax()]
-            print(f"largest gap {worst.gap_points:+.1f} points ({worst.method} P={worst.workers} "
-                  f"{worst.source}); above 100%: {int((checked.efficiency_mean > 1.0 + 1e-9).sum())}; "
-                  + "; ".join(study.check_lines()))
+    base = {"model": "cnn", "max_iterations": args.iterations}
+    print(f"# CNN (MNIST-1D), density 0.01, {args.iterations} iterations a point; P = 1, 2, 4 real, "
+          f"8, 16 simulated; {os.cpu_count()} cores")
+    last = None
+    for mode in args.modes.split(","):
+        for bandwidth in args.bandwidths.split(","):
+            for run in range(1, args.runs + 1):
+                load = os.getloadavg()[0]
+                t0 = time.perf_counter()
+                with tempfile.TemporaryDirectory() as out, Lab(n_workers=4, out=out, progress=False) as lab:
+                    study = lab.study(methods=["dense", "topk", "gtopk"], workers=[1, 2, 4, 8, 16], density=0.01,
+                                      bandwidth=bandwidth, base=base, compute=mode, skip_completed=False)
+                    study.wait()
+                    checked = study.check(tolerance=0.10)
+                    compute = {p.config.extra.get("compute_time_s") for p in study.points_list}
+                checked["gap_points"] = 100 * (checked["efficiency_mean"] - checked["predicted"])
+                flagged = int((~checked["trusted"].fillna(False).astype(bool)).sum())
+                worst = checked.loc[checked["gap_points"].abs().idxmax()]
+                shown = ", ".join(f"{c * 1e3:.2f} ms" for c in compute if c) or "measured"
+                print(f"{mode:10s} {bandwidth:6s} run {run}: load {load:4.1f}, compute {shown}, "
+                      f"{flagged} of {len(checked)} flagged, largest gap {worst.gap_points:+.1f} points "
+                      f"({worst.method} P={worst.workers} {worst.source}), {time.perf_counter() - t0:.0f} s")
+                last = checked
+    if last is not None:
+        table = last.pivot_table(index="method", columns=["workers", "source"], values="efficiency_mean")
+        print("\nlast run, efficiency %:")
+        print((100 * table).round(1).to_string())
     print(f"# load at end {os.getloadavg()[0]:.1f}")
 
 

@@ -19,7 +19,9 @@ from typing import Any
 from gtopk_lab.comm.schedules import SPARSE_ALGORITHMS as ALGORITHMS
 from gtopk_lab.compression.residual import RESIDUAL_RULES
 from gtopk_lab.compression.selection import available_selectors
-from gtopk_lab.config_presets import preset_values, with_preset_options, without_preset_options
+from gtopk_lab.config_presets import (
+    method_field_values, preset_values, with_preset_options, without_preset_options,
+)
 from gtopk_lab.methods import available_methods, get_method
 from gtopk_lab.methods.registry import selector_for
 from gtopk_lab.network.model import network_model
@@ -182,6 +184,14 @@ class RunConfig:
         if self.method not in available_methods():
             raise _fail("method", self.method, f"one of {', '.join(available_methods())}")
         method = get_method(self.method)
+        # the method's own defaults (EF21's plain step) and, under "paper", its paper's selector
+        by_method = method_field_values(method, self.preset, getattr(self, "_given", frozenset()),
+                                        {f.name for f in dataclasses.fields(self)})
+        if by_method:
+            for name, value in by_method.items():
+                setattr(self, name, value)
+            object.__setattr__(self, "_derived", {**getattr(self, "_derived", {}), **by_method})
+            self._check_types()
         if self.preset is not None and method.preset_options is not None and isinstance(self.extra, dict):
             # the method's own settings under this preset (Ok-Topk's warm-up under "paper"):
             # collective options below the run's; replace() takes them out again

@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["RECIPES", "MODEL_RECIPES", "PRESETS", "preset_values", "with_preset_options",
-           "without_preset_options"]
+           "without_preset_options", "method_field_values"]
 
 RECIPES: dict[str, dict[str, Any]] = {
     "resnet20-cifar10": dict(
@@ -136,3 +136,27 @@ def without_preset_options(extra: dict[str, Any], applied: dict[str, Any]) -> di
     left = {key: value for key, value in options.items() if key not in applied or applied[key] != value}
     out = {key: value for key, value in extra.items() if key != "collective_options"}
     return {**out, "collective_options": left} if left else out
+
+
+def method_field_values(method: Any, preset: str | None, given: frozenset[str] | set[str],
+                        fields: frozenset[str] | set[str]) -> dict[str, Any]:
+    """The ``RunConfig`` fields a method sets for a run that gave the fields ``given``.
+
+    1. the method's ``config_defaults`` (EF21's plain step, ``momentum=0``), over whatever a
+       preset's recipe set;
+    2. under the ``paper`` preset, ``selector`` = the method's ``paper_selector`` (the paper's
+       own rule where the method's default selector is the project's: ``gaussiank`` ->
+       ``gaussiank-paper``);
+    3. a field in ``given`` is left out (explicit values win).
+
+    ``method`` is a registered :class:`~gtopk_lab.methods.base.Method`; a default naming no
+    field of ``fields`` raises ``ValueError`` naming it. O(fields).
+    """
+    values = dict(method.config_defaults)
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(f"config_defaults of method {method.name!r} name unknown RunConfig field(s): "
+                         f"{', '.join(unknown)}")
+    if preset == "paper" and method.paper_selector is not None:
+        values["selector"] = method.paper_selector
+    return {key: value for key, value in values.items() if key not in given}

@@ -28,6 +28,8 @@ def test_throttled_bench_reports_both_models(capsys) -> None:
         assert r["model_abg_s"] >= r["model_abg_core_per_rank_s"] >= r["model_s"]
         assert r["gamma_loaded_s_per_element"] > 0 and r["gamma_idle_s_per_element"] > 0
         assert r["late_starts"] >= 0 and r["host_cores"] >= 1
+        # the cores the ranks got (other jobs take the rest): never more than the host's
+        assert 0 < r["available_cores"] <= r["host_cores"] and r["model_abg_s"] >= r["model_abg_idle_host_s"]
         if r["collective"] == "dense_allreduce":  # no merges: no gamma
             assert r["gamma_s_per_element"] is None and r["model_abg_s"] == r["model_s"]
         else:  # gamma from the collective's own untimed calls

@@ -166,19 +166,17 @@ def test_target_cnn_on_10gbe_every_real_and_simulated_point_within_10_points_of_
     """Issue 15's target: on 10GbE with the CNN, dense, Top-k and gTop-k at P = 1, 2 on real
     ranks and P = 16 simulated within 10 points of the alpha-beta prediction, none above 100%.
 
-    Every rank, real or virtual, is charged one calibrated compute time (measured once here,
-    the median of a few passes: a loaded 2-core box, and this suite's other process, would
-    otherwise decide the figure); selection stays measured and the collectives modelled, so
-    what is checked is the whole pipeline from rows to steady-state throughput to the
-    efficiency table, for both sources."""
-    from gtopk_lab.config import RunConfig
-    from gtopk_lab.training.compute_time import measure_iteration_times
-
+    Every rank, real or virtual, is charged the workload's calibrated compute and merge gamma
+    (``Lab.study``'s default, measured once on a worker: a loaded 2-core box, and this
+    suite's other process, would otherwise decide the figure); selection stays measured and
+    the collectives modelled, so what is checked is the whole pipeline from rows to
+    steady-state throughput to the efficiency table, for both sources."""
     base = dict(model="cnn", max_iterations=24, train_samples=1024, test_samples=64, batch_size=16,
                 sink_every=8, epochs=50, bandwidth="10GbE")
-    compute_s = measure_iteration_times(RunConfig(**base, density=0.01), repeats=5)["compute_time_s"]
-    study = lab.study(methods=["dense", "topk", "gtopk"], workers=[1, 2, 16], density=0.01,
-                      base={**base, "extra": {"compute_time_s": compute_s}}, skip_completed=False)
+    study = lab.study(methods=["dense", "topk", "gtopk"], workers=[1, 2, 16], density=0.01, base=base,
+                      skip_completed=False)
+    charged = {p.config.extra["compute_time_s"] for p in study.points_list}
+    assert len(charged) == 1 and charged.pop() > 0  # one calibration for every point, both sources
     assert study.wait(170)
     checked = study.check(tolerance=0.10)
     assert set(zip(checked.workers, checked.source)) == {(1, "real"), (2, "real"), (16, "simulated"),
@@ -193,25 +191,49 @@ def test_target_cnn_on_10gbe_every_real_and_simulated_point_within_10_points_of_
 
 
 @pytest.mark.timeout(120)
-def test_calibrated_compute_time_is_measured_once_per_workload_on_a_worker_and_kept(lab, tmp_path) -> None:
-    """orchestration.calibration: one Dask task per workload; the stored value is reused (a
-    resumed study keeps its points' identity); a damaged file is moved aside, not lost."""
+def test_calibrated_costs_are_measured_once_per_workload_on_a_worker_and_kept(lab, tmp_path) -> None:
+    """orchestration.calibration: one compute task per workload (not per density, method, P
+    or network), one merge-gamma task per density; the stored values are reused (a resumed
+    study keeps its points' identity); a damaged file is moved aside, not lost."""
     import json
 
     from gtopk_lab.config import RunConfig
-    from gtopk_lab.orchestration.calibration import CALIBRATION_FILE, calibrated_compute_time_s
+    from gtopk_lab.orchestration.calibration import CALIBRATION_FILE, calibrated_costs
+
+    def entries() -> list[dict]:
+        return json.loads((tmp_path / CALIBRATION_FILE).read_text())["entries"]
 
     config = RunConfig(method="gtopk", workers=4, model="mlp", batch_size=8, density=0.01)
-    first = calibrated_compute_time_s(lab, config, tmp_path, repeats=2)
-    assert first > 0
-    stored = json.loads((tmp_path / CALIBRATION_FILE).read_text())["entries"]
-    assert len(stored) == 1 and stored[0]["compute_time_s"] == first and stored[0]["threads"] == 1
-    # the method, P and the network do not change one rank's compute: the stored value
+    first = calibrated_costs(lab, config, tmp_path, repeats=3)
+    assert first["compute_time_s"] > 0 and first["merge_gamma_s_per_element"] > 0
+    stored = entries()
+    assert "compute_time_s" in stored[0] and "merge_gamma_s_per_element" in stored[1]
+    assert stored[0]["compute_time_s"] == first["compute_time_s"] and stored[0]["threads"] == 1
+    assert stored[0]["compute_time_s"] <= stored[0]["compute_median_s"]  # the lower quartile
+    assert stored[1]["k"] == int(0.01 * stored[0]["numel"])
+    # the method, P and the network do not change one rank's compute: the stored values
     same_workload = config.replace(method="dense", workers=16, bandwidth="10GbE")
-    assert calibrated_compute_time_s(lab, same_workload, tmp_path, repeats=2) == first
-    assert len(json.loads((tmp_path / CALIBRATION_FILE).read_text())["entries"]) == 1
-    calibrated_compute_time_s(lab, config.replace(batch_size=16), tmp_path, repeats=2)
-    assert len(json.loads((tmp_path / CALIBRATION_FILE).read_text())["entries"]) == 2
+    assert calibrated_costs(lab, same_workload, tmp_path, repeats=3) == first
+    assert len(entries()) == 2
+    # another density: the same compute, a gamma of its own (k changes)
+    other = calibrated_costs(lab, config.replace(density=0.1), tmp_path, repeats=3)
+    assert other["compute_time_s"] == first["compute_time_s"] and len(entries()) == 3
+    calibrated_costs(lab, config.replace(batch_size=16), tmp_path, repeats=3)
+    assert len(entries()) == 5
     (tmp_path / CALIBRATION_FILE).write_text("{trunc")
-    assert calibrated_compute_time_s(lab, config, tmp_path, repeats=2) > 0
+    assert calibrated_costs(lab, config, tmp_path, repeats=3)["compute_time_s"] > 0
     assert [p.name.split(".damaged-")[0] for p in tmp_path.glob("*.damaged-*")] == [CALIBRATION_FILE]
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_lab_tune_runs_on_the_cluster_and_compares_at_the_chosen_lr(lab) -> None:
+    """Lab.tune: the tuning and comparison runs go through the cluster's sweep (simulated)
+    and come back matched to their configs; SGD with momentum 0.9 on MNIST-1D prefers 0.1
+    to 0.001 on the validation split."""
+    base = dict(model="mlp", dataset="mnist1d", train_samples=400, test_samples=100, workers=2, epochs=3,
+                batch_size=16, eval_every_epochs=3)
+    result = lab.tune("dense", lrs=[0.001, 0.1], base=base)
+    assert result.best_lr == {"dense": 0.1}
+    assert result.trials["value"].notna().all() and len(result.trials) == 2
+    row = result.comparison.iloc[0]
+    assert row["lr"] == 0.1 and row["status"] == "completed" and row["lr_budget"] == [0.001, 0.1]

@@ -41,7 +41,7 @@ BOUNDS = {
 
 def collective_time_s(net: NetworkModel, name: str, numel: int, k: int, workers: int,
                       algorithm: str | None = None, gamma_s_per_element: float | None = None,
-                      host_cores: int | None = None, exact_k: bool = False) -> float:
+                      host_cores: float | None = None, exact_k: bool = False) -> float:
     """Predicted duration of one collective on ``net`` (max over ranks), from the registry.
 
     ``name``: a method (``"gtopk"``, ``"gaussiank"``, a plugin's), a collective or alias
@@ -49,15 +49,15 @@ def collective_time_s(net: NetworkModel, name: str, numel: int, k: int, workers:
     :data:`BOUNDS`. ``algorithm``: the collective's pattern (gTop-k: butterfly (default) or
     tree; ``"ring"`` or None for the library collectives). ``gamma_s_per_element``
     (default: the network's) charges merge compute on the critical path; ``host_cores``: the
-    ranks share this many cores (a merge phase that m ranks run at once lasts
+    ranks share this many cores, fractional when other jobs take part of them (a merge phase that m ranks run at once lasts
     ``max(1, m / cores)`` times longer); ``exact_k=True``: header-free exact-k rounds and no
     count allgather. The formulas are in :mod:`gtopk_lab.methods.formulas`.
     """
     if not isinstance(exact_k, bool):
         raise TypeError(f"exact_k={exact_k!r} has type {type(exact_k).__name__}: expected bool")
-    if host_cores is not None and (isinstance(host_cores, bool) or not isinstance(host_cores, int)
-                                   or host_cores < 1):
-        raise ValueError(f"host_cores={host_cores!r} is invalid: expected an integer >= 1 or None")
+    if host_cores is not None and (isinstance(host_cores, bool) or not isinstance(host_cores, (int, float))
+                                   or not 0 < host_cores < float("inf")):
+        raise ValueError(f"host_cores={host_cores!r} is invalid: expected a number of cores > 0 or None")
     gamma = net.gamma_s_per_element if gamma_s_per_element is None else float(gamma_s_per_element)
     if name in BOUNDS:
         check_sizes(numel, k, workers)

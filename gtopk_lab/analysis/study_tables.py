@@ -125,13 +125,24 @@ def _sync_every(runs: pd.DataFrame) -> int:
     return max(1, int(values.iloc[0])) if len(values) else 1
 
 
+def _own_selection_s(runs: pd.DataFrame, t_1: float | None) -> float | None:
+    """A method's P = 1 cost beyond dense's (selection, compensation): its P = 1 runs' time
+    per iteration minus ``t_1`` minus the merges they charged; None without such a run."""
+    at_1 = runs[runs["workers"] == 1]
+    own_1 = _iter_s(at_1)
+    if t_1 is None or own_1 is None:
+        return None
+    return max(0.0, own_1 - t_1 - _merge_s(at_1))
+
+
 def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
     """Step 3: ``predicted`` efficiency per (method, P, density, pattern, network, source)
     of the final ``points``::
 
         t_1  = the dense P = 1 run's steady virtual time per iteration (its compute)
-        sel  = t(method, P=1) - t_1 (the method's own P = 1 run of this source, else of
-               another source on the same network, else 0)
+        sel  = t(method, P=1) - t_1 - its merge CPU per iteration (the method's own P = 1
+               run of this source, else of another source on the same network, else 0;
+               the merges are added at every P below, so not counted twice)
         t_P  = t_1 + sel + alpha-beta time of the collective at P (registry formula, divided
                by the summary's ``sync_every`` H for local-steps methods)
                + merge CPU per iteration the point's runs measured (the gamma term)
@@ -157,11 +168,11 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
     selection: dict[tuple[Any, ...], float] = {}  # (network, method, density, pattern) -> P=1 cost
     for (bw, lat, source), group in frame.groupby(["bandwidth_bps", "latency_s", "source"], dropna=False):
         t_1 = _iter_s(group[is_dense.loc[group.index] & (group["workers"] == 1)])
-        own = {key: _iter_s(runs[runs["workers"] == 1])
+        own = {key: _own_selection_s(runs, t_1)
                for key, runs in group.groupby(["method", "_d", "_a"], dropna=False)}
-        for key, own_1 in own.items():
-            if t_1 is not None and own_1 is not None:
-                selection.setdefault((bw, lat) + tuple(key), max(0.0, own_1 - t_1))
+        for key, own_sel in own.items():
+            if own_sel is not None:
+                selection.setdefault((bw, lat) + tuple(key), own_sel)
     for (bw, lat, source), group in frame.groupby(["bandwidth_bps", "latency_s", "source"], dropna=False):
         t_1 = _iter_s(group[is_dense.loc[group.index] & (group["workers"] == 1)])
         if t_1 is None:
@@ -172,10 +183,9 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
                 continue
             numel = int(runs["numel"].dropna().iloc[0])
             entry = get_method(method)
-            own_1 = _iter_s(runs[runs["workers"] == 1])
+            own_sel = _own_selection_s(runs, t_1)
             # a simulated group rarely has the method's own P = 1 run: the real one's cost
-            sel = max(0.0, own_1 - t_1) if own_1 is not None else \
-                selection.get((bw, lat, method, density, algorithm), 0.0)
+            sel = own_sel if own_sel is not None else selection.get((bw, lat, method, density, algorithm), 0.0)
             pattern = None if algorithm == "-" else str(algorithm)
             rho = 1.0 if density < 0 else float(density)
             for p, at_p in runs.groupby("workers"):
@@ -188,7 +198,7 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
                     continue
                 # formulas are per synchronisation; a local-steps method syncs every H iterations
                 comm /= _sync_every(at_p)
-                t_p = t_1 + sel + comm + (_merge_s(at_p) if p > 1 else 0.0)
+                t_p = t_1 + sel + comm + _merge_s(at_p)
                 rows.append({"method": method, "workers": int(p),
                              "density": math.nan if density < 0 else density,
                              "algorithm": pattern, "bandwidth_bps": bw, "latency_s": lat,

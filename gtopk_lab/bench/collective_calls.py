@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from gtopk_lab.analysis.predict import collective_time_s
 from gtopk_lab.bench.profile import VIRTUAL_LINK, profile_calls, summarise_profile
-from gtopk_lab.bench.timing import common_start_s, host_cores
+from gtopk_lab.bench.timing import available_cores, common_start_s, host_cores
 from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.comm.torch_dist import dense_allreduce, gtopk_allreduce, topk_allgather
 from gtopk_lab.compression.selection import get_selector
@@ -84,6 +84,8 @@ def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, r
             times, models = [], []
             late_starts = 0
             result = None
+            # the cores these ranks get right now (other jobs take some): before and after
+            cores_before = available_cores() if network is not None else float("nan")
             for rep in range(repeats + 1):
                 start_s, late = common_start_s()
                 model_s = float("nan")
@@ -97,12 +99,13 @@ def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, r
                     models.append(model_s)
                     late_starts += late
             assert result is not None
+            cores_now = (cores_before + available_cores()) / 2 if network is not None else float("nan")
             st = result.stats
             rows.append({"numel": numel, "k": k, "workers": world_size, "collective": collective,
                          "algorithm": algorithm, "times_s": times, "model_s": models,
                          "bytes_sent": st.bytes_sent, "bytes_recv": st.bytes_recv,
                          "rounds": st.rounds, "merge_cpu_s": st.merge_cpu_s, "late_starts": late_starts,
-                         "gamma_loaded_s_per_element": gamma_loaded,
+                         "gamma_loaded_s_per_element": gamma_loaded, "available_cores": cores_now,
                          "gamma_in_collective_s_per_element": gamma_in_collective})
             if profile_repeats > 0 and collective == "gtopk_allreduce":
                 # after the timed calls, so those run with the hooks off
@@ -217,11 +220,17 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
                 row["gamma_s_per_element"] = gamma
                 shape = (row["collective"], row["numel"], row["k"], p)
                 algorithm = None if row["algorithm"] == "ring" else row["algorithm"]
-                # the P ranks share this host's cores: merges that outnumber them time-share
+                # the P ranks share this host's cores, and other jobs take some of them: merges
+                # that outnumber the cores the ranks get time-share them
                 abg_gamma = 0.0 if gamma is None else gamma
+                available = min(float(cores), rows[0]["available_cores"])
+                row["available_cores"] = available
                 row["model_abg_s"] = collective_time_s(network, *shape, algorithm=algorithm,
-                                                       gamma_s_per_element=abg_gamma, host_cores=cores,
+                                                       gamma_s_per_element=abg_gamma, host_cores=available,
                                                        exact_k=True)
+                row["model_abg_idle_host_s"] = collective_time_s(network, *shape, algorithm=algorithm,
+                                                                 gamma_s_per_element=abg_gamma, host_cores=cores,
+                                                                 exact_k=True)
                 row["model_abg_core_per_rank_s"] = collective_time_s(network, *shape, algorithm=algorithm,
                                                                      gamma_s_per_element=abg_gamma,
                                                                      exact_k=True)

@@ -38,9 +38,10 @@ def print_collectives_notes(rows: list[dict[str, Any]], workers: Sequence[int], 
     if bandwidth:
         print("# ab = alpha-beta time of the bytes sent; abg = alpha-beta-gamma closed form; "
               "each round is paced to its ab time, merges run after it")
-        print(f"# abg charges merges that more ranks run at once than the {cores} cores "
-              "time-shared (x ranks/cores); calls timed from a start all ranks agreed on; "
-              "exact-k messages (no counts)")
+        print(f"# abg charges merges that more ranks run at once than the cores they get time-shared "
+              f"(x ranks/cores; cores = the share of the {cores} the ranks got computing all at once, "
+              "measured before and after each row's calls: other jobs take the rest); calls timed "
+              "from a start all ranks agreed on; exact-k messages (no counts)")
         print("# gamma ns = merge CPU per element used by abg: "
               + ("given" if gamma is not None else
                  f"from {GAMMA_CALLS} untimed calls of the same collective, slowest rank"))
@@ -68,7 +69,7 @@ def print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
     head = f"{'P':>3} {'numel':>6} {'k':>6} {'collective':<26} {'median ms':>10} {'bytes/rank':>12} " \
            f"{'bytes/dense':>11} {'time/dense':>10} {'merge ms':>9}"
     if modelled:
-        head += f" {'ab ms':>9} {'meas/ab':>8} {'gamma ns':>8} {'abg ms':>9} {'meas/abg':>8}"
+        head += f" {'ab ms':>9} {'meas/ab':>8} {'gamma ns':>8} {'cores':>5} {'abg ms':>9} {'meas/abg':>8}"
     print(head)
     for r in rows:
         name = r["collective"] + ("" if r["algorithm"] == "ring" else f"/{r['algorithm']}")
@@ -79,7 +80,7 @@ def print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
             gamma = r["gamma_s_per_element"]
             line += (f" {r['model_s'] * 1e3:>9.2f} {r['measured_vs_model']:>8.2f}"
                      f" {'-' if gamma is None else f'{gamma * 1e9:.1f}':>8}"
-                     f" {r['model_abg_s'] * 1e3:>9.2f} {r['measured_vs_abg']:>8.2f}")
+                     f" {r['available_cores']:>5.2f} {r['model_abg_s'] * 1e3:>9.2f} {r['measured_vs_abg']:>8.2f}")
         print(line)
 
 

@@ -1,4 +1,5 @@
-"""A common start instant for timed collectives on ranks of one host, and the host's cores."""
+"""A common start instant for timed collectives on ranks of one host, the host's cores, and
+the share of them its ranks get while other jobs load it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch.distributed as dist
 
 from gtopk_lab.network.pacing import wait_until
 
-__all__ = ["START_MARGIN_S", "common_start_s", "host_cores"]
+__all__ = ["START_MARGIN_S", "common_start_s", "host_cores", "available_cores", "CORE_PROBE_S"]
 
 # ---------------------------------------------------------------------------------------
 # collectives
@@ -46,3 +47,34 @@ def host_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+#: wall seconds each rank computes for :func:`available_cores`
+CORE_PROBE_S = 0.1
+
+
+def available_cores(spin_s: float = CORE_PROBE_S) -> float:
+    """Cores the ranks of the default group get when all of them compute at once.
+
+    1. agree on a start (:func:`common_start_s`);
+    2. every rank runs a CPU-bound loop for ``spin_s`` wall seconds and takes its share
+       ``thread CPU / wall``;
+    3. one SUM all_reduce of the shares.
+
+    With P ranks on an otherwise idle C-core host this is min(P, C); every other job that
+    wants the cores lowers it (P ranks and L other runnable tasks: about ``C P / (P + L)``).
+    Merges that all P ranks run at once then take ``P / available`` times their CPU time,
+    which the abg column of ``gtopk-lab bench collectives`` charges. O(spin_s).
+    """
+    if not (isinstance(spin_s, (int, float)) and 0.0 < spin_s <= 5.0):
+        raise ValueError(f"spin_s={spin_s!r} is invalid: expected seconds in (0, 5]")
+    common_start_s()
+    wall0, cpu0 = time.monotonic(), time.thread_time()
+    x = 0
+    while time.monotonic() - wall0 < spin_s:
+        for i in range(1000):
+            x += i
+    share = (time.thread_time() - cpu0) / max(time.monotonic() - wall0, 1e-9)
+    total = torch.tensor([min(1.0, share)], dtype=torch.float64)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return float(total.item())

@@ -141,11 +141,10 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     with run_cmd.open_lab(_cluster_args(args), args.n_workers, progress=progress) as lab:
         if args.compute == "calibrated":
-            from gtopk_lab.orchestration.calibration import CALIBRATION_FILE, calibrated_compute_time_s
+            from gtopk_lab.orchestration.calibration import CALIBRATION_FILE, with_calibrated_costs
 
-            compute_s = calibrated_compute_time_s(lab, scaling[0].config, out)
-            scaling = [dataclasses.replace(p, config=p.config.replace(
-                extra={**p.config.extra, "compute_time_s": compute_s})) for p in scaling]
+            scaling = with_calibrated_costs(lab, scaling, out)
+            compute_s = scaling[0].config.extra["compute_time_s"]
             print(f"compute: {compute_s * 1e3:.2f} ms per iteration charged to every rank (calibrated on a "
                   f"worker, one thread; {out / CALIBRATION_FILE}); selection measured, communication "
                   "modelled", file=sys.stderr)

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from gtopk_lab.methods import available_collectives, available_methods, get_collective, get_method
+from gtopk_lab.training.state_size import method_state_bytes_per_parameter
 
 NAME = "methods"
 HELP = "list the methods gtopk-lab can run (built-ins and $GTOPK_LAB_METHODS plugins) and their collectives"
@@ -23,7 +24,10 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    methods = [get_method(m).summary() for m in available_methods()]
+    # bytes of state per parameter, counted from each method's step after 3 iterations on the
+    # CNN's layout (training.state_size), not from a table
+    methods = [{**get_method(m).summary(), "state_bytes_per_param": round(method_state_bytes_per_parameter(m), 3)}
+               for m in available_methods()]
     collectives = [{"collective": c.name, "aliases": ",".join(c.aliases) or "-", "input": c.input,
                     "lossless": c.lossless, "patterns": ",".join(c.algorithms) or "-",
                     "description": c.description}
@@ -31,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"methods": methods, "collectives": collectives}, indent=2))
         return 0
-    keys = ("method", "selector", "collective", "memory", "exact_k", "sync_every", "description")
+    keys = ("method", "selector", "collective", "memory", "exact_k", "sync_every", "state_bytes_per_param",
+            "description")
     _table(keys, [tuple(str(m[k]) for k in keys) for m in methods])
     print()
     keys = ("collective", "aliases", "input", "lossless", "patterns", "description")

@@ -15,6 +15,11 @@ and its scaling-efficiency table, mean +- std over seeds, with the model check.
    completed points, and the same command afterwards runs only what is missing
 4. the table (efficiency per method, P, source: mean +- std, n), the baseline note and
    the check against the alpha-beta(-gamma) prediction
+
+Every rank, real or simulated, is charged its workload's compute time and merge gamma,
+calibrated once on a worker and kept in ``--out`` (``--compute calibrated``, the default:
+:mod:`gtopk_lab.orchestration.calibration`); ``--compute measured`` charges each rank its
+own CPU time, which on a shared or oversubscribed machine measures the contention.
 """
 
 from __future__ import annotations
@@ -58,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate", action="store_true", help="simulate every point (on the cluster)")
     parser.add_argument("--no-skip", action="store_true", help="rerun points already completed in --out")
     parser.add_argument("--json", action="store_true", help="print the table as JSON records (last line)")
+    parser.add_argument("--compute", choices=("calibrated", "measured"), default="calibrated",
+                        help="compute and merges charged to each rank: calibrated once per workload on a "
+                             "worker (default) or each rank's measured CPU time")
     add_config_flags(parser, exclude=set(GRID_FLAGS.values()) | {"run_id", "seed"})
     parser.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     run_cmd.add_cluster_arguments(parser)
@@ -142,6 +150,15 @@ def run(args: argparse.Namespace) -> int:
     with run_cmd.open_lab(args, n_workers or 1, progress=progress) as lab:
         if args.scheduler is not None and args.real_max_workers is None:
             points = build_points(args, len(lab.worker_info()))
+        if args.compute == "calibrated":
+            from gtopk_lab.orchestration.calibration import CALIBRATION_FILE, with_calibrated_costs
+
+            points = with_calibrated_costs(lab, points, args.out)
+            if not args.json:
+                shown = sorted({p.config.extra["compute_time_s"] * 1e3 for p in points})
+                print(f"compute: {', '.join(f'{ms:.2f}' for ms in shown)} ms per iteration charged to every rank, "
+                      f"merges at a calibrated gamma ({os.path.join(str(args.out), CALIBRATION_FILE)}); "
+                      "selection measured, communication modelled", file=sys.stderr)
         study = Study(lab, points, skip_completed=not args.no_skip, progress=progress)
         try:
             study.wait(cancel_on_interrupt=True)

@@ -170,6 +170,14 @@ class Method:
       Ok-Topk's reference warm-up ``{"warmup": 512}`` under ``"paper"``; ``{}`` for none.
       ``RunConfig`` merges them under the run's ``extra["collective_options"]`` (the run's
       entries win) and the summary records the state's settings; None: presets set none.
+    - ``paper_selector``: the registered selector of the method's paper when ``selector`` is
+      the project's own (``gaussiank``: ``"gaussiank-paper"``); the ``paper`` preset uses it
+      unless the run gives a selector. None: ``selector`` is the paper's.
+    - ``config_defaults``: ``RunConfig`` fields the method sets when the run gives none, over
+      a preset's recipe (EF21's plain step: ``{"momentum": 0.0}``).
+    - ``departures``: where the method as registered departs from its paper, as short
+      phrases (``summary()`` appends them to the description; docs/beyond_papers.md
+      lists them all).
     - ``options``: the method's hyper-parameters and their defaults, e.g.
       ``{"ef_decay": 0.95}``; a run overrides one with the ``config.extra`` entry of the same
       name (:meth:`run_options`; the value must have the default's type). They reach the
@@ -194,6 +202,9 @@ class Method:
     preset_options: Callable[[str, str], Mapping[str, Any]] | None = None
     description: str = ""
     options: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    paper_selector: str | None = None
+    config_defaults: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    departures: tuple[str, ...] = ()
     #: filled in by register_method: the resolved collective and selector
     resolved: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -233,6 +244,18 @@ class Method:
                 raise ValueError(f"options[{key!r}]={default!r} is invalid: expected a str name and a "
                                  "bool, int, float or str default")
         object.__setattr__(self, "options", dict(self.options))
+        if self.paper_selector is not None and not isinstance(self.paper_selector, str):
+            raise TypeError(f"paper_selector={self.paper_selector!r} has type "
+                            f"{type(self.paper_selector).__name__}: expected a selector name or None")
+        if not isinstance(self.config_defaults, Mapping) or any(
+                not isinstance(key, str) or not isinstance(value, OPTION_TYPES)
+                for key, value in self.config_defaults.items()):
+            raise ValueError(f"config_defaults={self.config_defaults!r} is invalid: expected a mapping of "
+                             "RunConfig field names to bool, int, float or str values")
+        object.__setattr__(self, "config_defaults", dict(self.config_defaults))
+        if isinstance(self.departures, str) or not all(isinstance(d, str) for d in self.departures):
+            raise TypeError(f"departures={self.departures!r} is invalid: expected a tuple of str")
+        object.__setattr__(self, "departures", tuple(self.departures))
 
     # --- the resolved parts (valid after register_method) ------------------------------------
     @property
@@ -302,7 +325,14 @@ class Method:
         return {"method": self.name, "selector": sel or "-", "collective": self.comm.name,
                 "memory": self.memory if isinstance(self.memory, str) or self.memory is None else "custom",
                 "exact_k": self.exact_k, "sync_every": self.sync_every, "options": dict(self.options),
-                "patterns": ",".join(self.comm.algorithms) or "-", "description": self.description}
+                "patterns": ",".join(self.comm.algorithms) or "-", "description": self.described(),
+                "departures": list(self.departures)}
+
+    def described(self) -> str:
+        """The description with the departures from the paper appended (what the CLI shows)."""
+        if not self.departures:
+            return self.description
+        return f"{self.description}; departs from the paper: {'; '.join(self.departures)}"
 
     def with_parts(self, **resolved: Any) -> "Method":
         """A copy carrying its resolved parts (used by the registry)."""

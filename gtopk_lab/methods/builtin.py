@@ -220,23 +220,38 @@ OKTOPK = register_collective(oktopk_collective(
 
 
 # =========================================================================== the methods
+#: Where the Ok-Topk methods depart from the reference code (docs/beyond_papers.md, 1a).
+OKTOPK_DEPARTURES: tuple[str, ...] = (
+    "selects |x| >= t on non-zero entries (the reference: > t)",
+    "no dense warm-up outside preset='paper' (under it the reference's 512 calls, 128 for language models)",
+    "the tau / tau_r schedule counts from the end of the warm-up",
+)
 register_method(Method(name=BASELINE_METHOD, selector=None, collective="allreduce", memory=None,
                        description="S-SGD: dense allreduce of the gradient"))
 register_method(Method(name="topk", selector="topk", collective="allgather",
                        description="Top-k S-SGD: local top-k, allgather, error feedback"))
 register_method(Method(name="gtopk", selector="topk", collective="gtopk",
-                       description="gTop-k S-SGD (Shi et al., ICDCS'19): global top-k merge, error feedback"))
+                       description="gTop-k S-SGD (Shi et al., ICDCS'19): global top-k merge, error feedback",
+                       departures=("the butterfly pattern by default (the paper's tree under preset='paper')",
+                                   "the mass-conserving residual rule by default (the reference's under "
+                                   "preset='paper')")))
 register_method(Method(name="gaussiank", selector="gaussiank", collective="allgather",
-                       description="GaussianK-SGD: Gaussian threshold selection, allgather, error feedback"))
+                       paper_selector="gaussiank-paper",
+                       description="GaussianK-SGD: Gaussian threshold selection, allgather, error feedback",
+                       departures=("the count-refitting selector by default (the reference's rule, "
+                                   "gaussiank-paper, under preset='paper')",)))
 register_method(Method(name="oktopk", selector=OKTOPK_SELECTOR, collective="oktopk", algorithm="plain",
                        preset_options=oktopk_preset_options,
                        description="Ok-Topk (Li & Hoefler, PPoPP'22) as its reference code: thresholds reused "
-                                   "between re-evaluations, plain allgather"))
+                                   "between re-evaluations, plain allgather",
+                       departures=OKTOPK_DEPARTURES))
 register_method(Method(name="oktopk-balanced", selector=OKTOPK_SELECTOR, collective="oktopk", algorithm="balanced",
                        preset_options=oktopk_preset_options,
-                       description="Ok-Topk with the paper's balanced allgather"))
+                       description="Ok-Topk with the paper's balanced allgather", departures=OKTOPK_DEPARTURES))
 register_method(Method(name="oktopk-exact", selector="topk", collective="oktopk-exact",
-                       description="Ok-Topk-style, exact global top-k every call (the project's earlier oktopk)"))
+                       description="Ok-Topk-style, exact global top-k every call (the project's earlier oktopk)",
+                       departures=("exact global top-k every call and histogram-balanced regions (the paper "
+                                   "estimates thresholds and balances by selection quantiles)",)))
 
 # PowerSGD lives in its own module and registers itself there, as a plugin would.
 from gtopk_lab.methods import powersgd as _powersgd  # noqa: E402,F401

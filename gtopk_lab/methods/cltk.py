@@ -166,4 +166,5 @@ CLTK = register_method(Method(
     collective=register_collective(program_collective(
         "cltk", cltk_program, input="dense", lossless=True, time_s=cltk_time_s, bytes_per_rank=cltk_bytes_per_rank,
         description="CLT-k: the leader's top-k indices broadcast, then a k-long ring allreduce")),
-    description="ScaleCom (Chen et al., NeurIPS'20): cyclic local top-k, low-pass filtered EF"))
+    description="ScaleCom (Chen et al., NeurIPS'20): cyclic local top-k, low-pass filtered EF",
+    departures=(f"low-pass beta = {DEFAULT_LOWPASS_BETA} is this project's choice",)))

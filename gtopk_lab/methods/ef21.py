@@ -15,8 +15,10 @@ differences *exactly*). One iteration on rank i of P (C = the method's selector,
 3. an exact collective sums the c_i (default: the Top-k allgather; ``register_method``
    refuses a lossy one such as gTop-k through ``requires_lossless``): ``c = sum_i c_i``;
 4. ``g_i <- g_i + c_i``; ``S <- S + c`` (so S stays ``sum_i g_i`` on every rank, to rounding);
-5. the step applies ``S / P`` -- the mean of the estimates -- as the gradient
-   (``x <- x - lr S / P`` with the run's optimiser, plain SGD in the papers).
+5. the step applies ``S / P`` -- the mean of the estimates -- as the gradient:
+   ``x <- x - lr S / P``, the papers' plain step. Both methods default to ``momentum = 0``
+   (``Method.config_defaults``, over a recipe's 0.9: SGD momentum on top would give
+   EF21-SGDM its momentum twice); a run that gives ``momentum`` gets it.
 
 The project's residual memory is off: EF21's memory *is* ``g_i``. Initial state
 (the papers leave ``g_i^0`` free): ``g_i^0 = 0`` and ``S^0 = 0``, so the first round sends
@@ -92,19 +94,29 @@ class EF21Memory:
         self.velocity = None if v is None else v.to(device).clone()
 
 
+#: Where ``ef21`` departs from its paper (``ef21-sgdm`` adds its eta).
+EF21_DEPARTURES: tuple[str, ...] = ("g_i and S start at 0 (the first round sends C(grad f_i(x0)), no dense "
+                                    "first round)",)
+
+
 def ef21_method(name: str, *, collective: str | Collective = "allgather", selector: str = "topk",
-                momentum: float | None = None, description: str = "") -> Method:
+                momentum: float | None = None, description: str = "",
+                departures: tuple[str, ...] = EF21_DEPARTURES) -> Method:
     """An EF21 :class:`Method` (not registered): ``momentum`` = EF21-SGDM's eta (None: plain EF21).
 
-    ``register_method`` refuses it with a lossy ``collective`` (``requires_lossless``).
+    The optimiser takes the papers' plain step (``config_defaults``: SGD momentum 0 unless
+    the run gives one). ``register_method`` refuses it with a lossy ``collective``
+    (``requires_lossless``).
     """
     options = {} if momentum is None else {"ef21_momentum": float(momentum)}
     return Method(name=name, selector=selector, collective=collective, memory=EF21Memory,
-                  requires_lossless=True, options=options, description=description)
+                  requires_lossless=True, options=options, description=description,
+                  config_defaults={"momentum": 0.0}, departures=departures)
 
 
 EF21 = register_method(ef21_method(
     "ef21", description="EF21 (Richtarik et al., NeurIPS'21): Top-k of grad - g_i, exact allgather"))
 EF21_SGDM = register_method(ef21_method(
     "ef21-sgdm", momentum=DEFAULT_EF21_MOMENTUM,
-    description="EF21-SGDM (Fatkhullin et al., NeurIPS'23): EF21 on a momentum estimate"))
+    description="EF21-SGDM (Fatkhullin et al., NeurIPS'23): EF21 on a momentum estimate",
+    departures=EF21_DEPARTURES + (f"eta = {DEFAULT_EF21_MOMENTUM} is this project's choice",)))

@@ -298,4 +298,7 @@ POWERSGD = register_collective(Collective(
 register_method(Method(
     name="powersgd", selector=None, collective="powersgd", memory=LowRankErrorFeedback,
     check_options=powersgd_options,
-    description="PowerSGD (Vogels et al., NeurIPS'19): rank-r per layer, error feedback, warm start"))
+    description="PowerSGD (Vogels et al., NeurIPS'19): rank-r per layer, error feedback, warm start",
+    departures=("rank 1 by default (torch's hook; the paper's image runs mostly use 2)",
+                "compression from iteration 0 (no start_powerSGD_iter)",
+                "the dense layers ride in P's allreduce (torch's hook sends them in a third)")))

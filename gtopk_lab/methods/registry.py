@@ -100,6 +100,11 @@ def _resolve(method: Method) -> Method:
                          "entries while merging and the method needs the exact sum (requires_lossless)")
     if method.algorithm is not None:
         collective.algorithm_for(method.algorithm)
+    if method.paper_selector is not None:
+        if collective.input == "dense" or method.paper_selector not in available_selectors():
+            raise ValueError(f"paper_selector={method.paper_selector!r} is invalid for method {method.name!r}: "
+                             f"expected one of {', '.join(available_selectors())} on a sparse collective")
+        selector_for(method.with_parts(collective=collective), method.paper_selector)
     return method.with_parts(collective=collective, selector=select, exact_k=exact_k)
 
 

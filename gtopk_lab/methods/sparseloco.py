@@ -300,16 +300,25 @@ def sparseloco_method(name: str, collective: Any, description: str, **fields: An
                   options=SPARSELOCO_OPTIONS, description=description, **fields)
 
 
+#: Where SparseLoCo departs from its paper (the module docstring's steps 4, 5 and defaults).
+SPARSELOCO_DEPARTURES: tuple[str, ...] = (
+    "chunks of 4096 over the flat buffer (the paper tiles each tensor)",
+    "the sign + magnitude-class 2-bit quantiser is this project's",
+    f"H = {SPARSELOCO_OPTIONS['sync_every']} and beta = {SPARSELOCO_OPTIONS['ef_decay']} are this project's choices",
+)
+
 SPARSELOCO = register_method(sparseloco_method(
     "sparseloco", register_collective(program_collective(
         "sparseloco-allgather", sparseloco_allgather_program, lossless=False,
         time_s=sparseloco_allgather_time_s, bytes_per_rank=sparseloco_allgather_bytes_per_rank,
         description="ring allgather of chunk-wise 2-bit messages, decoded and summed (O(kP))")),
-    "SparseLoCo (Sarfi et al. 2025): H local steps, decayed EF, chunk top-k, 2-bit, averaged outer step"))
+    "SparseLoCo (Sarfi et al. 2025): H local steps, decayed EF, chunk top-k, 2-bit, averaged outer step",
+    departures=SPARSELOCO_DEPARTURES))
 
 SPARSELOCO_GTOPK = register_method(sparseloco_method(
     "sparseloco-gtopk", register_collective(program_collective(
         "sparseloco-gtopk", sparseloco_gtopk_program, lossless=False, algorithms=("butterfly", "tree"),
         time_s=sparseloco_gtopk_time_s, bytes_per_rank=sparseloco_gtopk_bytes_per_rank,
         description="gTop-k merge of 2-bit chunk messages, drops charged to their owner (O(k log P))")),
-    "SparseLoCo with its outer sync over gTop-k (this project's variant)"))
+    "SparseLoCo with its outer sync over gTop-k (this project's variant)",
+    departures=("no paper: this project's variant (gTop-k merges of the 2-bit messages)",) + SPARSELOCO_DEPARTURES))

@@ -26,6 +26,10 @@ Two clocks describe a distributed run:
   is added to the rank's duration with ``include_merge_cpu=True`` (alpha-beta-gamma), which
   training runs do unless ``RunConfig.virtual_merge_cpu=False``; ``last_comm_model_s``
   stays the alpha-beta part either way. The class default is off, communication only.
+  With ``merge_gamma_s_per_element`` the merges are charged from a calibration instead of
+  their measured CPU time: ``gamma * stats.merged_elements`` per collective (the gamma of
+  alpha-beta-gamma, measured once on an idle core at the run's k), so a loaded machine
+  moves the merge charge no more than it moves a calibrated compute time.
 
 With ``throttle=True`` every *round* of the real collective is paced
 (:mod:`gtopk_lab.network.pacing`): the rank sleeps until the round has lasted
@@ -83,6 +87,9 @@ class VirtualClock:
     include_merge_cpu:
         Add this rank's ``stats.merge_cpu_s`` to its collective duration (off by default so
         that the communication part stays deterministic).
+    merge_gamma_s_per_element:
+        With ``include_merge_cpu``: charge ``gamma * stats.merged_elements`` seconds per
+        collective instead of the measured ``merge_cpu_s`` (None: measured).
 
     Example::
 
@@ -94,7 +101,7 @@ class VirtualClock:
 
     def __init__(self, network: NetworkModel, throttle: bool = False, group: Any = None,
                  include_merge_cpu: bool = False, cpu_timer: Callable[[], float] | None = None,
-                 charged_compute: bool = False) -> None:
+                 charged_compute: bool = False, merge_gamma_s_per_element: float | None = None) -> None:
         if not isinstance(network, NetworkModel):
             raise TypeError(f"network={network!r} has type {type(network).__name__}: expected NetworkModel")
         if not isinstance(throttle, bool):
@@ -104,6 +111,14 @@ class VirtualClock:
         self.throttle = throttle
         self.group = group
         self.include_merge_cpu = bool(include_merge_cpu)
+        if merge_gamma_s_per_element is not None and not (
+                isinstance(merge_gamma_s_per_element, (int, float)) and not isinstance(merge_gamma_s_per_element, bool)
+                and 0.0 <= merge_gamma_s_per_element < float("inf")):
+            raise ValueError(f"merge_gamma_s_per_element={merge_gamma_s_per_element!r} is invalid: expected "
+                             "seconds per element >= 0 (finite) or None")
+        # a calibrated gamma (seconds per merged element): merges charged from it, not measured
+        self.merge_gamma_s_per_element = (None if merge_gamma_s_per_element is None
+                                          else float(merge_gamma_s_per_element))
         # The training thread's CPU time (time.thread_time) when the caller computes on one
         # thread: a Dask worker's own threads (event loop, heartbeats, event streaming) then
         # do not count as the rank's compute, as they do in the process-wide clock.
@@ -239,7 +254,7 @@ class VirtualClock:
         else:
             result = fn(*args, **kwargs)
             rank_model_s = steps_model_s(self.network, fn, result)
-        merge_cpu_s = float(getattr(result.stats, "merge_cpu_s", 0.0) or 0.0)
+        merge_cpu_s = self._merge_charge_s(result.stats)
         duration_s = rank_model_s + (merge_cpu_s if self.include_merge_cpu else 0.0)
         max_arrival_s, max_duration_s, max_model_s = self._max_over_ranks(arrival_s, duration_s,
                                                                          rank_model_s)
@@ -249,6 +264,14 @@ class VirtualClock:
         self._time_s = max_arrival_s + max_duration_s
         self.mark()
         return result
+
+    def _merge_charge_s(self, stats: Any) -> float:
+        """The merge seconds of one rank's collective: measured ``merge_cpu_s``, or with a
+        calibrated gamma ``gamma * merged_elements``."""
+        stats = getattr(stats, "stats", stats)
+        if self.merge_gamma_s_per_element is not None:
+            return self.merge_gamma_s_per_element * int(getattr(stats, "merged_elements", 0) or 0)
+        return float(getattr(stats, "merge_cpu_s", 0.0) or 0.0)
 
     def _record(self, compute_s: float, wait_s: float, model_s: float, rank_model_s: float,
                 wall_s: float, sleep_s: float, merge_cpu_s: float) -> None:
@@ -281,8 +304,7 @@ class VirtualClock:
                              "expected one of each per virtual rank (>= 1)")
         if any(not c >= 0 for c in compute_s):
             raise ValueError(f"compute_s={list(compute_s)!r} is invalid: expected numbers >= 0")
-        merges = list(merge_cpu_s) if merge_cpu_s is not None else [
-            float(getattr(getattr(s, "stats", s), "merge_cpu_s", 0.0) or 0.0) for s in stats]
+        merges = list(merge_cpu_s) if merge_cpu_s is not None else [self._merge_charge_s(s) for s in stats]
         models = [self.network.steps_time_s(_steps_of(s)) for s in stats]
         durations = [m + (c if self.include_merge_cpu else 0.0) for m, c in zip(models, merges)]
         max_compute = max(compute_s)

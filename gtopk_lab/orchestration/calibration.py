@@ -1,64 +1,128 @@
-"""One calibrated compute time per workload, measured once on a worker and kept with the results.
+"""Calibrated per-rank costs per workload, measured once on a worker and kept with the results.
 
 A scaling study on a shared or oversubscribed machine measures each rank's forward/backward
 under contention that no one-core-per-rank cluster has, and the figure then shows that
 contention instead of the method (benchmarks/RESULTS.md, "Efficiency figures you can
-trust"). Charging every rank, real or simulated, one calibrated compute time
-(``RunConfig.extra["compute_time_s"]``) removes it. :func:`calibrated_compute_time_s`:
+trust"): 4 real ranks time-share 2 cores, the P = 1 baseline ran at another moment of another
+job's load, and a simulated point's slowest of P merges grows with P. Charging every rank,
+real or simulated, one calibrated compute time (``RunConfig.extra["compute_time_s"]``) and
+its merges at one calibrated gamma (``extra["merge_gamma_s_per_element"]``) removes all
+three; the selection stays measured and the communication modelled
+(:mod:`gtopk_lab.training.compute_charge`). :func:`calibrated_costs`:
 
 1. looks up ``<out>/calibration.json`` for an entry of the same workload (model, dataset,
-   batch size, model options, density, device); found: returns it, so a resumed study's
-   points keep their identity (the charged time is part of each point's config);
-2. else runs :func:`~gtopk_lab.training.compute_time.measure_iteration_times` (one torch
-   thread, the median of a few passes) as a Dask task on one worker, never in the client;
+   batch size, model options, device; and for gamma the density, which sets k): found,
+   returns it, so a resumed study's points keep their identity (the charged costs are part
+   of each point's config);
+2. else runs :func:`~gtopk_lab.training.compute_charge.compute_calibration_task` (one torch
+   thread, the lower quartile of 15 forward/backward/step passes: contention only adds to a
+   pass) and
+   :func:`~gtopk_lab.training.compute_charge.merge_calibration_task` (gamma of a k + k merge
+   at the workload's k) as Dask tasks on one worker, never in the client;
 3. appends the entry (with when and where it was measured) atomically and returns it.
 
-Cost: one task of ``warmup + repeats`` forward/backward passes, once per workload and
-results folder. Client side.
+:func:`with_calibrated_costs` applies them to a study's points (``Lab.study`` does, unless
+``compute="measured"``). Cost: two tasks per workload and results folder, about
+``warmup + repeats`` forward/backward passes and ``repeats`` merges. Client side.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gtopk_lab.config import RunConfig
-from gtopk_lab.training.compute_time import calibration_task
+from gtopk_lab.config import RunConfig, k_for
 from gtopk_lab.orchestration.reading import move_aside
 from gtopk_lab.orchestration.run_files import utc_now, write_json_atomic
+from gtopk_lab.orchestration.study_grid import StudyPoint
+from gtopk_lab.training.compute_charge import compute_calibration_task, merge_calibration_task
 
-__all__ = ["CALIBRATION_FILE", "calibrated_compute_time_s", "workload_key"]
+__all__ = ["CALIBRATION_FILE", "COMPUTE_MODES", "calibrated_compute_time_s", "calibrated_costs",
+           "with_calibrated_costs", "workload_key"]
 
 CALIBRATION_FILE = "calibration.json"
+#: How a study charges each rank's compute: one calibration per workload, or each rank's own
+#: CPU time as measured.
+COMPUTE_MODES: tuple[str, ...] = ("calibrated", "measured")
 
 
 def workload_key(config: RunConfig) -> dict[str, Any]:
-    """What one rank's compute time depends on (not the method, P or the network)."""
+    """What one rank's compute time depends on (not the method, P, the density or the network)."""
     return {"model": config.model, "dataset": config.dataset, "batch_size": config.batch_size,
-            "model_kwargs": config.extra.get("model_kwargs", {}), "density": config.density,
-            "device": config.device}
+            "model_kwargs": config.extra.get("model_kwargs", {}), "device": config.device}
 
 
-def calibrated_compute_time_s(lab: Any, config: RunConfig, out: str | Path, repeats: int = 7) -> float:
-    """The compute seconds per iteration to charge every rank of ``config``'s workload (module
-    docstring): stored in ``out``, else measured on a worker of ``lab`` and stored."""
+def _read(path: Path) -> list[dict[str, Any]]:
+    try:
+        return [e for e in json.loads(path.read_text())["entries"] if isinstance(e, dict)]
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, TypeError, KeyError):  # damaged: measure again, keep it aside
+        move_aside(path)
+        return []
+
+
+def calibrated_costs(lab: Any, config: RunConfig, out: str | Path, repeats: int = 15) -> dict[str, Any]:
+    """``{"compute_time_s", "merge_gamma_s_per_element", "host", "measured_at", "repeats"}`` of
+    ``config``'s workload (module docstring): stored in ``out``, else measured on a worker of
+    ``lab`` and stored. The compute entry is shared by every density; gamma has one per k."""
     if not isinstance(config, RunConfig):
         raise TypeError(f"config has type {type(config).__name__}: expected RunConfig")
     path = Path(out) / CALIBRATION_FILE
     key = workload_key(config)
-    entries: list[dict[str, Any]] = []
-    try:
-        entries = list(json.loads(path.read_text())["entries"])
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, TypeError, KeyError):  # damaged: measure again, keep it aside
-        move_aside(path)
-    for entry in entries:
-        if isinstance(entry, dict) and entry.get("workload") == key:
-            return float(entry["compute_time_s"])
-    measured = lab.client.submit(calibration_task, config.to_dict(), repeats, pure=False).result()
-    entries.append({"workload": key, **measured, "repeats": repeats, "measured_at": utc_now()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, {"entries": entries})
-    return float(measured["compute_time_s"])
+    entries = _read(path)
+    compute = next((e for e in entries if e.get("workload") == key and "compute_time_s" in e and "numel" in e),
+                   None)
+    changed = False
+    if compute is None:
+        measured = lab.client.submit(compute_calibration_task, config.to_dict(), repeats, pure=False).result()
+        compute = {"workload": key, **measured, "repeats": repeats, "measured_at": utc_now()}
+        entries.append(compute)
+        changed = True
+    gamma_key = {**key, "density": config.density}
+    merges = next((e for e in entries if e.get("merge_workload") == gamma_key), None)
+    if merges is None:
+        numel = int(compute["numel"])
+        k = k_for(numel, config.density)
+        measured = lab.client.submit(merge_calibration_task, numel, k, pure=False).result()
+        merges = {"merge_workload": gamma_key, **measured, "numel": numel, "k": k, "measured_at": utc_now()}
+        entries.append(merges)
+        changed = True
+    if changed:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"entries": entries})
+    return {"compute_time_s": float(compute["compute_time_s"]),
+            "merge_gamma_s_per_element": float(merges["merge_gamma_s_per_element"]),
+            "host": compute.get("host"), "measured_at": compute.get("measured_at"),
+            "repeats": compute.get("repeats")}
+
+
+def calibrated_compute_time_s(lab: Any, config: RunConfig, out: str | Path, repeats: int = 15) -> float:
+    """The compute seconds per iteration to charge every rank of ``config``'s workload
+    (:func:`calibrated_costs`' ``compute_time_s``)."""
+    return calibrated_costs(lab, config, out, repeats)["compute_time_s"]
+
+
+def with_calibrated_costs(lab: Any, points: Sequence[StudyPoint], out: str | Path) -> list[StudyPoint]:
+    """The ``points`` with their workload's calibrated costs in ``extra``: ``compute_time_s``,
+    ``merge_gamma_s_per_element`` and ``compute_calibration`` (``{"calibration": "calibrated",
+    "host", "measured_at", "repeats", "file"}``, what the summary states). A point whose
+    ``extra`` already fixes ``compute_time_s`` keeps its own. O(points) plus one calibration
+    per new workload."""
+    done: list[StudyPoint] = []
+    for point in points:
+        extra = point.config.extra
+        if "compute_time_s" in extra:
+            done.append(point)
+            continue
+        costs = calibrated_costs(lab, point.config, out)
+        described = {"calibration": "calibrated", "host": costs["host"], "measured_at": costs["measured_at"],
+                     "repeats": costs["repeats"], "file": CALIBRATION_FILE}
+        config = point.config.replace(extra={**extra, "compute_time_s": costs["compute_time_s"],
+                                             "merge_gamma_s_per_element": costs["merge_gamma_s_per_element"],
+                                             "compute_calibration": described})
+        done.append(dataclasses.replace(point, config=config))
+    return done

@@ -309,7 +309,7 @@ class Lab:
     def study(self, *, base: RunConfig | dict[str, Any] | None = None,
               real_max_workers: int | None = None, both_ways: Sequence[int] = (),
               simulate: bool = False, skip_completed: bool = True, progress: bool | None = None,
-              refresh_s: float = 1.0, **axes: Any) -> "Study":
+              refresh_s: float = 1.0, compute: str = "calibrated", **axes: Any) -> "Study":
         """Launch a grid of runs and return its :class:`~gtopk_lab.orchestration.study.Study`
         at once (non-blocking).
 
@@ -320,12 +320,17 @@ class Lab:
         real ranks, larger P in the simulator as Dask tasks on the workers; P in
         ``both_ways`` run both ways (a fidelity check); ``simulate=True`` simulates every
         point. Dense P = 1 baselines join and run first. Completed points under ``out``
-        are not run again (``skip_completed``). Example::
+        are not run again (``skip_completed``). ``compute``: ``"calibrated"`` (default) charges
+        every rank, real or simulated, its workload's compute time and merge gamma measured
+        once on a worker (:mod:`gtopk_lab.orchestration.calibration`, kept in
+        ``out/calibration.json``; a point whose ``extra`` fixes ``compute_time_s`` keeps it);
+        ``"measured"`` charges each rank's own CPU time. Example::
 
             study = lab.study(methods=["dense", "topk", "gtopk"], workers=[1, 2, 4, 8, 16],
                               bandwidth="1GbE", density=0.001, seeds=2, base={"model": "cnn"})
             live_scaling(study); study.wait(); study.efficiency()
         """
+        from gtopk_lab.orchestration.calibration import COMPUTE_MODES, with_calibrated_costs
         from gtopk_lab.orchestration.study import Study
         from gtopk_lab.orchestration.study_grid import expand_grid
 
@@ -340,8 +345,41 @@ class Lab:
             real_max_workers = len(self.worker_info())
         points = expand_grid(base, axes, real_max_workers=real_max_workers, both_ways=both_ways,
                              simulate=simulate)
+        if compute not in COMPUTE_MODES:
+            raise ValueError(f"compute={compute!r} is invalid: expected one of {', '.join(COMPUTE_MODES)}")
+        if compute == "calibrated":
+            points = with_calibrated_costs(self, points, self.out)
         return Study(self, points, skip_completed=skip_completed, progress=progress,
                      refresh_s=refresh_s)
+
+    def tune(self, method: str | Sequence[str], lrs: Sequence[float], seeds: int | Sequence[int] = 1, *,
+             base: RunConfig | dict[str, Any] | None = None, simulate: bool = True,
+             metric: str = "final_test_loss", validation_fraction: float = 0.2,
+             progress: bool | None = None) -> Any:
+        """Each method's best learning rate on a validation split, then the methods compared at
+        those LRs (:func:`gtopk_lab.orchestration.tuning.tune_and_compare`; returns its
+        ``TuneResult``: ``best_lr``, ``trials``, ``comparison`` with the budget recorded).
+        Runs go through :meth:`sweep` (simulated by default: the simulator gives a real run's
+        weights to float tolerance, at a fraction of the cores); completed ones under ``out``
+        are reused. Example::
+
+            result = lab.tune(["dense", "gtopk"], lrs=[0.01, 0.05, 0.2], seeds=2,
+                              base={"model": "cnn", "workers": 4, "epochs": 10})
+            result.best_lr, result.comparison[["method", "best_lr", "final_test_accuracy"]]
+        """
+        from gtopk_lab.orchestration.run_files import config_hash
+        from gtopk_lab.orchestration.tuning import tune_and_compare
+
+        check_bool("simulate", simulate)
+
+        def run(configs: list[RunConfig]) -> list[dict[str, Any] | None]:
+            done = self.sweep(configs, simulate=simulate, progress=progress)
+            by_hash = {row["config_hash"]: row for row in done.to_dict(orient="records")} \
+                if "config_hash" in done.columns else {}
+            return [by_hash.get(config_hash(c)) for c in configs]
+
+        return tune_and_compare(run, method, lrs, seeds, base, metric=metric,
+                                validation_fraction=validation_fraction)
 
     def sweep(self, configs: Iterable[RunConfig], skip_completed: bool = True,
               progress: bool | None = None, simulate: bool = False) -> pd.DataFrame:

@@ -27,7 +27,10 @@ every rank the same ``n_train // P`` samples, but with class proportions drawn f
 Dirichlet of concentration ``config.dirichlet_alpha``. Every rank computes the whole
 partition from the seed, so real ranks and the simulator's virtual ranks hold the same
 shards. Within a shard each epoch uses a fresh permutation seeded by (seed, epoch, rank).
-Evaluation always uses the full test split.
+Evaluation uses the full test split, or with ``config.extra["validation_fraction"] = f``
+(:func:`validation_split`, what LR tuning uses) a validation split carved from the training
+set: a seeded permutation of the training samples, its last ``round(f n)`` held out and
+evaluated on, the rest trained on; the test split is then not touched.
 """
 
 from __future__ import annotations
@@ -304,6 +307,29 @@ def load_ptb_dataset(data_dir: str | None, train_samples: int, test_samples: int
     x_train, y_train = samples(train_words, train_samples)
     x_test, y_test = samples(words(files["test"]), test_samples)
     return Dataset("ptb", x_train, y_train, x_test, y_test, len(vocab), "language_model")
+
+
+def validation_split(dataset: Dataset, fraction: Any, seed: int) -> Dataset:
+    """``dataset`` with a validation split carved from its training set as its evaluation split.
+
+    1. permute the n training indices with a generator seeded by ``seed``;
+    2. the last ``v = round(fraction * n)`` permuted samples are the validation split (the
+       dataset's ``x_test`` / ``y_test`` now), the first ``n - v`` the training split;
+    3. the original test split is dropped (a tuned choice must never see it).
+
+    ``fraction`` in (0, 1) and both parts non-empty, else ``ValueError`` naming
+    ``validation_fraction``. O(n).
+    """
+    n = dataset.train_samples
+    ok = isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0.0 < fraction < 1.0
+    held = int(round(fraction * n)) if ok else 0
+    if not ok or not 1 <= held < n:
+        raise ValueError(f"validation_fraction={fraction!r} is invalid for {n} training samples: expected a "
+                         "fraction in (0, 1) leaving at least one sample on each side")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
+    train, valid = order[:n - held], order[n - held:]
+    return Dataset(dataset.name, dataset.x_train[train], dataset.y_train[train], dataset.x_train[valid],
+                   dataset.y_train[valid], dataset.num_classes, dataset.task)
 
 
 def load_dataset(name: str, *, model: str, train_samples: int, test_samples: int, seed: int = 0,

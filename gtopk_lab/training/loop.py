@@ -56,7 +56,9 @@ import torch.distributed as dist
 from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
-from gtopk_lab.training.compute_charge import charged_selection_s, fixed_times
+from gtopk_lab.training.compute_charge import (
+    charged_selection_s, clock_merge_options, compute_time_fields, fixed_times,
+)
 from gtopk_lab.training.rank_state import RankResult, RankState, rank_checkpoint_state, restore_rank_state
 from gtopk_lab.training.replica import Replica
 from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row
@@ -64,6 +66,7 @@ from gtopk_lab.training.runtime import (
     limit_threads, network_of, rank_cpu_timer, resolve_device, run_dataset, sync_device,
 )
 from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
+from gtopk_lab.training.state_size import state_bytes_per_parameter
 from gtopk_lab.training.step_settings import StepSettings
 
 __all__ = ["RankResult", "train_rank", "resolve_device", "gloo_rank_entry", "gloo_checkpoint_entry",
@@ -226,11 +229,10 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
     if dev.type == "cuda":  # CUDA dropout masks differ between ranks, as on CPU
         torch.cuda.manual_seed(config.seed + 1 + rank)
     fixed_compute_s, fixed_selection_s = fixed_times(config.extra)
-    # as in the simulator: with a fixed compute time, measured merges would bring back the
-    # CPU noise it removes, so they count only when compute is measured
+    # as in the simulator: merges measured only with measured compute, else from a calibrated gamma
     clock = VirtualClock(network_of(config), throttle=config.throttle,
-                         include_merge_cpu=config.virtual_merge_cpu and fixed_compute_s is None,
-                         cpu_timer=rank_cpu_timer(dev), charged_compute=fixed_compute_s is not None)
+                         cpu_timer=rank_cpu_timer(dev), charged_compute=fixed_compute_s is not None,
+                         **clock_merge_options(config.virtual_merge_cpu, config.extra, fixed_compute_s))
     buffer = RowBuffer(sink, config.sink_every)
     ranks = _RealRank(config, rank, world, has_group, dev, dataset, replica, state, clock, buffer,
                       fixed_compute_s, fixed_selection_s)
@@ -250,10 +252,10 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
                                        "merge_cpu_s": clock.total_merge_cpu_s,
                                        "virtual_merge_cpu": clock.include_merge_cpu,
                                        "setup_wall_s": timeline.started_at - setup_start,
-                                       "compute_time_source": ("measured" if fixed_compute_s is None
-                                                               else "fixed"),
-                                       "fixed_compute_time_s": fixed_compute_s,
-                                       "fixed_selection_time_s": fixed_selection_s,
+                                       **compute_time_fields(config.extra, fixed_compute_s,
+                                                             fixed_selection_s),
+                                       "state_bytes_per_param": state_bytes_per_parameter(
+                                           state.step, replica.numel),
                                        **state.step.describe()})
         weights = replica.flat_weights().cpu() if config.extra.get("return_weights") else None
         return RankResult(rows=buffer.rows, summary=summary, final_weights=weights)

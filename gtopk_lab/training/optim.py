@@ -35,7 +35,7 @@ from gtopk_lab.config_presets import RECIPES
 from gtopk_lab.methods import get_method
 
 #: re-exported: the recipes live below config (the ``paper`` preset reads them)
-__all__ = ["RECIPES"]
+__all__ = ["RECIPES", "DecayMomentumSGD"]
 
 
 def recipe(name: str, **overrides: Any) -> RunConfig:
@@ -111,13 +111,12 @@ def make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.Optimizer
     """SGD (default) or AdamW over the model's parameters, from ``config.extra["optimizer"]``.
 
     SGD: with ``momentum_correction`` the velocity is kept per worker *before* sparsification
-    (see :mod:`gtopk_lab.training.loop`), so the optimiser itself runs without momentum
-    (dense runs ignore ``momentum_correction``: with nothing left out it would cancel momentum).
-    Weight decay is applied by the optimiser to the aggregated update (identical on
-    every rank), except with momentum correction: then, as DGC's ``DGCSGD.step``, each rank
-    adds ``wd * w`` to its gradient before the velocity ``u = m u + g + wd w`` (the decay
-    gets the momentum too; applied after sparsification it would be 1 / (1 - m) = 10x weaker
-    at m = 0.9). The learning rate is overwritten each iteration from :func:`lr_at`.
+    (see :mod:`gtopk_lab.training.step`), so the gradient steps without momentum (dense runs
+    ignore ``momentum_correction``: with nothing left out it would cancel momentum). Weight
+    decay is applied by the optimiser to the aggregated update (identical on every rank);
+    with momentum correction it gets a dense momentum buffer of its own, as DGC's
+    ``DGCSGD.step`` (:class:`DecayMomentumSGD`), so it is neither sparsified nor delayed.
+    The learning rate is overwritten each iteration from :func:`lr_at`.
 
     AdamW (``extra={"optimizer": "adamw"}``): ``lr`` and ``weight_decay`` from the config,
     ``betas`` (default (0.9, 0.95)) and ``eps`` (default 1e-8) from ``extra``; ``momentum``
@@ -138,12 +137,57 @@ def make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.Optimizer
                   {"params": no_decay, "weight_decay": 0.0}]
         return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=betas,
                                  eps=eps)
-    local_velocity = dgc_local_velocity(config)
-    # DGC (DGCSGD.step) keeps the decay inside the momentum: the replica adds wd * w to each
-    # rank's gradient before the velocity (Replica.forward_backward), so the optimiser adds none
-    return torch.optim.SGD(model.parameters(), lr=config.lr,
-                           momentum=0.0 if local_velocity else config.momentum,
-                           weight_decay=0.0 if local_velocity else config.weight_decay)
+    if dgc_local_velocity(config):
+        return DecayMomentumSGD(model.parameters(), lr=config.lr, momentum=config.momentum,
+                                weight_decay=config.weight_decay)
+    return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
+                           weight_decay=config.weight_decay)
+
+
+class DecayMomentumSGD(torch.optim.Optimizer):
+    """SGD for DGC's momentum correction: the gradient's momentum lives in each rank's
+    velocity (before sparsification), the weight decay's in this optimiser, dense.
+
+    Per parameter ``w`` with aggregated gradient ``G / P`` (the behaviour of DGC's
+    ``DGCSGD.step``, synxlin/deep-gradient-compression ``dgc/optim/sgd.py``):
+
+    1. ``b = m b + wd w`` (``b`` starts at 0, so the first step has ``b = wd w``);
+    2. ``w = w - lr (b + G / P)``.
+
+    Every coordinate decays every step, whatever was selected; with ``wd = 0`` it is plain
+    SGD without momentum. Cost: O(d) per step and d floats of state (``b``, only with
+    ``wd > 0``).
+    """
+
+    def __init__(self, params: Any, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+        if not lr >= 0.0:
+            raise ValueError(f"lr={lr!r} is invalid: expected a number >= 0")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum={momentum!r} is invalid: expected a number in [0, 1)")
+        if not weight_decay >= 0.0:
+            raise ValueError(f"weight_decay={weight_decay!r} is invalid: expected a number >= 0")
+        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # noqa: D102 (the class docstring states it)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum, decay = group["lr"], group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if decay:
+                    state = self.state[p]
+                    if "decay_buffer" not in state:
+                        state["decay_buffer"] = torch.zeros_like(p)
+                    buffer = state["decay_buffer"]
+                    buffer.mul_(momentum).add_(p, alpha=decay)
+                    p.add_(buffer, alpha=-lr)
+                p.add_(p.grad, alpha=-lr)
+        return loss
 
 
 def dgc_local_velocity(config: RunConfig) -> bool:

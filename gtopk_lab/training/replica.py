@@ -4,8 +4,8 @@ In a real run each rank holds one :class:`Replica`; the simulator holds one for 
 virtual ranks (their weights are identical in synchronous SGD; what differs per rank lives in
 :class:`~gtopk_lab.training.rank_state.RankState`). Per iteration:
 
-1. :meth:`Replica.forward_backward`: zero the flat buffer, forward, backward (with DGC's
-   weight decay inside the momentum, ``wd * w`` added to every rank's gradient)
+1. :meth:`Replica.forward_backward`: zero the flat buffer, forward, backward (the plain
+   gradient: weight decay is the optimiser's, with DGC in a dense buffer of its own)
 2. the training step reads the flat buffer as the gradient ``g`` (no copy) and returns the
    update ``G / P``
 3. :meth:`Replica.apply`: the update is written into the flat buffer and the optimiser steps
@@ -27,7 +27,7 @@ from torch import nn
 from gtopk_lab.config import RunConfig
 from gtopk_lab.training.data import Dataset
 from gtopk_lab.training.models import build_model, count_parameters, get_model_spec
-from gtopk_lab.training.optim import dgc_local_velocity, make_optimizer, set_lr
+from gtopk_lab.training.optim import make_optimizer, set_lr
 from gtopk_lab.training.shards import eval_batches
 
 __all__ = ["Replica", "flat_params", "load_flat_params"]
@@ -72,8 +72,6 @@ class Replica:
             p.grad = self.grad[offset:offset + n].view_as(p)
             offset += n
         self.optimizer = make_optimizer(self.model, config)
-        #: DGC's weight decay inside the momentum: added to every rank's gradient (see optim)
-        self.decay_in_gradient = config.weight_decay if dgc_local_velocity(config) else 0.0
         #: parameter shapes in flat-buffer order (per-layer collectives reshape with it)
         self.layout = tuple(tuple(p.shape) for p in self.params)
         self.language_model = self.spec.task == "language_model"
@@ -95,10 +93,6 @@ class Replica:
         y = y.to(self.device, non_blocking=True)
         loss = self.loss(self.model(x), y)
         loss.backward()
-        if self.decay_in_gradient:
-            with torch.no_grad():
-                for p in self.params:  # p.grad is a view into self.grad
-                    p.grad.add_(p, alpha=self.decay_in_gradient)
         return float(loss.detach())
 
     def load_flat(self, flat: torch.Tensor) -> None:

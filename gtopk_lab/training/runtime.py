@@ -21,7 +21,7 @@ import torch
 
 from gtopk_lab.config import RunConfig
 from gtopk_lab.network.model import NetworkModel, network_model
-from gtopk_lab.training.data import Dataset, check_model_fits, load_dataset
+from gtopk_lab.training.data import Dataset, check_model_fits, load_dataset, validation_split
 
 __all__ = ["resolve_device", "sync_device", "rank_cpu_timer", "rank_clock_s", "limit_threads", "network_of",
            "run_dataset"]
@@ -91,5 +91,7 @@ def run_dataset(config: RunConfig) -> Dataset:
                            # a GPT built with another context trains on windows of that length
                            seq_len=model_kwargs.get("block_size"),
                            tokenizer=config.extra.get("tokenizer", "byte"))
+    if config.extra.get("validation_fraction") is not None:  # LR tuning: evaluate on held-out training data
+        dataset = validation_split(dataset, config.extra["validation_fraction"], config.seed)
     check_model_fits(config.model, dataset)
     return dataset

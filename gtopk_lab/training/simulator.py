@@ -90,12 +90,15 @@ import torch
 from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
-from gtopk_lab.training.compute_charge import ComputeCharge, charged_selection_s, fixed_times
+from gtopk_lab.training.compute_charge import (
+    ComputeCharge, charged_selection_s, clock_merge_options, compute_time_fields, fixed_times,
+)
 from gtopk_lab.training.rank_state import RankResult, RankState, rank_checkpoint_state, restore_rank_state
 from gtopk_lab.training.replica import Replica
 from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row, peak_comm_pair
 from gtopk_lab.training.runtime import network_of, rank_clock_s, resolve_device, run_dataset
 from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
+from gtopk_lab.training.state_size import state_bytes_per_parameter
 from gtopk_lab.training.step import Sync
 from gtopk_lab.training.step_settings import StepSettings
 
@@ -141,9 +144,9 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     settings = StepSettings.from_config(config, world)
     settings.check_driver("simulator")
     # Fixed compute removes CPU noise from virtual time; charging measured merges would
-    # bring it back, so merges count only when compute is measured too.
+    # bring it back, so merges count only when compute is measured too, or from a calibrated gamma.
     clock = VirtualClock(network_of(config), throttle=False,
-                         include_merge_cpu=config.virtual_merge_cpu and fixed_compute_s is None)
+                         **clock_merge_options(config.virtual_merge_cpu, config.extra, fixed_compute_s))
     buffer = RowBuffer(sink, config.sink_every)
     ranks = _VirtualRanks(config, settings, dev, dataset, replica, clock, buffer,
                           emit=range(world) if rows == "all" else range(1),
@@ -165,10 +168,10 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                        # totals start at its checkpoint)
                                        "compute_s_virtual": (clock.total_compute_s / max(
                                            timeline.total - timeline.start_iteration, 1)),
-                                       "compute_time_source": ("measured" if fixed_compute_s is None
-                                                               else "fixed"),
-                                       "fixed_compute_time_s": fixed_compute_s,
-                                       "fixed_selection_time_s": fixed_selection_s,
+                                       **compute_time_fields(config.extra, fixed_compute_s,
+                                                             fixed_selection_s),
+                                       "state_bytes_per_param": state_bytes_per_parameter(
+                                           ranks.states[0].step, replica.numel),
                                        "compute_charge": (None if fixed_compute_s is not None
                                                           else ranks.charge.rule),
                                        "compute_s_spread": ranks.charge.spread(),
