@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from gtopk_lab.comm.oktopk import OkTopkState, oktopk_allreduce
 from gtopk_lab.comm.programs import allgather_assemble, allgather_steps, dense_stats, gtopk_program
-from gtopk_lab.comm.stats import (
-    HEADER_BYTES, CollectiveResult, CommStats, check_exact_k, sparse_message_bytes,
-)
+from gtopk_lab.comm.stats import CollectiveResult, CommStats, check_exact_k
 from gtopk_lab.comm.torch_dist import dense_allreduce, gtopk_allreduce, topk_allgather
+from gtopk_lab.comm.wire import HEADER_BYTES, sparse_message_bytes
 
 __all__ = [
     "CommStats", "CollectiveResult", "dense_allreduce", "topk_allgather", "gtopk_allreduce",

@@ -15,6 +15,8 @@ from gtopk_lab.collectives import gtopk_program
 from gtopk_lab.comm.inprocess import (
     run_programs, sim_dense_allreduce, sim_gtopk_allreduce, sim_topk_allgather,
 )
+from gtopk_lab.comm.recorder import Recorder
+from gtopk_lab.comm.wire import TENSORS
 from gtopk_lab.comm.schedules import butterfly_schedule, sparse_schedule, tree_schedule
 
 from test_collectives import EXACT_K_FAMILIES, FAMILIES, K, MAX_P, NUMEL, make_input, real_results
@@ -130,7 +132,7 @@ def test_sim_errors() -> None:
         yield  # pragma: no cover
 
     with pytest.raises(RuntimeError, match="deadlocked"):
-        run_programs([stuck(), idle()])
+        run_programs([Recorder(TENSORS, r, 2).wrap(program) for r, program in enumerate((stuck(), idle()))])
     assert gtopk_program  # re-exported for the simulator
 
 

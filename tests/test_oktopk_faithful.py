@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gtopk_lab.comm import oktopk_schedule
+from gtopk_lab.comm.oktopk import schedule as oktopk_schedule
 from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.comm.oktopk import (
     OkTopkFaithfulState, OkTopkState, oktopk_faithful_allreduce, sim_oktopk_allreduce,

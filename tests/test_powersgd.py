@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from gtopk_lab.comm.dense_programs import allreduce_bytes_per_rank, allreduce_program, allreduce_time_s
+from gtopk_lab.comm.dense import allreduce_bytes_per_rank, allreduce_program, allreduce_time_s
 from gtopk_lab.comm.tensor_programs import TENSOR_HEADER_BYTES, simulate_tensor_programs
 from gtopk_lab.config import RunConfig
 from gtopk_lab.methods import get_method

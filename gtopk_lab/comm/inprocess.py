@@ -1,11 +1,12 @@
 """In-process versions of the collectives for the single-process simulator.
 
 P virtual ranks live in one process; each function takes one input per virtual rank and
-returns one :class:`~gtopk_lab.comm.torch_dist.CollectiveResult` per virtual rank, with the same
+returns one :class:`~gtopk_lab.comm.stats.CollectiveResult` per virtual rank, with the same
 values and the same CommStats (bytes, messages, rounds, steps, drops) the real rank would
-report. The sparse collectives run the very same per-rank programs
+report. gTop-k runs the very same per-rank program
 (:func:`gtopk_lab.comm.programs.gtopk_program`, built on :mod:`gtopk_lab.comm.schedules` and
-``merge_sparse``) with an in-memory mailbox instead of torch.distributed, so results are
+``merge_sparse``) under the same recorder, over in-process transports
+(:func:`gtopk_lab.comm.transport.run_programs`) instead of torch.distributed, so results are
 bitwise equal to gloo runs. ``merge_cpu_s`` is measured here, so it differs.
 
 Example::
@@ -17,16 +18,16 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from gtopk_lab.comm.programs import allgather_assemble, dense_stats, gtopk_program
-from gtopk_lab.comm.stats import (
-    CollectiveResult, Payload, check_algorithm, check_exact_k, check_k, check_numel, wire,
-)
-from gtopk_lab.compression.merge import check_sparse
+from gtopk_lab.comm.recorder import Recorder
+from gtopk_lab.comm.stats import CollectiveResult, check_algorithm, check_exact_k, check_k, check_numel, wire
+from gtopk_lab.comm.transport import run_programs
+from gtopk_lab.comm.wire import sparse_wire
+from gtopk_lab.compression.merge import check_sparse, index_dtype
 
 __all__ = ["sim_dense_allreduce", "sim_topk_allgather", "sim_gtopk_allreduce", "run_programs",
            "check_lists"]
@@ -41,55 +42,6 @@ def check_lists(values_list: Sequence[torch.Tensor], indices_list: Sequence[torc
                          f"{len(indices_list)}: expected the same number")
     for r, (v, i) in enumerate(zip(values_list, indices_list)):
         check_sparse(v, i, numel, name=f"rank {r} values/indices")
-
-
-def run_programs(programs: list[Generator]) -> list[CollectiveResult]:
-    """Run per-rank request generators to completion against in-memory mailboxes.
-
-    Requests: ``("send", peer, payload)`` posts to the (me -> peer) FIFO and resumes at once;
-    ``("recv", peer, None)`` resumes with the next payload from (peer -> me) when there is
-    one; ``("exchange", peer, payload)`` posts, then waits like recv. Ranks advance
-    round-robin; a state where no rank can advance raises ``RuntimeError`` (a schedule bug).
-    """
-    world = len(programs)
-    mail: dict[tuple[int, int], deque[Payload]] = {}
-    pending: list[tuple[str, int, Payload | None] | None] = [None] * world
-    posted = [False] * world
-    done: list[CollectiveResult | None] = [None] * world
-
-    def advance(r: int, value: Payload | None) -> None:
-        try:
-            pending[r] = programs[r].send(value)
-        except StopIteration as stop:
-            pending[r] = None
-            done[r] = stop.value
-        posted[r] = False
-
-    for r in range(world):
-        try:
-            pending[r] = next(programs[r])
-        except StopIteration as stop:
-            done[r] = stop.value
-    while any(d is None for d in done):
-        progressed = False
-        for r in range(world):
-            while done[r] is None and pending[r] is not None:
-                op, peer, payload = pending[r]
-                if op in ("send", "exchange") and not posted[r]:
-                    mail.setdefault((r, peer), deque()).append(payload)  # type: ignore[arg-type]
-                    posted[r] = True
-                    progressed = True
-                if op == "send":
-                    advance(r, None)
-                    continue
-                box = mail.get((peer, r))
-                if not box:
-                    break
-                advance(r, box.popleft())
-                progressed = True
-        if not progressed:
-            raise RuntimeError("simulated collective deadlocked: no virtual rank can advance")
-    return [d for d in done if d is not None]
 
 
 def sim_dense_allreduce(tensors: list[torch.Tensor]) -> list[CollectiveResult]:
@@ -153,7 +105,9 @@ def sim_gtopk_allreduce(values_list: list[torch.Tensor], indices_list: list[torc
     check_lists(values_list, indices_list, numel)
     check_exact_k(exact_k, {f"virtual rank {r}": v.numel() for r, v in enumerate(values_list)}, k)
     world = len(values_list)
-    programs = [gtopk_program(r, world, v, i, numel, k, algorithm, header=not exact_k)
-                for r, (v, i) in enumerate(zip(values_list, indices_list))]
-    return run_programs(programs)
+    messages = sparse_wire(values_list[0].dtype, index_dtype(numel), k, exact_k)
+    recs = [Recorder(messages, r, world) for r in range(world)]
+    outs = run_programs([rec.wrap(gtopk_program(r, world, v, i, numel, k, algorithm))
+                         for r, (rec, v, i) in enumerate(zip(recs, values_list, indices_list))])
+    return [CollectiveResult(o.values, o.indices, rec.fill(o.stats)) for rec, o in zip(recs, outs)]
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections.abc import Mapping
+from multiprocessing import forkserver
 from typing import Any
 
 __all__ = ["PRELOAD", "start_method", "process_context", "child_state", "adopt_state"]
@@ -63,8 +64,6 @@ def process_context() -> Any:
     method = start_method()
     ctx = multiprocessing.get_context(method)
     if method == "forkserver" and not _started:
-        from multiprocessing import forkserver
-
         ctx.set_forkserver_preload(list(PRELOAD))
         saved = {k: os.environ.get(k) for k in _PRE_START_ENV}
         for key, value in _PRE_START_ENV.items():

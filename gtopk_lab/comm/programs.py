@@ -1,57 +1,44 @@
-"""Per-rank collective programs and the accounting of library collectives.
+"""gTop-k's per-rank program and the accounting of the library collectives.
 
-A program is one rank's algorithm as a generator of communication requests
-``(op, peer, payload)`` (``op`` in send / recv / exchange), resumed with what the peer sent.
-:mod:`gtopk_lab.comm.torch_dist` drives a program with torch.distributed point-to-point
-calls and :mod:`gtopk_lab.comm.inprocess` drives the same program between virtual ranks in
-one process, so results and byte counts agree by construction.
+A program is one rank's algorithm as a generator of requests (:mod:`gtopk_lab.comm.recorder`:
+send / recv / exchange / sendrecv), resumed with what the peer sent. A
+:class:`~gtopk_lab.comm.recorder.Recorder` counts its rounds and bytes in the program's wire
+format; :mod:`gtopk_lab.comm.torch_dist` drives it over a
+:class:`~gtopk_lab.comm.dist_transport.DistTransport` and :mod:`gtopk_lab.comm.inprocess`
+between virtual ranks in one process (:func:`gtopk_lab.comm.transport.run_programs`), so
+results and byte counts agree by construction.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
-from typing import Any
+from collections.abc import Generator
 
 import torch
 
 from gtopk_lab.comm.profiling import RoundProfile
 from gtopk_lab.comm.schedules import ring_allgather_steps, ring_allreduce_steps, sparse_schedule
-from gtopk_lab.comm.stats import (
-    HEADER_BYTES, CollectiveResult, CommStats, Payload, Request, sparse_message_bytes,
-)
+from gtopk_lab.comm.stats import CollectiveResult, CommStats, Payload
+from gtopk_lab.comm.wire import HEADER_BYTES, sparse_message_bytes
 from gtopk_lab.compression.merge import canonical_wire, coalesce_sparse, merge_sparse
 
-__all__ = ["drive", "gtopk_program", "dense_stats", "allgather_steps", "allgather_assemble"]
+__all__ = ["gtopk_program", "dense_stats", "allgather_steps", "allgather_assemble"]
 
-
-def drive(program: Generator[Any, Any, Any], run: Callable[..., Any]) -> Any:
-    """Run one rank's ``program`` to completion, carrying out each request ``(op, peer,
-    payload)`` with ``run(op, peer, payload)`` (a transport); returns the program's result."""
-    try:
-        request = next(program)
-        while True:
-            request = program.send(run(*request))
-    except StopIteration as stop:
-        return stop.value
-
-
-Payload = tuple[torch.Tensor, torch.Tensor]
 Request = tuple[str, int, "Payload | None"]
 
 
 def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: torch.Tensor,
-                  numel: int, k: int, algorithm: str, header: bool = True,
-                  profile: RoundProfile | None = None, name: str = "values/indices"
-                  ) -> Generator[Request, Payload | None, CollectiveResult]:
+                  numel: int, k: int, algorithm: str, profile: RoundProfile | None = None,
+                  name: str = "values/indices") -> Generator[Request, Payload | None, CollectiveResult]:
     """gTop-k on one rank as a generator of communication requests.
 
     Yields ``("send", peer, (v, i))`` (resumed with None), ``("recv", peer, None)`` and
     ``("exchange", peer, (v, i))`` (both resumed with the peer's ``(v, i)``), following
-    :func:`gtopk_lab.comm.schedules.sparse_schedule`; returns the rank's CollectiveResult.
-    Merges put the lower rank's operand first so all ranks add in the same order.
-    ``header=False`` accounts messages without the 8-byte count header (every message
-    holds exactly k pairs: ``gtopk_allreduce(..., exact_k=True)``).
+    :func:`gtopk_lab.comm.schedules.sparse_schedule`, one request per round; returns the
+    rank's CollectiveResult, whose bytes and rounds the driver's recorder fills in (wire
+    format :func:`gtopk_lab.comm.wire.sparse_wire`: with exact-k every message holds exactly
+    k pairs, a merge of two k-sets keeps k). Merges put the lower rank's operand first so all
+    ranks add in the same order.
     ``profile`` (the torch.distributed driver passes the active one): record the local
     sort as ``prep``, each round's merge as ``merge`` and the stats as ``finish``
     (:mod:`gtopk_lab.comm.profiling`); the clocks are only read, results are unchanged.
@@ -69,18 +56,9 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
     merge_cpu_s = time.process_time() - t0
     if profile is not None:
         profile.stop("prep", stamp)
-    steps: list[tuple[int, int]] = []
-    messages = 0
     merged_elements = 0
     dropped: list[Payload] = []
     merged_any = False
-
-    def msg_bytes(p: Payload) -> int:
-        n_bytes = sparse_message_bytes(p[0].numel(), p[0].dtype, p[1].dtype)
-        return n_bytes if header else n_bytes - HEADER_BYTES
-
-    def n_msgs(p: Payload) -> int:
-        return 2 if header and p[0].numel() > 0 else 1
 
     for step in sparse_schedule(algorithm, rank, world_size):
         mine = (values, indices)
@@ -88,16 +66,9 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
             profile.begin_round(f"{step.phase} {step.op}")
         if step.op == "send":
             yield ("send", step.peer, mine)
-            steps.append((msg_bytes(mine), 0))
-            messages += n_msgs(mine)
             continue
         theirs = yield (step.op, step.peer, mine if step.op == "exchange" else None)
         assert theirs is not None
-        if step.op == "exchange":
-            steps.append((msg_bytes(mine), msg_bytes(theirs)))
-            messages += n_msgs(mine)
-        else:
-            steps.append((0, msg_bytes(theirs)))
         if not step.merge:
             values, indices = theirs
             continue
@@ -128,16 +99,13 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
     # returned as is; several are left as parts, summed only if a reader asks (CommStats).
     drop_v, drop_i = dropped[0] if len(dropped) == 1 else (values.new_empty(0), indices.new_empty(0))
     stats = CommStats(
-        collective="gtopk_allreduce", algorithm=algorithm,
-        bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),
-        messages=messages, rounds=len(steps), steps=steps, merge_cpu_s=merge_cpu_s,
+        collective="gtopk_allreduce", algorithm=algorithm, merge_cpu_s=merge_cpu_s,
         merged_elements=merged_elements, dropped_values=drop_v, dropped_indices=drop_i,
         library_estimate=False, dropped_parts=dropped if len(dropped) > 1 else None,
     )
     if profile is not None:
         profile.stop("finish", stamp)
     return CollectiveResult(values, indices, stats)
-
 
 
 def dense_stats(nbytes: int, world_size: int) -> CommStats:

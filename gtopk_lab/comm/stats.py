@@ -1,8 +1,8 @@
-"""The wire format and the per-call statistics shared by every collective.
+"""The per-call statistics shared by every collective, and the argument checks.
 
-A k-sparse message is an 8-byte int64 count header, then (if n > 0) n values followed by
-n indices (fp32 + int32 = 8 bytes per entry below 2**31 elements). ``CommStats`` records
-what one rank sent and received in one call; the network model turns its ``steps`` into
+``CommStats`` records what one rank sent and received in one call (its rounds counted by
+:class:`gtopk_lab.comm.recorder.Recorder` in the wire format of :mod:`gtopk_lab.comm.wire`,
+or from a library collective's ring formula); the network model turns its ``steps`` into
 time. Nothing here talks to a process group, so the in-process drivers share it.
 """
 
@@ -14,13 +14,11 @@ from typing import NamedTuple
 import torch
 
 from gtopk_lab.comm.schedules import SPARSE_ALGORITHMS
+from gtopk_lab.comm.wire import HEADER_BYTES, sparse_message_bytes
 from gtopk_lab.compression.merge import coalesce_sparse, index_dtype
 
 __all__ = ["CommStats", "CollectiveResult", "HEADER_BYTES", "Payload", "Request", "sparse_message_bytes",
            "check_exact_k", "check_k", "check_numel", "check_algorithm", "wire"]
-
-#: Bytes of the count header that precedes every sparse point-to-point message.
-HEADER_BYTES = 8
 
 Payload = tuple[torch.Tensor, torch.Tensor]
 Request = tuple[str, int, "Payload | None"]
@@ -144,8 +142,3 @@ def check_exact_k(exact_k: bool, counts: dict[str, int], k: int, field: str = "e
 
 def wire(values: torch.Tensor, indices: torch.Tensor, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values.contiguous(), indices.to(index_dtype(numel)).contiguous()
-
-
-def sparse_message_bytes(n: int, value_dtype: torch.dtype, idx_dtype: torch.dtype) -> int:
-    """Bytes of one sparse message of n entries: header + n * (value + index size)."""
-    return HEADER_BYTES + n * (value_dtype.itemsize + idx_dtype.itemsize)

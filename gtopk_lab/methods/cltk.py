@@ -12,9 +12,10 @@ One iteration t on rank i of P (d parameters, k = density * d):
 3. ``I`` goes from the leader to every rank along a binomial tree (ceil(log2 P) rounds of
    k indices);
 4. every rank takes its own values ``u_i[I]`` and the ranks sum them with a ring allreduce
-   of k floats (reduce-scatter + allgather, 2(P-1) rounds of k/P floats): since every rank
-   contributes at the *same* indices, the sparse sum is a plain dense allreduce of length
-   k -- the commutativity that lets ScaleCom use a library allreduce;
+   of k floats (:func:`gtopk_lab.comm.dense.allreduce_program`, reduce-scatter + allgather,
+   2(P-1) rounds of k/P floats): since every rank contributes at the *same* indices, the
+   sparse sum is a plain dense allreduce of length k -- the commutativity that lets
+   ScaleCom use a library allreduce;
 5. the update applies ``G / P`` with ``G = sum_i u_i`` restricted to ``I``;
 6. low-pass filtered error feedback: with the usual residual ``r_i = u_i - u_i|_I`` (u_i with
    the entries of I zeroed), ``m_i <- (1 - beta) m_i + beta r_i``.
@@ -43,6 +44,7 @@ from typing import Any
 
 import torch
 
+from gtopk_lab.comm.dense import allreduce_program
 from gtopk_lab.compression.merge import index_dtype
 from gtopk_lab.methods.base import CommCall, Contribution, Method
 from gtopk_lab.methods.builtin import program_collective
@@ -51,7 +53,7 @@ from gtopk_lab.network.formulas import (
     DENSE_ELEMENT_BYTES, check_sizes, dense_ring_allreduce_time_s, log2_ceil, pair_bytes,
 )
 
-__all__ = ["cltk_program", "ring_allreduce_program", "tree_broadcast_program", "LowPassMemory",
+__all__ = ["cltk_program", "tree_broadcast_program", "LowPassMemory",
            "cltk_time_s", "cltk_bytes_per_rank", "CLTK", "DEFAULT_LOWPASS_BETA"]
 
 #: ScaleCom's low-pass filter coefficient beta (this project's default; see the module docstring).
@@ -74,27 +76,6 @@ def tree_broadcast_program(rank: int, world: int, root: int, tensor: torch.Tenso
     return tensor
 
 
-def ring_allreduce_program(rank: int, world: int, x: torch.Tensor) -> TensorRequests:
-    """Sum of every rank's ``x`` (same length): ring reduce-scatter then ring allgather,
-    2(P-1) rounds of one ~len/P chunk. The summation order of each chunk is fixed by the ring,
-    so every driver and every rank gets bitwise the same tensor."""
-    if world == 1:
-        return x.clone()
-    n = x.numel()
-    bounds = [n * c // world for c in range(world + 1)]
-    chunks = [x[bounds[c]:bounds[c + 1]].clone() for c in range(world)]
-    right, left = (rank + 1) % world, (rank - 1) % world
-    for s in range(world - 1):  # after these, chunk (rank + 1) % P holds the full sum here
-        yield ("send", right, chunks[(rank - s) % world])
-        got = yield ("recv", left, None)
-        c = (rank - s - 1) % world
-        chunks[c] = chunks[c] + got  # a new tensor: what was sent is never written to
-    for s in range(world - 1):
-        yield ("send", right, chunks[(rank - s + 1) % world])
-        chunks[(rank - s) % world] = yield ("recv", left, None)
-    return torch.cat(chunks)
-
-
 def cltk_program(rank: int, world: int, contribution: Contribution, call: CommCall) -> TensorRequests:
     """Steps 2-4 of the module docstring on one rank; returns ``(sum over ranks of u_i[I], I)``."""
     acc = contribution.acc.reshape(-1)
@@ -103,7 +84,7 @@ def cltk_program(rank: int, world: int, contribution: Contribution, call: CommCa
     if rank == leader:
         idx = torch.topk(acc.abs(), call.k, sorted=False).indices.sort().values.to(index_dtype(call.numel))
     idx = yield from tree_broadcast_program(rank, world, leader, idx)
-    values = yield from ring_allreduce_program(rank, world, acc[idx.long()].contiguous())
+    values = yield from allreduce_program(rank, world, acc[idx.long()].contiguous(), "ring")
     return values, idx
 
 

@@ -26,7 +26,7 @@ One iteration on rank i of P (the layout is the parameters' shapes in flat-buffe
 8. ``e_i = M_i - G / P`` (also on the dense layers, where it is ``M_i`` minus the mean:
    the hook's error feedback; the sum over ranks of that part is zero).
 
-Both allreduces are :func:`gtopk_lab.comm.dense_programs.allreduce_program` (recursive
+Both allreduces are :func:`gtopk_lab.comm.dense.allreduce_program` (recursive
 halving + doubling), so real ranks and the simulator run the same per-rank program and agree
 bitwise, and every rank holds the same bits. (The hook sends the dense layers in a third
 allreduce of its own; packing them with P saves one allreduce's latency, same sums.)
@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gtopk_lab.comm.dense_programs import allreduce_bytes_per_rank, allreduce_program, allreduce_time_s
+from gtopk_lab.comm.dense import allreduce_bytes_per_rank, allreduce_program, allreduce_time_s
 from gtopk_lab.comm.stats import CollectiveResult
 from gtopk_lab.comm.tensor_programs import run_tensor_program, simulate_tensor_programs
 from gtopk_lab.methods.base import Collective, CommCall, Contribution, Method

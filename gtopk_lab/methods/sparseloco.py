@@ -146,9 +146,8 @@ def sparseloco_allgather_program(rank: int, world: int, contribution: Contributi
     cpu_s = time.process_time() - t0
     blobs = {rank: mine}
     send = mine
-    for step in range(1, world):
-        yield ("send", (rank + 1) % world, send)
-        send = yield ("recv", (rank - 1) % world, None)
+    for step in range(1, world):  # one round: send right, receive from the left
+        send = yield ("sendrecv", ((rank + 1) % world, (rank - 1) % world), send)
         blobs[(rank - step) % world] = send
     t0 = time.process_time()
     parts = [decode(blobs[r], call.numel, bits) if r != rank else (q_values, indices) for r in range(world)]

@@ -1,13 +1,16 @@
 """Ok-Topk (Li & Hoefler, PPoPP'22) on one rank, as one generator of communication requests.
 
 :func:`oktopk_faithful_program` is driven over torch.distributed and between virtual ranks
-in one process (:mod:`gtopk_lab.comm.oktopk_drivers`), so results, bytes and steps agree
-bitwise. It takes the rank's compensated buffer ``acc`` (gradient + residual) and a
-:class:`~gtopk_lab.comm.oktopk_schedule.CallPlan`; the thresholds and boundaries it uses are
-the ones the schedule (:mod:`gtopk_lab.comm.oktopk_schedule`) keeps. Steps on rank r of P:
+in one process (:mod:`gtopk_lab.comm.oktopk.drivers`) under the one recorder, so results,
+bytes and steps agree bitwise. It takes the rank's compensated buffer ``acc`` (gradient +
+residual) and a :class:`~gtopk_lab.comm.oktopk.schedule.CallPlan`; the thresholds and
+boundaries it uses are the ones the schedule (:mod:`gtopk_lab.comm.oktopk.schedule`) keeps,
+and the threshold factors are the plan's (:class:`~gtopk_lab.comm.oktopk.schedule.Bands`).
+Steps on rank r of P:
 
-0. warm-up call: ring allreduce of ``acc`` (reduce-scatter then allgather of P chunks,
-   2(P-1) rounds of d/P floats); the whole buffer counts as selected. Else:
+0. warm-up call: ring allreduce of ``acc`` (:func:`gtopk_lab.comm.dense.allreduce_program`,
+   reduce-scatter then allgather of P chunks, 2(P-1) rounds of d/P floats); the whole buffer
+   counts as selected. Else:
 1. local selection S_r: the entries with ``|acc| >= t_r`` (t_r exact every tau calls, else
    reused and adjusted);
 2. repartition (every tau_r calls): one recursive-doubling allreduce of the P-1 quantile
@@ -41,50 +44,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from gtopk_lab.comm import oktopk_schedule as schedule
-from gtopk_lab.comm.oktopk_rounds import (
-    Block, Recorder, Request, allreduce_sum, as_bytes, bruck_allgather, pairs_from_bytes, sendrecv,
-)
+from gtopk_lab.comm.dense import allreduce_program
+from gtopk_lab.comm.oktopk import schedule
+from gtopk_lab.comm.oktopk.rounds import Block, Request, allreduce_sum, as_bytes, bruck_allgather, pairs_from_bytes
 from gtopk_lab.comm.stats import CollectiveResult, CommStats
 from gtopk_lab.compression.merge import coalesce_sparse, index_dtype
 
-__all__ = ["ProgramOutput", "oktopk_faithful_program", "ring_allreduce", "allgather_blocks"]
+__all__ = ["ProgramOutput", "oktopk_faithful_program", "allgather_blocks"]
 
 
 @dataclass
 class ProgramOutput:
     """What one call returns on one rank: the result, the rank's local selection S_r (what the
     residual memory removes), the thresholds and boundaries for the next call, and the bytes
-    per phase (:class:`~gtopk_lab.comm.oktopk_rounds.Recorder` ``phases``)."""
+    per phase (:class:`~gtopk_lab.comm.recorder.Recorder` ``phases``, set by the driver)."""
 
     result: CollectiveResult
     selection: Block
     local_threshold: float | None
     global_threshold: float | None
     boundaries: list[int] | None
-    phases: dict[str, dict[str, int]]
-
-
-def ring_allreduce(rec: Recorder, rank: int, world: int, x: torch.Tensor, phase: str
-                   ) -> Generator[Request, torch.Tensor | None, torch.Tensor]:
-    """Dense sum by ring reduce-scatter + ring allgather over P chunks (2(P-1) rounds).
-
-    Written as a program, not a library allreduce, so that real and simulated ranks add in
-    the same order (bitwise equal results)."""
-    chunks = list(x.contiguous().tensor_split(world))
-    right, left = (rank + 1) % world, (rank - 1) % world
-    for s in range(world - 1):
-        theirs = yield from sendrecv(rec, right, left, as_bytes(chunks[(rank - s) % world]), phase)
-        c = (rank - s - 1) % world
-        chunks[c] = chunks[c] + theirs.view(x.dtype)
-    for s in range(world - 1):
-        theirs = yield from sendrecv(rec, right, left, as_bytes(chunks[(rank + 1 - s) % world]), phase)
-        chunks[(rank - s) % world] = theirs.view(x.dtype)
-    return torch.cat(chunks) if world > 1 else x.clone()
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def _cat(blocks: list[Block], like: Block) -> Block:
@@ -100,7 +84,7 @@ def _split_sizes(sizes: list[int]) -> Callable[[Block, list[int]], list[Block]]:
     return split
 
 
-def _balance(rec: Recorder, rank: int, world: int, own: Block, phase: str
+def _balance(rank: int, world: int, own: Block, phase: str
              ) -> Generator[Request, torch.Tensor | None, tuple[Block, list[int]]]:
     """The paper's data balancing: blocks of n/P in global (rank, then index) order.
 
@@ -110,7 +94,7 @@ def _balance(rec: Recorder, rank: int, world: int, own: Block, phase: str
     dev = own[0].device
     onehot = torch.zeros(world, dtype=torch.int64, device=dev)
     onehot[rank] = own[0].numel()
-    sizes = (yield from allreduce_sum(rec, rank, world, onehot, phase)).tolist()
+    sizes = (yield from allreduce_sum(rank, world, onehot, phase)).tolist()
     total = sum(sizes)
     target = [total // world + (q < total % world) for q in range(world)]
     start = [sum(sizes[:q]) for q in range(world)]
@@ -131,15 +115,12 @@ def _balance(rec: Recorder, rank: int, world: int, own: Block, phase: str
         lo, hi = overlap(src, rank)
         incoming = hi > lo
         if payload is not None and incoming:
-            theirs = yield from sendrecv(rec, dst, src, payload, phase)
+            theirs = yield ("sendrecv", (dst, src), payload, phase)
         elif payload is not None:
-            yield ("send", dst, payload)
-            rec.step(payload, None, phase)
+            yield ("send", dst, payload, phase)
             continue
         elif incoming:
-            theirs = yield ("recv", src, None)
-            assert theirs is not None
-            rec.step(None, theirs, phase)
+            theirs = yield ("recv", src, None, phase)
         else:
             continue
         pieces[src] = pairs_from_bytes(theirs, vdt, idt)
@@ -147,13 +128,13 @@ def _balance(rec: Recorder, rank: int, world: int, own: Block, phase: str
     return _cat([pieces[q] for q in sorted(pieces)], own), target
 
 
-def allgather_blocks(rec: Recorder, rank: int, world: int, own: Block, bounds: torch.Tensor, mode: str,
+def allgather_blocks(rank: int, world: int, own: Block, bounds: torch.Tensor, mode: str,
                      phase: str) -> Generator[Request, torch.Tensor | None, Block]:
     """Every rank's region block on every rank (``mode`` plain | balanced, see step 5),
     concatenated in rank order: ascending index order, identical on every rank."""
     if mode == "balanced":
-        own, target = yield from _balance(rec, rank, world, own, "balance")
-        blocks = yield from bruck_allgather(rec, rank, world, own, _split_sizes(target), phase)
+        own, target = yield from _balance(rank, world, own, "balance")
+        blocks = yield from bruck_allgather(rank, world, own, _split_sizes(target), phase)
         return _cat(blocks, own)
 
     def by_region(incoming: Block, owners: list[int]) -> list[Block]:
@@ -161,16 +142,8 @@ def allgather_blocks(rec: Recorder, rank: int, world: int, own: Block, bounds: t
         sizes = torch.bincount(region_of, minlength=world)[owners].tolist()
         return list(zip(torch.split(incoming[0], sizes), torch.split(incoming[1], sizes)))
 
-    blocks = yield from bruck_allgather(rec, rank, world, own, by_region, phase)
+    blocks = yield from bruck_allgather(rank, world, own, by_region, phase)
     return _cat(blocks, own)
-
-
-def _stats(rec: Recorder, collective: str, algorithm: str, drop: Block | None) -> CommStats:
-    return CommStats(collective=collective, algorithm=algorithm,
-                     bytes_sent=sum(s for s, _ in rec.steps), bytes_recv=sum(r for _, r in rec.steps),
-                     messages=rec.messages, rounds=len(rec.steps), steps=rec.steps, merge_cpu_s=rec.cpu_s,
-                     merged_elements=rec.merged, dropped_values=None if drop is None else drop[0],
-                     dropped_indices=None if drop is None else drop[1], library_estimate=False)
 
 
 def oktopk_faithful_program(rank: int, world: int, acc: torch.Tensor, numel: int, k: int,
@@ -178,53 +151,53 @@ def oktopk_faithful_program(rank: int, world: int, acc: torch.Tensor, numel: int
                             ) -> Generator[Request, torch.Tensor | None, ProgramOutput]:
     """Ok-Topk on one rank (steps 0-5 of the module docstring); ``acc`` is this rank's flat
     buffer on the communication device. Yields the requests of
-    :func:`gtopk_lab.comm.inprocess.run_programs`; returns a :class:`ProgramOutput`."""
-    P, rec, dev = world, Recorder(), acc.device
+    :mod:`gtopk_lab.comm.recorder`; returns a :class:`ProgramOutput` whose result's bytes and
+    rounds (and ``phases``) the driver's recorder fills in."""
+    P, dev, bands = world, acc.device, plan.bands
     if plan.warmup:
-        total = yield from ring_allreduce(rec, rank, P, acc, "warmup")
+        total = yield from allreduce_program(rank, P, acc, "ring", "warmup")
         everything = (acc, torch.arange(numel, dtype=index_dtype(numel), device=dev))
-        stats = _stats(rec, "dense_allreduce", "ring", None)
-        return ProgramOutput(CollectiveResult(total, None, stats), everything, None, None, None, rec.phases)
+        stats = CommStats(collective="dense_allreduce", algorithm="ring", library_estimate=False)
+        return ProgramOutput(CollectiveResult(total, None, stats), everything, None, None, None)
 
     # 1. local selection by the local threshold (the only O(d) work of most calls)
     t0 = time.process_time()
     if plan.reevaluate or plan.local_threshold is None:
         threshold = schedule.kth_largest_magnitude(acc, k)
     else:
-        threshold = schedule.raise_local_threshold(acc.abs(), plan.local_threshold, k)
+        threshold = schedule.raise_local_threshold(acc.abs(), plan.local_threshold, k, bands)
     sel_v, sel_i = schedule.select_by_threshold(acc, threshold, numel)
     # 0: fewer than k non-zero entries; kept, it would pass every entry until the next
     # re-evaluation, so the next call evaluates it again (None)
-    next_local = schedule.next_local_threshold(threshold, sel_i.numel(), k) if threshold > 0 else None
-    rec.cpu_s += time.process_time() - t0
+    next_local = schedule.next_local_threshold(threshold, sel_i.numel(), k, bands) if threshold > 0 else None
+    cpu_s = time.process_time() - t0
 
     # 2. repartition: average the ranks' selection quantiles
     if plan.repartition or plan.boundaries is None:
-        summed = yield from allreduce_sum(rec, rank, P, schedule.quantile_boundaries(sel_i, P).to(dev),
-                                          "boundaries")
+        summed = yield from allreduce_sum(rank, P, schedule.quantile_boundaries(sel_i, P).to(dev), "boundaries")
         bounds = schedule.average_boundaries(summed, numel, P)
     else:
         bounds = list(plan.boundaries)
     bounds_t = torch.tensor(bounds, dtype=torch.int64, device=dev)
 
-    # 3. sparse reduce-scatter, shifted pairwise rounds
+    # 3. sparse reduce-scatter, shifted pairwise rounds (send to r+s, receive from r-s: one round)
     cuts = torch.searchsorted(sel_i.to(torch.int64), bounds_t).tolist()
     pieces = [(sel_v[cuts[q]:cuts[q + 1]], sel_i[cuts[q]:cuts[q + 1]]) for q in range(P)]
     received: list[Block] = [pieces[rank]] * P
     for s in range(1, P):
         dst, src = (rank + s) % P, (rank - s) % P
-        theirs = yield from sendrecv(rec, dst, src, as_bytes(*pieces[dst]), "reduce_scatter")
+        theirs = yield ("sendrecv", (dst, src), as_bytes(*pieces[dst]), "reduce_scatter")
         received[src] = pairs_from_bytes(theirs, sel_v.dtype, sel_i.dtype)
     t0 = time.process_time()
     region_v, region_i = coalesce_sparse(*_cat(received, (sel_v, sel_i)))
-    rec.merged += sum(p[0].numel() for p in received)
+    merged = sum(p[0].numel() for p in received)
     nonzero = region_v != 0  # a sum of exactly 0 carries no mass: nothing to send or keep
     region = (region_v[nonzero], region_i[nonzero])
-    rec.cpu_s += time.process_time() - t0
+    cpu_s += time.process_time() - t0
 
     # 4./5. global selection and allgather
     if plan.reevaluate or plan.global_threshold is None:
-        u_v, u_i = yield from allgather_blocks(rec, rank, P, region, bounds_t, allgather, "reevaluation")
+        u_v, u_i = yield from allgather_blocks(rank, P, region, bounds_t, allgather, "reevaluation")
         t0 = time.process_time()
         keep_u, global_threshold = schedule.global_topk(u_v, k)
         next_global = global_threshold if global_threshold > 0 else None  # as for the local one
@@ -232,13 +205,13 @@ def oktopk_faithful_program(rank: int, world: int, acc: torch.Tensor, numel: int
         # this rank's region is the slice of U (ascending) inside its boundaries
         lo, hi = torch.searchsorted(u_i.to(torch.int64), bounds_t[rank:rank + 2]).tolist()
         keep_mine = keep_u[lo:hi]
-        rec.cpu_s += time.process_time() - t0
+        cpu_s += time.process_time() - t0
     else:
         keep_mine = region[0].abs() >= plan.global_threshold
         kept = (region[0][keep_mine], region[1][keep_mine])
-        out = yield from allgather_blocks(rec, rank, P, kept, bounds_t, allgather, "allgather")
-        next_global = schedule.next_global_threshold(plan.global_threshold, out[0].numel(), k)
+        out = yield from allgather_blocks(rank, P, kept, bounds_t, allgather, "allgather")
+        next_global = schedule.next_global_threshold(plan.global_threshold, out[0].numel(), k, bands)
     drop = (region[0][~keep_mine], region[1][~keep_mine])
-    stats = _stats(rec, "oktopk_allreduce", allgather, drop)
-    return ProgramOutput(CollectiveResult(out[0], out[1], stats), (sel_v, sel_i), next_local, next_global,
-                         bounds, rec.phases)
+    stats = CommStats(collective="oktopk_allreduce", algorithm=allgather, merge_cpu_s=cpu_s, merged_elements=merged,
+                      dropped_values=drop[0], dropped_indices=drop[1], library_estimate=False)
+    return ProgramOutput(CollectiveResult(out[0], out[1], stats), (sel_v, sel_i), next_local, next_global, bounds)

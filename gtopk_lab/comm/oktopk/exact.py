@@ -1,6 +1,6 @@
 """``oktopk-exact``: an O(k) sparse allreduce in the style of Ok-Topk that keeps the **exact**
 global top-k every call (the project's variant before issue 16; the method ``oktopk`` is now
-the reference's algorithm, :mod:`gtopk_lab.comm.oktopk_drivers`).
+the reference's algorithm, :mod:`gtopk_lab.comm.oktopk.drivers`).
 
 Public API (re-exported by :mod:`gtopk_lab.comm.oktopk` and :mod:`gtopk_lab.collectives`;
 same shapes as :func:`~gtopk_lab.collectives.gtopk_allreduce`):
@@ -35,7 +35,7 @@ simulated transport, so CommStats agree by construction):
    index order. Result: exactly ``min(k, |union|)`` entries, the **exact** top-k of
    ``sum_i s_i`` with ties broken by lower index, i.e. what ``merge_sparse`` of the full sum
    keeps. (gTop-k's tree/butterfly merges are approximate; this is not.)
-3. **Sparse allgather** (Bruck, any P; :func:`~gtopk_lab.comm.oktopk_rounds.bruck_allgather`):
+3. **Sparse allgather** (Bruck, any P; :func:`~gtopk_lab.comm.oktopk.rounds.bruck_allgather`):
    ceil(log2 P) rounds; in round j rank r sends the kept blocks it holds (regions r ..
    r+2^j-1) to rank r-2^j and receives the next ones from r+2^j. Each rank receives
    exactly k - kept_r pairs. Result sorted by index: canonical, identical on every rank.
@@ -48,7 +48,7 @@ Mass conservation: entries of region r that are not kept are returned in
 ``stats.dropped_values/indices`` of rank r (and nowhere else), so with the "mass" residual
 rule ``sum_i residual_i + G == sum_i acc_i`` to rounding.
 
-Wire format: :mod:`gtopk_lab.comm.oktopk_rounds` (8-byte header + uint8 payload).
+Wire format: :data:`gtopk_lab.comm.wire.BYTES` (one buffer: 8-byte length + uint8 payload).
 
 Cost as implemented (alpha = latency, beta = s/byte, m = bytes per pair, h = 8, balanced
 regions; L = rounds of one recursive-doubling allreduce = log2 P for powers of two,
@@ -84,14 +84,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from gtopk_lab.comm.inprocess import check_lists, run_programs
-from gtopk_lab.comm.oktopk_rounds import (
-    Block, ByteTransport, Recorder, Request, allreduce_sum, as_bytes, bruck_allgather, magnitude_keys,
-    pairs_from_bytes, sendrecv,
+from gtopk_lab.comm.dist_transport import DistTransport, comm_device, rank_world
+from gtopk_lab.comm.inprocess import check_lists
+from gtopk_lab.comm.oktopk.rounds import (
+    Block, Request, allreduce_sum, as_bytes, bruck_allgather, magnitude_keys, pairs_from_bytes,
 )
-from gtopk_lab.comm.programs import drive
+from gtopk_lab.comm.recorder import Recorder
 from gtopk_lab.comm.stats import CollectiveResult, CommStats, check_k, check_numel, wire
-from gtopk_lab.comm.torch_dist import comm_device, rank_world
+from gtopk_lab.comm.transport import drive, run_programs
+from gtopk_lab.comm.wire import BYTES
 from gtopk_lab.compression.merge import check_sparse, coalesce_sparse
 
 __all__ = ["OkTopkState", "oktopk_allreduce", "sim_oktopk_allreduce", "oktopk_program",
@@ -192,23 +193,22 @@ def bisection_rounds(threshold_probes: int = 255, key_bits: int = 31) -> int:
 def oktopk_program(rank: int, world_size: int, values: torch.Tensor, indices: torch.Tensor,
                    numel: int, k: int, boundaries: Sequence[int], rebalance: bool = True,
                    bins_per_region: int = 8, threshold_probes: int = 255,
-                   ) -> Generator[Request, torch.Tensor | None, tuple[CollectiveResult, list[int], dict[str, int]]]:
+                   ) -> Generator[Request, torch.Tensor | None, tuple[CollectiveResult, list[int]]]:
     """Ok-Topk on one rank as a generator of requests (see the module docstring).
 
-    Yields ``("send", peer, buf)`` (resumed with None), ``("recv", peer, None)`` and
-    ``("exchange", peer, buf)`` (resumed with the peer's uint8 buffer), the protocol of
-    :func:`gtopk_lab.comm.inprocess.run_programs`. Returns ``(result, boundaries used,
-    bytes sent per phase)``. ``values``/``indices`` must already be in wire dtypes.
+    Yields the requests of :mod:`gtopk_lab.comm.recorder` on uint8 buffers, each named by its
+    phase (rebalance, reduce_scatter, threshold, allgather). Returns ``(result, boundaries
+    used)``; the driver's recorder fills in the result's bytes and rounds.
+    ``values``/``indices`` must already be in wire dtypes.
     """
     P = world_size
-    rec = Recorder()
     vdt, idt = values.dtype, indices.dtype
     dev = values.device
     t0 = time.process_time()
     order = torch.argsort(indices.to(torch.int64))
     loc_v, loc_i = values[order], indices[order]
     loc_i64 = loc_i.to(torch.int64)
-    rec.cpu_s += time.process_time() - t0
+    cpu_s = time.process_time() - t0
 
     # 0. re-balance the regions from the global histogram of selected indices
     # Counts never exceed P * numel (unique indices per rank): int32 on the wire when that fits.
@@ -217,7 +217,7 @@ def oktopk_program(rank: int, world_size: int, values: torch.Tensor, indices: to
     if rebalance and P > 1:
         nbins = min(numel, bins_per_region * P)
         hist = torch.bincount((loc_i64 * nbins) // numel, minlength=nbins).to(count_dtype)
-        ghist = yield from allreduce_sum(rec, rank, P, hist, "rebalance")
+        ghist = yield from allreduce_sum(rank, P, hist, "rebalance")
         bounds = boundaries_from_histogram(ghist, numel, P)
     bounds_t = torch.tensor(bounds, dtype=torch.int64, device=dev)
 
@@ -228,14 +228,14 @@ def oktopk_program(rank: int, world_size: int, values: torch.Tensor, indices: to
     received[rank] = pieces[rank]
     for s in range(1, P):
         dst, src = (rank + s) % P, (rank - s) % P
-        theirs = yield from sendrecv(rec, dst, src, as_bytes(*pieces[dst]), "reduce_scatter")
+        theirs = yield ("sendrecv", (dst, src), as_bytes(*pieces[dst]), "reduce_scatter")
         received[src] = pairs_from_bytes(theirs, vdt, idt)
     t0 = time.process_time()
     region_v, region_i = coalesce_sparse(torch.cat([p[0] for p in received if p is not None]),
                                          torch.cat([p[1] for p in received if p is not None]))
     keys = magnitude_keys(region_v)
     sorted_keys = torch.sort(keys).values
-    rec.cpu_s += time.process_time() - t0
+    cpu_s += time.process_time() - t0
 
     def count_ge(probes: list[int]) -> torch.Tensor:
         pt = torch.tensor(probes, dtype=torch.int64, device=dev)
@@ -257,7 +257,7 @@ def oktopk_program(rank: int, world_size: int, values: torch.Tensor, indices: to
             probes = [lo] + [lo + width * j // threshold_probes for j in range(1, threshold_probes + 1)]
         if c_lo is not None and width == 0:
             break
-        counts = yield from allreduce_sum(rec, rank, P, count_ge(probes), "threshold")
+        counts = yield from allreduce_sum(rank, P, count_ge(probes), "threshold")
         c = counts.tolist()
         if c_lo is None and c[0] <= k:  # probe 0 counts every reduced entry: all fit
             keep_all = True
@@ -285,7 +285,7 @@ def oktopk_program(rank: int, world_size: int, values: torch.Tensor, indices: to
         else:  # ties straddle the threshold: lower indices (lower ranks, then ascending) win
             slot = torch.zeros(P, dtype=count_dtype, device=dev)
             slot[rank] = int(ties.sum())
-            tie_counts = yield from allreduce_sum(rec, rank, P, slot, "threshold")
+            tie_counts = yield from allreduce_sum(rank, P, slot, "threshold")
             before = int(tie_counts[:rank].sum())
             take = max(0, min(int(tie_counts[rank]), need - before))
             tie_pos = torch.nonzero(ties).flatten()[:take]  # region_i ascending: lowest indices
@@ -299,23 +299,23 @@ def oktopk_program(rank: int, world_size: int, values: torch.Tensor, indices: to
         sizes = torch.bincount(region_of, minlength=P)[owners].tolist()
         return list(zip(torch.split(incoming[0], sizes), torch.split(incoming[1], sizes)))
 
-    ordered = yield from bruck_allgather(rec, rank, P, (kept_v, kept_i), by_region, "allgather")
+    ordered = yield from bruck_allgather(rank, P, (kept_v, kept_i), by_region, "allgather")
     t0 = time.process_time()
     # region order is ascending index order: canonical
     out_v = torch.cat([b[0] for b in ordered])
     out_i = torch.cat([b[1] for b in ordered])
-    rec.cpu_s += time.process_time() - t0
+    cpu_s += time.process_time() - t0
 
-    stats = CommStats(
-        collective="oktopk_allreduce", algorithm="oktopk",
-        bytes_sent=sum(s for s, _ in rec.steps), bytes_recv=sum(r for _, r in rec.steps),
-        messages=rec.messages, rounds=len(rec.steps), steps=rec.steps, merge_cpu_s=rec.cpu_s,
-        dropped_values=drop_v, dropped_indices=drop_i, library_estimate=False,
-    )
-    return CollectiveResult(out_v, out_i, stats), bounds, rec.phase_bytes
+    stats = CommStats(collective="oktopk_allreduce", algorithm="oktopk", merge_cpu_s=cpu_s,
+                      dropped_values=drop_v, dropped_indices=drop_i, library_estimate=False)
+    return CollectiveResult(out_v, out_i, stats), bounds
 
 
 # =========================================================================== drivers
+def _phase_bytes(rec: Recorder) -> dict[str, int]:
+    return {name: phase["sent"] for name, phase in rec.phases.items()}
+
+
 def _check_state(state: OkTopkState | None) -> OkTopkState:
     if state is None:
         return OkTopkState(rebalance_every=1)
@@ -350,14 +350,11 @@ def oktopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k:
     rebalance = st.due(numel, world)
     gen = oktopk_program(rank, world, values, indices, numel, k, st.current(numel, world), rebalance,
                          st.bins_per_region, st.threshold_probes)
-    transport = ByteTransport(group, device)
-    try:
-        result, bounds, phase_bytes = drive(gen, transport.run)
-    finally:
-        transport.finish()
+    rec = Recorder(BYTES, rank, world)
+    result, bounds = drive(rec.wrap(gen), DistTransport(group, device, BYTES))
     st.advance(bounds, numel, world, rebalance)
-    st.phase_bytes = phase_bytes
-    s = result.stats
+    st.phase_bytes = _phase_bytes(rec)
+    s = rec.fill(result.stats)
     s.dropped_values = s.dropped_values.to(out_device)  # type: ignore[union-attr]
     s.dropped_indices = s.dropped_indices.to(out_device)  # type: ignore[union-attr]
     return CollectiveResult(result.values.to(out_device), result.indices.to(out_device), s)
@@ -377,10 +374,10 @@ def sim_oktopk_allreduce(values_list: list[torch.Tensor], indices_list: list[tor
     world = len(values_list)
     rebalance = st.due(numel, world)
     bounds = st.current(numel, world)
-    programs = [oktopk_program(r, world, *wire(v, i, numel), numel, k, bounds, rebalance,
-                               st.bins_per_region, st.threshold_probes)
-                for r, (v, i) in enumerate(zip(values_list, indices_list))]
-    outs = run_programs(programs)  # type: ignore[arg-type]
-    st.advance(outs[0][1], numel, world, rebalance)  # type: ignore[index]
-    st.phase_bytes = outs[0][2]  # type: ignore[index]
-    return [o[0] for o in outs]  # type: ignore[index]
+    recs = [Recorder(BYTES, r, world) for r in range(world)]
+    outs = run_programs([rec.wrap(oktopk_program(r, world, *wire(v, i, numel), numel, k, bounds, rebalance,
+                                                 st.bins_per_region, st.threshold_probes))
+                         for r, (rec, v, i) in enumerate(zip(recs, values_list, indices_list))])
+    st.advance(outs[0][1], numel, world, rebalance)
+    st.phase_bytes = _phase_bytes(recs[0])
+    return [CollectiveResult(o[0].values, o[0].indices, rec.fill(o[0].stats)) for o, rec in zip(outs, recs)]

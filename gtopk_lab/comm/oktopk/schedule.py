@@ -1,6 +1,6 @@
 """Ok-Topk's schedule, thresholds and region boundaries (Li & Hoefler, PPoPP'22), as the
 reference code (Shigangli/Ok-Topk, VGG/LSTM allreducers) runs them; the rounds that use
-them are in :mod:`gtopk_lab.comm.oktopk_program`.
+them are in :mod:`gtopk_lab.comm.oktopk.program`.
 
 What one buffer of one rank keeps between calls is an :class:`OkTopkBuffer`;
 :class:`OkTopkFaithfulState` (the collective's per-rank state) holds the hyper-parameters
@@ -12,10 +12,21 @@ Schedule of call c of a buffer (c = 0, 1, ...), s = c - warmup:
 2. s mod ``tau`` == 0 (reference tau = 32): **re-evaluate** both thresholds exactly — the
    local one is the k-th largest |acc_r| (one exact top-k per rank), the global one the k-th
    largest |v| of the gathered union of the reduced regions (the exact global top-k);
-3. otherwise **reuse** them: the local threshold is raised by 1.03 while more than 4k/3
-   entries pass it (at most 5 times), and after the selection every threshold moves by a
-   small factor when its count leaves the band: local ``/1.012`` below 2k/3 and ``*1.012``
-   above 5k/4, global ``/1.008`` below 2k/3 and ``*1.008`` above 4k/3 (reference factors);
+3. otherwise **reuse** them: the local threshold is raised by 1.03 while more than
+   ``raise_above`` k entries pass it (at most 5 times), and after the selection every
+   threshold moves by a small factor when its count leaves its band (:class:`Bands`; the
+   band's factors are the reference script's for the workload):
+
+   ========  =============  ==================  ==================================
+   script    local raise    local band (1.012)  global band
+   ========  =============  ==================  ==================================
+   ``vgg``   > 4k/3         2k/3 .. 5k/4        ``/1.008`` < 2k/3, ``*1.008`` > 4k/3
+   ``lstm``  > 3k/2         3k/4 .. 5k/4        ``/1.01`` < 3k/4, ``*1.008`` > 5k/4
+   ========  =============  ==================  ==================================
+
+   (below the band the threshold is divided by its factor, above it multiplied); the
+   ``lstm`` bands are the reference's for its language model, the ``vgg`` ones for
+   everything else (the methods choose by model: ``methods.oktopk``);
 4. s mod ``tau_r`` == 0 (reference tau_r = 64): **repartition** the index space: each rank
    takes the P-quantiles of its selected indices (the index at positions j * floor(n/P),
    j = 1 .. P-1), one allreduce averages them over the ranks (floor), and region q =
@@ -37,25 +48,63 @@ plus one O(d) top-k every tau calls.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import torch
 
-from gtopk_lab.comm.oktopk_rounds import magnitude_keys
+from gtopk_lab.comm.oktopk.rounds import magnitude_keys
 from gtopk_lab.compression.merge import index_dtype
 
-__all__ = ["OkTopkFaithfulState", "OkTopkBuffer", "CallPlan", "ALLGATHER_MODES", "plan_call",
+__all__ = ["OkTopkFaithfulState", "OkTopkBuffer", "CallPlan", "Bands", "BANDS", "ALLGATHER_MODES", "plan_call",
            "kth_largest_magnitude", "select_by_threshold", "raise_local_threshold", "next_local_threshold",
            "next_global_threshold", "global_topk", "quantile_boundaries", "average_boundaries",
-           "LOCAL_RAISE", "LOCAL_RAISE_LOOPS", "LOCAL_SCALE", "GLOBAL_SCALE"]
+           "LOCAL_RAISE", "LOCAL_RAISE_LOOPS"]
 
 #: The allgather of the kept entries: the reference's plain Allgatherv, or the paper's
 #: balanced one (data balancing first). Registered as the collective's algorithms.
 ALLGATHER_MODES: tuple[str, ...] = ("plain", "balanced")
-#: reference factors (VGG allreducer): raise while > 4k/3 pass, up to 5 times
+#: reference factor of a reused local threshold while too many entries pass it, and the most raises
 LOCAL_RAISE, LOCAL_RAISE_LOOPS = 1.03, 5
-#: reference factors after the selection: local 1.012, global 1.008
-LOCAL_SCALE, GLOBAL_SCALE = 1.012, 1.008
+
+
+@dataclass(frozen=True)
+class Bands:
+    """The threshold bands and factors of one reference allreducer script (module doc, step 3).
+
+    Counts are compared with fractions of k exactly (``count > ratio * k``), as the
+    reference's integer counts compare with its ``4*tk//3`` or ``2*topk_value/3``.
+    """
+
+    name: str
+    #: raise a reused local threshold by LOCAL_RAISE while more than this times k entries pass
+    local_raise_above: Fraction
+    #: after the selection: local threshold / local_scale below low k, * local_scale above high k
+    local_low: Fraction
+    local_high: Fraction
+    local_scale: float
+    #: after the allgather: global threshold / global_down below low k, * global_up above high k
+    global_low: Fraction
+    global_high: Fraction
+    global_down: float
+    global_up: float
+
+
+#: the reference scripts' bands: VGG-16's allreducer and the LSTM's (language models)
+BANDS: dict[str, Bands] = {
+    "vgg": Bands("vgg", Fraction(4, 3), Fraction(2, 3), Fraction(5, 4), 1.012,
+                 Fraction(2, 3), Fraction(4, 3), 1.008, 1.008),
+    "lstm": Bands("lstm", Fraction(3, 2), Fraction(3, 4), Fraction(5, 4), 1.012,
+                  Fraction(3, 4), Fraction(5, 4), 1.01, 1.008),
+}
+
+
+def _above(count: int, ratio: Fraction, k: int) -> bool:
+    return count * ratio.denominator > ratio.numerator * k
+
+
+def _below(count: int, ratio: Fraction, k: int) -> bool:
+    return count * ratio.denominator < ratio.numerator * k
 
 
 def _int_at_least(name: str, value: Any, low: int) -> int:
@@ -92,11 +141,12 @@ class OkTopkFaithfulState:
 
     Tuned by the user (validated here): ``tau`` (threshold re-evaluation period, reference
     32), ``tau_r`` (space repartition period, reference 64), ``warmup`` (dense-allreduce
-    calls first, reference 512 VGG / 128 LSTM; default 0).
+    calls first, reference 512 VGG / 128 LSTM; default 0), ``bands`` (the threshold bands
+    and factors, a key of :data:`BANDS`: ``"vgg"``, default, or ``"lstm"``).
 
     Internal state: ``buffers`` (numel -> :class:`OkTopkBuffer`; a buffer of another world
     size starts over), ``phases`` (per rank, the last call's bytes per phase: see
-    :class:`~gtopk_lab.comm.oktopk_rounds.Recorder`), ``last`` (what the last call did:
+    :class:`~gtopk_lab.comm.recorder.Recorder`), ``last`` (what the last call did:
     ``"warmup"``, ``"reevaluate"`` or ``"reuse"``, and whether it repartitioned). Holds no
     process group, so it pickles; ``dataclasses.asdict`` round-trips through the constructor.
     """
@@ -105,6 +155,7 @@ class OkTopkFaithfulState:
     tau: int = 32
     tau_r: int = 64
     warmup: int = 0
+    bands: str = "vgg"
     # internal state
     buffers: dict[int, OkTopkBuffer] = field(default_factory=dict)
     phases: list[dict[str, dict[str, int]]] = field(default_factory=list)
@@ -114,6 +165,8 @@ class OkTopkFaithfulState:
         _int_at_least("tau", self.tau, 1)
         _int_at_least("tau_r", self.tau_r, 1)
         _int_at_least("warmup", self.warmup, 0)
+        if self.bands not in BANDS:
+            raise ValueError(f"bands={self.bands!r} is invalid: expected one of {', '.join(BANDS)}")
         # checkpoints hold buffers as dicts (dataclasses.asdict), JSON as string keys
         self.buffers = {int(n): b if isinstance(b, OkTopkBuffer) else OkTopkBuffer(**b)
                         for n, b in self.buffers.items()}
@@ -127,7 +180,8 @@ class OkTopkFaithfulState:
 
     def describe(self) -> dict[str, Any]:
         """The settings a run summary records (``oktopk_*`` keys)."""
-        return {"oktopk_tau": self.tau, "oktopk_tau_r": self.tau_r, "oktopk_warmup_iterations": self.warmup}
+        return {"oktopk_tau": self.tau, "oktopk_tau_r": self.tau_r, "oktopk_warmup_iterations": self.warmup,
+                "oktopk_bands": self.bands}
 
 
 @dataclass(frozen=True)
@@ -141,19 +195,21 @@ class CallPlan:
     local_threshold: float | None
     global_threshold: float | None
     boundaries: tuple[int, ...] | None
+    bands: Bands = BANDS["vgg"]
 
 
 def plan_call(state: OkTopkFaithfulState, buf: OkTopkBuffer, rank: int) -> CallPlan:
     """The schedule of the module docstring for ``buf``'s next call on ``rank``."""
     s = buf.calls - state.warmup
+    bands = BANDS[state.bands]
     if s < 0:
-        return CallPlan(True, False, False, None, None, None)
+        return CallPlan(True, False, False, None, None, None, bands)
     # a buffer without a global threshold or boundaries (restored mid-period) evaluates them
     # now; both flags depend only on what every rank holds alike (they change the rounds)
     reevaluate = s % state.tau == 0 or buf.global_threshold is None
     repartition = s % state.tau_r == 0 or buf.boundaries is None
     return CallPlan(False, reevaluate, repartition, buf.local_thresholds[rank], buf.global_threshold,
-                    None if buf.boundaries is None else tuple(buf.boundaries))
+                    None if buf.boundaries is None else tuple(buf.boundaries), bands)
 
 
 # =========================================================================== thresholds
@@ -168,31 +224,32 @@ def select_by_threshold(x: torch.Tensor, threshold: float, numel: int) -> tuple[
     return x[idx], idx.to(index_dtype(numel))
 
 
-def raise_local_threshold(x_abs: torch.Tensor, threshold: float, k: int) -> float:
-    """Reused local threshold: * 1.03 while more than 4k/3 non-zero entries pass (at most 5 times)."""
+def raise_local_threshold(x_abs: torch.Tensor, threshold: float, k: int, bands: Bands = BANDS["vgg"]) -> float:
+    """Reused local threshold: * 1.03 while more than ``local_raise_above`` k non-zero
+    entries pass (at most 5 times)."""
     for _ in range(LOCAL_RAISE_LOOPS):
-        if 3 * int(((x_abs >= threshold) & (x_abs > 0)).sum()) <= 4 * k:
+        if not _above(int(((x_abs >= threshold) & (x_abs > 0)).sum()), bands.local_raise_above, k):
             break
         threshold *= LOCAL_RAISE
     return threshold
 
 
-def next_local_threshold(threshold: float, selected: int, k: int) -> float:
-    """After a selection of ``selected`` entries: / 1.012 below 2k/3, * 1.012 above 5k/4."""
-    if 3 * selected < 2 * k:
-        return threshold / LOCAL_SCALE
-    if 4 * selected > 5 * k:
-        return threshold * LOCAL_SCALE
+def _banded(threshold: float, count: int, k: int, low: Fraction, high: Fraction, down: float, up: float) -> float:
+    if _below(count, low, k):
+        return threshold / down
+    if _above(count, high, k):
+        return threshold * up
     return threshold
 
 
-def next_global_threshold(threshold: float, kept: int, k: int) -> float:
-    """After keeping ``kept`` entries globally: / 1.008 below 2k/3, * 1.008 above 4k/3."""
-    if 3 * kept < 2 * k:
-        return threshold / GLOBAL_SCALE
-    if 3 * kept > 4 * k:
-        return threshold * GLOBAL_SCALE
-    return threshold
+def next_local_threshold(threshold: float, selected: int, k: int, bands: Bands = BANDS["vgg"]) -> float:
+    """After a selection of ``selected`` entries: / local_scale below the band, * above it."""
+    return _banded(threshold, selected, k, bands.local_low, bands.local_high, bands.local_scale, bands.local_scale)
+
+
+def next_global_threshold(threshold: float, kept: int, k: int, bands: Bands = BANDS["vgg"]) -> float:
+    """After keeping ``kept`` entries globally: / global_down below the band, * global_up above."""
+    return _banded(threshold, kept, k, bands.global_low, bands.global_high, bands.global_down, bands.global_up)
 
 
 def global_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, float]:

@@ -1,15 +1,16 @@
 """Ok-Topk (the ``oktopk`` method) on real ranks and between virtual ranks in one process.
 
-Both drivers run :func:`~gtopk_lab.comm.oktopk_program.oktopk_faithful_program` (real
-ranks: :func:`gtopk_lab.comm.programs.drive` over a
-:class:`~gtopk_lab.comm.oktopk_rounds.ByteTransport`; virtual ranks:
-:func:`gtopk_lab.comm.inprocess.run_programs`), plan each call from the same
-:class:`~gtopk_lab.comm.oktopk_schedule.OkTopkFaithfulState` and update it the same way, so
+Both drivers run :func:`~gtopk_lab.comm.oktopk.program.oktopk_faithful_program` under the
+one recorder (:class:`~gtopk_lab.comm.recorder.Recorder`, wire format
+:data:`~gtopk_lab.comm.wire.BYTES`; real ranks: :func:`gtopk_lab.comm.transport.drive` over a
+:class:`~gtopk_lab.comm.dist_transport.DistTransport`; virtual ranks:
+:func:`gtopk_lab.comm.transport.run_programs`), plan each call from the same
+:class:`~gtopk_lab.comm.oktopk.schedule.OkTopkFaithfulState` and update it the same way, so
 results, bytes, steps, drops and the next call's thresholds agree bitwise. Per call:
 
 1. the state's buffer for ``numel`` gives the call's plan (warm-up, re-evaluation,
    repartition; thresholds and boundaries);
-2. the program runs (steps and cost: :mod:`gtopk_lab.comm.oktopk_program`);
+2. the program runs (steps and cost: :mod:`gtopk_lab.comm.oktopk.program`);
 3. the buffer advances: call counter, the rank's next local threshold, the next global
    threshold and the boundaries (identical on every rank), bytes per phase.
 
@@ -31,15 +32,14 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from gtopk_lab.comm.inprocess import run_programs
-from gtopk_lab.comm.oktopk_program import ProgramOutput, oktopk_faithful_program
-from gtopk_lab.comm.oktopk_rounds import Block, ByteTransport
-from gtopk_lab.comm.oktopk_schedule import (
-    ALLGATHER_MODES, CallPlan, OkTopkBuffer, OkTopkFaithfulState, plan_call,
-)
-from gtopk_lab.comm.programs import drive
+from gtopk_lab.comm.dist_transport import DistTransport, comm_device, rank_world
+from gtopk_lab.comm.oktopk.program import ProgramOutput, oktopk_faithful_program
+from gtopk_lab.comm.oktopk.rounds import Block
+from gtopk_lab.comm.oktopk.schedule import ALLGATHER_MODES, CallPlan, OkTopkBuffer, OkTopkFaithfulState, plan_call
+from gtopk_lab.comm.recorder import Recorder
 from gtopk_lab.comm.stats import CollectiveResult, check_k
-from gtopk_lab.comm.torch_dist import comm_device, rank_world
+from gtopk_lab.comm.transport import drive, run_programs
+from gtopk_lab.comm.wire import BYTES
 
 __all__ = ["oktopk_faithful_allreduce", "sim_oktopk_faithful_allreduce"]
 
@@ -60,6 +60,12 @@ def _check_state(state: OkTopkFaithfulState | None, allgather: str) -> OkTopkFai
     if not isinstance(state, OkTopkFaithfulState):
         raise TypeError(f"state={state!r} has type {type(state).__name__}: expected OkTopkFaithfulState or None")
     return state
+
+
+def _recorded(out: ProgramOutput, rec: Recorder) -> None:
+    """The recorded rounds into the call's stats and its bytes per phase."""
+    rec.fill(out.result.stats)
+    out.phases = rec.phases
 
 
 def _advance(state: OkTopkFaithfulState, buf: OkTopkBuffer, plan: CallPlan, numel: int,
@@ -101,12 +107,10 @@ def oktopk_faithful_allreduce(acc: torch.Tensor, k: int, group: dist.ProcessGrou
     device = comm_device(flat, group) if world > 1 else flat.device
     buf = st.buffer(numel, world)
     plan = plan_call(st, buf, rank)
-    transport = ByteTransport(group, device)
-    try:
-        out = drive(oktopk_faithful_program(rank, world, flat.to(device), numel, k, plan, allgather),
-                    transport.run)
-    finally:
-        transport.finish()
+    rec = Recorder(BYTES, rank, world)
+    out = drive(rec.wrap(oktopk_faithful_program(rank, world, flat.to(device), numel, k, plan, allgather)),
+                DistTransport(group, device, BYTES))
+    _recorded(out, rec)
     _advance(st, buf, plan, numel, [(rank, out)])
     res, there = out.result, flat.device
     stats = res.stats
@@ -138,8 +142,12 @@ def sim_oktopk_faithful_allreduce(accs: list[torch.Tensor], k: int, state: OkTop
     buf = st.buffer(numel, world)
     plans = [plan_call(st, buf, r) for r in range(world)]
     flats = [a.detach().reshape(-1) for a in accs]
-    outs: list[ProgramOutput] = run_programs(  # type: ignore[assignment]
-        [oktopk_faithful_program(r, world, flats[r], numel, k, plans[r], allgather) for r in range(world)])
+    recs = [Recorder(BYTES, r, world) for r in range(world)]
+    outs: list[ProgramOutput] = run_programs(
+        [rec.wrap(oktopk_faithful_program(r, world, flats[r], numel, k, plans[r], allgather))
+         for r, rec in enumerate(recs)])
+    for out, rec in zip(outs, recs):
+        _recorded(out, rec)
     _advance(st, buf, plans[0], numel, list(enumerate(outs)))
     return [(o.result, (flats[r] if plans[0].warmup else o.selection[0], o.selection[1]))
             for r, o in enumerate(outs)]
