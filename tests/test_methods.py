@@ -14,7 +14,7 @@ import torch
 
 from gtopk_lab.config import RunConfig
 from gtopk_lab.methods import Method, get_method, register_method, unregister_method
-from gtopk_lab.methods.builtin import program_collective
+from gtopk_lab.methods.programs import program_collective
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -206,7 +206,7 @@ def test_training_run_with_a_warmup_variant() -> None:
     """A method built with oktopk_collective(warmup=2) runs dense for 2 iterations in training."""
     from gtopk_lab.config import RunConfig
     from gtopk_lab.methods import Method, register_method, unregister_method
-    from gtopk_lab.methods.builtin import OKTOPK_SELECTOR, oktopk_collective
+    from gtopk_lab.methods.oktopk import OKTOPK_SELECTOR, oktopk_collective
     from gtopk_lab.training.simulator import simulate
 
     register_method(Method(name="oktopk-test-warmup", selector=OKTOPK_SELECTOR, algorithm="plain",

@@ -47,7 +47,7 @@ import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gtopk_lab.methods.builtin import BASELINE_METHOD
+from gtopk_lab.methods.dense import BASELINE_METHOD
 
 TIMES: tuple[str, ...] = ("virtual", "wall")
 

@@ -6,10 +6,19 @@ method to the training step, the simulator, the DDP hook, wait-free overlap, the
 predictions, the figures, ``RunConfig``, the CLI and the ControlPanel. Modules named in
 ``$GTOPK_LAB_METHODS`` (or the entry-point group ``gtopk_lab.methods``) are imported on
 every process's first read of the registry.
+
+This package only registers: each family of built-in methods is one module that registers
+its collectives and methods exactly as a plugin would (in this order, the registry's):
+:mod:`~gtopk_lab.methods.dense` (S-SGD), :mod:`~gtopk_lab.methods.sparse` (Top-k, gTop-k,
+GaussianK), :mod:`~gtopk_lab.methods.oktopk` (Ok-Topk), :mod:`~gtopk_lab.methods.powersgd`,
+:mod:`~gtopk_lab.methods.cltk`, :mod:`~gtopk_lab.methods.diloco`,
+:mod:`~gtopk_lab.methods.ef21`, :mod:`~gtopk_lab.methods.sparseloco`.
 """
 
+from gtopk_lab.methods import dense, sparse, oktopk, powersgd, cltk, diloco, ef21, sparseloco  # noqa: F401,I001
 from gtopk_lab.methods.base import Collective, CommCall, Contribution, Method, Selector
-from gtopk_lab.methods.builtin import BASELINE_METHOD, program_collective
+from gtopk_lab.methods.dense import BASELINE_METHOD
+from gtopk_lab.methods.programs import program_collective
 from gtopk_lab.methods.registry import (
     available_collectives, available_methods, get_collective, get_method, load_plugins, register_collective,
     register_method, unregister_method,
@@ -18,7 +27,3 @@ from gtopk_lab.methods.registry import (
 __all__ = ["Method", "Collective", "CommCall", "Contribution", "Selector", "register_method", "get_method",
            "available_methods", "unregister_method", "register_collective", "get_collective",
            "available_collectives", "program_collective", "load_plugins", "BASELINE_METHOD"]
-
-# The post-2019 methods, one module each, registered exactly as a plugin would register them
-# (imported here, not from builtin.py: they use builtin.program_collective, so that would be a cycle).
-from gtopk_lab.methods import cltk, diloco, ef21, sparseloco  # noqa: E402,F401

@@ -28,7 +28,7 @@ One iteration t on rank i of P (d parameters, k = density * d):
    plain EF.
 
 Steps 2-4 are one per-rank tensor program (:func:`cltk_program`), run by both drivers of
-:func:`~gtopk_lab.methods.builtin.program_collective`, so real gloo ranks and the simulator
+:func:`~gtopk_lab.methods.programs.program_collective`, so real gloo ranks and the simulator
 agree bitwise (the ring's summation order is fixed by the program, not by a library).
 
 Cost per rank: O(d) for compensation and memory, the leader's O(d log k) top-k; bytes sent
@@ -47,7 +47,7 @@ import torch
 from gtopk_lab.comm.dense import allreduce_program
 from gtopk_lab.compression.merge import index_dtype
 from gtopk_lab.methods.base import CommCall, Contribution, Method
-from gtopk_lab.methods.builtin import program_collective
+from gtopk_lab.methods.programs import program_collective
 from gtopk_lab.methods.registry import register_collective, register_method
 from gtopk_lab.network.formulas import (
     DENSE_ELEMENT_BYTES, check_sizes, dense_ring_allreduce_time_s, log2_ceil, pair_bytes,

@@ -3,26 +3,39 @@
 Each is composed from the primitives of :mod:`gtopk_lab.network.formulas` and follows the
 message pattern the collective actually runs (``a`` = alpha, ``b`` = beta, ``m`` = bytes per
 sparse pair, 8 with int32 indices, 12 with int64, ``h`` = the 8-byte count header). The
-registry (:mod:`gtopk_lab.methods.builtin`) attaches one time and one bytes formula to each
-collective; ``gtopk_lab.analysis.predict.collective_time_s`` reads them from there.
+family modules (:mod:`gtopk_lab.methods.dense`, :mod:`~gtopk_lab.methods.sparse`,
+:mod:`~gtopk_lab.methods.oktopk`) attach one time and one bytes formula to each collective,
+wrapped by :func:`checked`; ``Method.predicted_time_s`` reads them from the registry.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 from gtopk_lab.comm.oktopk import ALLGATHER_MODES, allreduce_rounds, bisection_rounds, bruck_rounds
 from gtopk_lab.network.formulas import (
-    DENSE_ELEMENT_BYTES, SPARSE_HEADER_BYTES, log2_ceil, log2_floor, merge_contention, pair_bytes,
+    DENSE_ELEMENT_BYTES, SPARSE_HEADER_BYTES, check_sizes, log2_ceil, log2_floor, merge_contention, pair_bytes,
     tree_mergers,
 )
 from gtopk_lab.network.model import NetworkModel
 
-__all__ = ["topk_allgather_time_s", "gtopk_butterfly_time_s", "gtopk_tree_time_s", "oktopk_time_s",
+__all__ = ["checked", "topk_allgather_time_s", "gtopk_butterfly_time_s", "gtopk_tree_time_s", "oktopk_time_s",
            "oktopk_phase_times_s", "oktopk_exact_time_s", "oktopk_model_time_s", "oktopk_paper_bound_time_s",
            "sparse_allreduce_lower_bound_time_s", "dense_bytes_per_rank", "allgather_bytes_per_rank",
            "gtopk_bytes_per_rank", "oktopk_bytes_per_rank", "oktopk_exact_bytes_per_rank"]
+
+
+def checked(fn: Callable[..., float]) -> Callable[..., float]:
+    """``fn(net, numel, k, workers, **kw)`` as a Collective's ``time_s``: the sizes checked
+    first (``ValueError`` naming the field)."""
+    @functools.wraps(fn)
+    def time_s(net: Any, numel: int, k: int, workers: int, **kw: Any) -> float:
+        check_sizes(numel, k, workers)
+        return fn(net, numel, k, workers, **kw)
+    return time_s
 
 
 def topk_allgather_time_s(net: NetworkModel, numel: int, k: int, workers: int,
@@ -108,7 +121,7 @@ _OKTOPK_COUNT_BYTES = 8
 def oktopk_phase_times_s(net: NetworkModel, numel: int, k: int, workers: int, *, allgather: str = "plain",
                          kept: float | None = None, union: float | None = None,
                          imbalance: float = 1.0) -> dict[str, float]:
-    """Per-call alpha-beta time of each phase of Ok-Topk as :mod:`gtopk_lab.comm.oktopk_program`
+    """Per-call alpha-beta time of each phase of Ok-Topk as :mod:`gtopk_lab.comm.oktopk.program`
     runs it (``a`` = alpha, ``b`` = beta, ``h`` = 8-byte header, ``m`` bytes per pair, ``c`` = 8
     bytes per count, L = allreduce rounds, the Bruck sum over d = 1, 2, 4, .. < P)::
 
@@ -210,7 +223,7 @@ def sparse_allreduce_lower_bound_time_s(net: NetworkModel, numel: int, k: int, w
 
 def oktopk_model_time_s(net: Any, numel: int, k: int, workers: int, rebalance_every: int = 16,
                         bins_per_region: int = 8, threshold_probes: int = 255) -> float:
-    """Closed-form alpha-beta time of ``oktopk-exact`` (:func:`gtopk_lab.comm.oktopk_exact.oktopk_allreduce`),
+    """Closed-form alpha-beta time of ``oktopk-exact`` (:func:`gtopk_lab.comm.oktopk.exact.oktopk_allreduce`),
     balanced regions.
 
     ``net`` is a :class:`~gtopk_lab.network.model.NetworkModel`. Per round the cost is

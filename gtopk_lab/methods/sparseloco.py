@@ -67,7 +67,7 @@ from gtopk_lab.comm.stats import CollectiveResult, CommStats, wire
 from gtopk_lab.compression.merge import coalesce_sparse, merge_sparse, sort_by_index
 from gtopk_lab.methods import formulas as F
 from gtopk_lab.methods.base import CommCall, Contribution, Method
-from gtopk_lab.methods.builtin import program_collective
+from gtopk_lab.methods.programs import program_collective
 from gtopk_lab.methods.registry import get_method, register_collective, register_method
 from gtopk_lab.methods.sparseloco_wire import (  # the wire format (and its names, re-exported)
     CHUNK, QUANT_BITS, Sparse, chunk_topk, decode, encode, encoded_bytes, quantize,
