@@ -88,6 +88,8 @@ class RunConfig:
     algorithm: str = "butterfly"
     #: Selector name from gtopk_lab.compression.selection's registry; None = the method's.
     selector: str | None = None
+    #: Error-feedback rule: "mass" (mass-conserving) or "paper" (the reference codes'); a
+    #: method may have its own default (``Method.config_defaults``: ``oktopk`` takes "paper").
     residual_rule: str = "mass"
     #: Fraction rho of model parameters each worker selects, 0 < rho <= 1; k = max(1, floor(rho*d)).
     density: float = 0.01
@@ -192,9 +194,10 @@ class RunConfig:
                 setattr(self, name, value)
             object.__setattr__(self, "_derived", {**getattr(self, "_derived", {}), **by_method})
             self._check_types()
-        if self.preset is not None and method.preset_options is not None and isinstance(self.extra, dict):
-            # the method's own settings under this preset (Ok-Topk's warm-up under "paper"):
-            # collective options below the run's; replace() takes them out again
+        if method.preset_options is not None and isinstance(self.extra, dict):
+            # the method's own settings for this model and preset (Ok-Topk's bands for language
+            # models, its warm-up under "paper"): collective options below the run's; replace()
+            # takes them out again
             options = dict(method.preset_options(self.preset, self.model if isinstance(self.model, str) else ""))
             self.extra, applied = with_preset_options(self.extra, options)
             object.__setattr__(self, "_preset_options", applied)

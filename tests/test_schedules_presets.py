@@ -117,8 +117,10 @@ def test_cli_preset_flag_runs_records_and_refuses_unknown(tmp_path: Path, capsys
 
 # The reference's Ok-Topk warm-ups (Shigangli/Ok-Topk run scripts): dense allreduce for the first
 # 512 iterations of VGG-16 on CIFAR-10 and 128 of the LSTM on PTB. The project maps the other
-# classifiers to VGG-16's value and the other language models (the GPTs) to the LSTM's.
+# classifiers to VGG-16's value and the other language models (the GPTs) to the LSTM's, whose
+# threshold bands they take too, with a preset or without.
 REFERENCE_WARMUP = {"vgg16": 512, "lstm": 128}
+LANGUAGE_MODELS = ("lstm", "gpt", "gpt_tiny")
 
 
 @pytest.mark.timeout(30)
@@ -126,12 +128,15 @@ def test_paper_preset_sets_oktopks_reference_warmup_and_given_options_win() -> N
     from gtopk_lab.methods import Method, register_method, unregister_method
 
     for model, warmup in [*REFERENCE_WARMUP.items(), ("resnet20", 512), ("cnn", 512), ("mlp", 512), ("gpt", 128)]:
+        bands = {"bands": "lstm"} if model in LANGUAGE_MODELS else {}
         for method in ("oktopk", "oktopk-balanced"):
             cfg = RunConfig(method=method, preset="paper", model=model, dataset="synthetic")
-            assert cfg.extra == {"collective_options": {"warmup": warmup}}, (method, model)
+            assert cfg.extra == {"collective_options": {"warmup": warmup, **bands}}, (method, model)
+            plain = RunConfig(method=method, model=model, dataset="synthetic")
+            assert plain.extra == ({"collective_options": bands} if bands else {}), (method, model)
     vgg = RunConfig(method="oktopk", preset="paper", model="vgg16", dataset="synthetic")
     # derived again when the model, the preset or the method changes
-    assert vgg.replace(model="lstm").extra == {"collective_options": {"warmup": 128}}
+    assert vgg.replace(model="lstm").extra == {"collective_options": {"warmup": 128, "bands": "lstm"}}
     assert vgg.replace(preset=None) == RunConfig(method="oktopk", model="vgg16", dataset="synthetic")
     assert vgg.replace(method="gtopk").extra == {}  # gTop-k keeps no collective state
     assert RunConfig.from_dict(vgg.to_dict()) == vgg
@@ -140,7 +145,7 @@ def test_paper_preset_sets_oktopks_reference_warmup_and_given_options_win() -> N
     assert mine.extra == {"collective_options": {"warmup": 7, "tau": 16}}
     tau = RunConfig(method="oktopk", preset="paper", model="lstm", dataset="synthetic",
                     extra={"collective_options": {"tau": 16}, "sim_compute": "max"})
-    assert tau.extra == {"collective_options": {"tau": 16, "warmup": 128}, "sim_compute": "max"}
+    assert tau.extra == {"collective_options": {"tau": 16, "warmup": 128, "bands": "lstm"}, "sim_compute": "max"}
     assert tau.replace(model="vgg16").extra == {"collective_options": {"tau": 16, "warmup": 512},
                                                 "sim_compute": "max"}
     # methods without preset settings, or no preset: unaffected

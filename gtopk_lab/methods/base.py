@@ -166,15 +166,18 @@ class Method:
       method option in ``RunConfig.extra`` (called when the config is built; the collective
       reads the options from ``CommCall.options``).
     - ``preset_options``: ``(preset, model) -> options``, the collective options (keywords of
-      the collective's ``make_state``) a named preset sets for this method on ``model``, e.g.
-      Ok-Topk's reference warm-up ``{"warmup": 512}`` under ``"paper"``; ``{}`` for none.
-      ``RunConfig`` merges them under the run's ``extra["collective_options"]`` (the run's
-      entries win) and the summary records the state's settings; None: presets set none.
+      the collective's ``make_state``) this method takes on ``model`` under ``preset`` (None
+      when the run names no preset), e.g. Ok-Topk's reference warm-up ``{"warmup": 512}``
+      under ``"paper"`` and the LSTM script's ``{"bands": "lstm"}`` for language models;
+      ``{}`` for none. ``RunConfig`` merges them under the run's
+      ``extra["collective_options"]`` (the run's entries win) and the summary records the
+      state's settings; None: the method takes none.
     - ``paper_selector``: the registered selector of the method's paper when ``selector`` is
       the project's own (``gaussiank``: ``"gaussiank-paper"``); the ``paper`` preset uses it
       unless the run gives a selector. None: ``selector`` is the paper's.
     - ``config_defaults``: ``RunConfig`` fields the method sets when the run gives none, over
-      a preset's recipe (EF21's plain step: ``{"momentum": 0.0}``).
+      a preset's recipe (EF21's plain step: ``{"momentum": 0.0}``; Ok-Topk's reference
+      residual rule: ``{"residual_rule": "paper"}``, which the DDP hook and overlap take too).
     - ``departures``: where the method as registered departs from its paper, as short
       phrases (``summary()`` appends them to the description; docs/beyond_papers.md
       lists them all).

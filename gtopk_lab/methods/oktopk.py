@@ -1,18 +1,36 @@
 """Ok-Topk (Li & Hoefler, PPoPP'22): its collectives and methods.
 
-Collectives:
+``oktopk`` is the reference code's algorithm (Shigangli/Ok-Topk, the VGG and LSTM
+allreducers), per call on rank r of P (:mod:`gtopk_lab.comm.oktopk`):
 
-- ``oktopk`` (alias ``oktopk_faithful``): Ok-Topk as its reference code runs it
-  (:mod:`gtopk_lab.comm.oktopk`): thresholds re-evaluated every tau calls and reused in
-  between, boundaries from the ranks' selection quantiles, dense warm-up; patterns ``plain``
-  (the reference's Allgatherv) and ``balanced`` (the paper's balanced allgather); O(k) per
-  rank. :func:`oktopk_collective` builds variants with other tau, tau_r or warm-up;
-- ``oktopk-exact``: the project's earlier Ok-Topk-style allreduce: exact global top-k every
-  call, histogram-balanced regions (O(kP) on layer-clustered selections).
+1. local selection S_r: the entries of ``acc_r`` (gradient + residual) with ``|acc| >= t_r``;
+   the local threshold t_r is the exact k-th largest |acc_r| every tau = 32 calls, else the
+   previous one raised by 1.03 while too many entries pass it and moved by 1.012 when the
+   selection leaves its band;
+2. every tau_r = 64 calls the index space is repartitioned: region boundaries are the mean of
+   the ranks' selection quantiles;
+3. sparse reduce-scatter: rank q sums every rank's selection in region q;
+4. every tau calls the global threshold is the exact k-th largest |v| of the gathered union,
+   else rank q keeps its region's sums with ``|v| >= t_global`` (t_global moved by its
+   factors when the kept count leaves its band), and the kept entries are allgathered:
+   ``plain`` (the reference's Allgatherv; method ``oktopk``) or ``balanced`` (the paper's
+   balanced allgather; method ``oktopk-balanced``);
+5. error feedback, the reference's rule: rank r's residual is ``acc_r`` with the entries of
+   S_r that are in the global result zeroed (``residual_rule="paper"``, the methods'
+   default; ``residual_rule="mass"`` instead charges each region's owner the sums it did
+   not keep, so ``sum_r residual_r + G == sum_r acc_r``).
 
-Methods: ``oktopk``, ``oktopk-balanced``, ``oktopk-exact``. Under the ``paper`` preset
-``oktopk`` and ``oktopk-balanced`` start with the reference's dense warm-up
-(:func:`oktopk_preset_options`: 512 iterations, 128 for language models).
+Bands and factors: the VGG script's (local 2k/3 .. 5k/4, global ÷1.008 below 2k/3 and ×1.008
+above 4k/3, raised while more than 4k/3 pass), and for language models (``lstm``, ``gpt``,
+``gpt_tiny``) the LSTM script's (local 3k/4 .. 5k/4, global ÷1.01 below 3k/4 and ×1.008 above
+5k/4, raised while more than 3k/2 pass). Dense warm-up: none by default; under the
+``paper`` preset the reference's 512 calls (128 for language models).
+Departures from the reference code are at edges it does not reach or crashes on
+(:mod:`gtopk_lab.comm.oktopk.schedule`, docs/beyond_papers.md).
+
+Also ``oktopk-exact``: the project's earlier Ok-Topk-style allreduce (exact global top-k
+every call, histogram-balanced regions, mass rule). :func:`oktopk_collective` builds Ok-Topk
+variants with another schedule.
 """
 
 from __future__ import annotations
@@ -30,7 +48,8 @@ from gtopk_lab.methods.base import Collective, CommCall, Contribution, Method
 from gtopk_lab.methods.registry import register_collective, register_method
 
 __all__ = ["oktopk_collective", "oktopk_preset_options", "OKTOPK_SELECTOR", "OKTOPK_PAPER_WARMUP",
-           "OKTOPK_DEPARTURES", "OKTOPK_EXACT", "OKTOPK"]
+           "OKTOPK_LANGUAGE_MODELS", "OKTOPK_DEPARTURES",
+           "OKTOPK_EXACT", "OKTOPK"]
 
 
 @F.checked
@@ -64,9 +83,11 @@ def oktopk_collective(name: str, *, tau: int = 32, tau_r: int = 64, warmup: int 
     """An Ok-Topk :class:`Collective` with its own schedule (re-evaluation period ``tau``,
     repartition period ``tau_r``, ``warmup`` dense calls) and the formulas that follow it.
 
-    Patterns: ``plain`` | ``balanced`` (the allgather). Use it with
+    Patterns: ``plain`` | ``balanced`` (the allgather). Its state takes ``bands`` ("vgg" |
+    "lstm") and the schedule's fields as collective options. Use it with
     ``Method(name, collective=oktopk_collective(name, warmup=512), selector=OKTOPK_SELECTOR,
-    algorithm="plain")``: Ok-Topk selects inside the collective, by its thresholds.
+    algorithm="plain", config_defaults={"residual_rule": "paper"})``: Ok-Topk selects inside the collective, by its
+    thresholds.
     """
     make_state = functools.partial(oktopk.OkTopkFaithfulState, tau=tau, tau_r=tau_r, warmup=warmup)
     make_state()  # validate the schedule now, not at the first call
@@ -100,20 +121,24 @@ def oktopk_collective(name: str, *, tau: int = 32, tau_r: int = 64, warmup: int 
                                                  f"every {tau_r}, {warmup} dense warm-up calls (O(k))")
 
 
+#: Models whose Ok-Topk runs take the reference LSTM script's settings (bands, warm-up); every
+#: other model (VGG-16, ResNet-20, the MNIST-1D / digits classifiers) takes VGG-16's, the
+#: reference's only CNN.
+OKTOPK_LANGUAGE_MODELS: tuple[str, ...] = ("lstm", "gpt", "gpt_tiny")
 #: Ok-Topk's dense warm-up under the ``paper`` preset, in iterations: the reference code's
-#: 512 for VGG-16 on CIFAR-10 and 128 for the 2-layer LSTM on PTB. Language models
-#: (``lstm``, ``gpt``, ``gpt_tiny``) take the LSTM's; every other model (VGG-16, ResNet-20 and
-#: the MNIST-1D / digits classifiers) takes VGG-16's, the reference's only CNN.
-OKTOPK_PAPER_WARMUP: dict[str, int] = {"lstm": 128, "gpt": 128, "gpt_tiny": 128}
-OKTOPK_PAPER_WARMUP_DEFAULT = 512
+#: 512 for VGG-16 on CIFAR-10 and 128 for the 2-layer LSTM on PTB.
+OKTOPK_PAPER_WARMUP: dict[str, int] = {"vgg": 512, "lstm": 128}
 
 
-def oktopk_preset_options(preset: str, model: str) -> dict[str, int]:
-    """The collective options of Ok-Topk methods under ``preset`` for ``model``: under
-    ``paper`` the reference's warm-up (:data:`OKTOPK_PAPER_WARMUP`), under others none."""
-    if preset != "paper":
-        return {}
-    return {"warmup": OKTOPK_PAPER_WARMUP.get(model, OKTOPK_PAPER_WARMUP_DEFAULT)}
+def oktopk_preset_options(preset: str | None, model: str) -> dict[str, Any]:
+    """The collective options of Ok-Topk methods on ``model``: the LSTM script's bands for
+    language models (:data:`OKTOPK_LANGUAGE_MODELS`, whatever the preset), and under the
+    ``paper`` preset the reference's dense warm-up (:data:`OKTOPK_PAPER_WARMUP`)."""
+    script = "lstm" if model in OKTOPK_LANGUAGE_MODELS else "vgg"
+    options: dict[str, Any] = {"bands": script} if script != "vgg" else {}
+    if preset == "paper":
+        options["warmup"] = OKTOPK_PAPER_WARMUP[script]
+    return options
 
 
 #: the selector of Ok-Topk methods (a placeholder: the collective selects)
@@ -131,13 +156,17 @@ OKTOPK_DEPARTURES: tuple[str, ...] = (
     "the tau / tau_r schedule counts from the end of the warm-up",
 )
 register_method(Method(name="oktopk", selector=OKTOPK_SELECTOR, collective="oktopk", algorithm="plain",
-                       preset_options=oktopk_preset_options,
-                       description="Ok-Topk (Li & Hoefler, PPoPP'22) as its reference code: thresholds reused "
-                                   "between re-evaluations, plain allgather",
+                       preset_options=oktopk_preset_options, config_defaults={"residual_rule": "paper"},
+                       description="Ok-Topk (Li & Hoefler, PPoPP'22) as its reference code runs it: thresholds "
+                                   "exact every 32 calls, reused between with the VGG script's factors (the LSTM "
+                                   "script's for language models), index regions from selection quantiles every 64, "
+                                   "plain Allgatherv, the reference's residual rule (residual_rule=mass: "
+                                   "mass-conserving)",
                        departures=OKTOPK_DEPARTURES))
 register_method(Method(name="oktopk-balanced", selector=OKTOPK_SELECTOR, collective="oktopk", algorithm="balanced",
-                       preset_options=oktopk_preset_options,
-                       description="Ok-Topk with the paper's balanced allgather", departures=OKTOPK_DEPARTURES))
+                       preset_options=oktopk_preset_options, config_defaults={"residual_rule": "paper"},
+                       description="Ok-Topk as oktopk (reference rule and factors), with the paper's balanced "
+                                   "allgather", departures=OKTOPK_DEPARTURES))
 register_method(Method(name="oktopk-exact", selector="topk", collective="oktopk-exact",
                        description="Ok-Topk-style, exact global top-k every call (the project's earlier oktopk)",
                        departures=("exact global top-k every call and histogram-balanced regions (the paper "
