@@ -6,8 +6,9 @@ and this thread's CPU time (``time.thread_time``) of each phase:
 
 - ``pack``: moving the operand to the send device and packing values + indices into one
   uint8 buffer;
-- ``sendrecv``: posting the isend/irecv (header messages included) and waiting for them;
-  with an active :class:`~gtopk_lab.network.pacing.LinkPacer` also the pacing sleep;
+- ``sendrecv``: posting the isend/irecv (one buffer per message) and waiting for the
+  receive (sends complete at the call's end); with an active
+  :class:`~gtopk_lab.network.pacing.LinkPacer` also the pacing sleep;
 - ``unpack``: viewing (or copying) the received buffer as values and indices;
 - ``merge``: ``merge_sparse`` of the two operands (top-k of their sparse sum);
 
