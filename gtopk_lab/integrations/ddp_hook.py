@@ -89,7 +89,8 @@ class SparseHookState:
 
     Tuned by the user: ``density`` (0 < rho <= 1), ``method`` (a per-step registered method:
     :func:`hook_methods`; a local-steps one is refused with one line), ``algorithm`` (gTop-k
-    pattern: butterfly | tree), ``residual_rule`` (paper | mass), ``warmup_iterations`` (dense
+    pattern: butterfly | tree), ``residual_rule`` (paper | mass; None: the method's, e.g. Ok-Topk's
+    reference rule, else mass), ``warmup_iterations`` (dense
     iterations first, >= 0), ``selection`` (model | bucket), ``selector`` (registry name; None:
     the method's), ``process_group`` (None: default), ``options`` (the method's options, as in a
     run's ``extra``; checked by the method). Internal state: ``iteration`` (completed backward
@@ -102,7 +103,7 @@ class SparseHookState:
     density: float = 0.01
     method: str = "gtopk"
     algorithm: str = "butterfly"
-    residual_rule: str = "mass"
+    residual_rule: str | None = None
     warmup_iterations: int = 1
     selection: str = "model"
     selector: str | None = None
@@ -132,7 +133,7 @@ class SparseHookState:
             raise ValueError(f"density={self.density!r} is invalid: expected a number in (0, 1]")
         self.density = float(self.density)
         for name, allowed in (("method", available_methods()), ("algorithm", SPARSE_ALGORITHMS),
-                              ("residual_rule", RESIDUAL_RULES), ("selection", SELECTION_SCOPES),
+                              ("residual_rule", (None, *RESIDUAL_RULES)), ("selection", SELECTION_SCOPES),
                               ("selector", (None, *available_selectors()))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: expected one of "

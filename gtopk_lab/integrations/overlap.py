@@ -137,7 +137,7 @@ class WaitFreeBackprop:
 
     Parameters: ``model``; ``density`` (0, 1]; ``method`` a per-step registered method (a
     local-steps one is refused with one line); ``algorithm`` butterfly | tree (gTop-k);
-    ``residual_rule`` paper | mass; ``scope`` layer | model; ``overlap`` (layer scope only);
+    ``residual_rule`` paper | mass (None: the method's, else mass); ``scope`` layer | model; ``overlap`` (layer scope only);
     ``min_group_numel`` (>= 0); ``network`` for the modelled figures (default: unthrottled);
     ``group`` process group; ``timeout_s`` for :meth:`finish`; ``options`` the method's
     options, as a run's ``extra`` holds them.
@@ -149,7 +149,7 @@ class WaitFreeBackprop:
     """
 
     def __init__(self, model: nn.Module, density: float, method: str = "gtopk",
-                 algorithm: str = "butterfly", residual_rule: str = "mass", scope: str = "layer",
+                 algorithm: str = "butterfly", residual_rule: str | None = None, scope: str = "layer",
                  overlap: bool = True, min_group_numel: int = 0, network: NetworkModel | None = None,
                  group: Any = None, timeout_s: float = 300.0, options: dict[str, Any] | None = None) -> None:
         if not isinstance(model, nn.Module):
@@ -158,9 +158,10 @@ class WaitFreeBackprop:
             raise ValueError(f"density={density!r} is invalid: expected a number in (0, 1]")
         for name, value, allowed in (("method", method, available_methods()),
                                      ("algorithm", algorithm, SPARSE_ALGORITHMS),
-                                     ("residual_rule", residual_rule, RESIDUAL_RULES), ("scope", scope, SCOPES)):
+                                     ("residual_rule", residual_rule, (None, *RESIDUAL_RULES)),
+                                     ("scope", scope, SCOPES)):
             if value not in allowed:
-                raise ValueError(f"{name}={value!r} is invalid: expected one of {', '.join(allowed)}")
+                raise ValueError(f"{name}={value!r} is invalid: expected one of {', '.join(map(str, allowed))}")
         if isinstance(min_group_numel, bool) or not isinstance(min_group_numel, int) or min_group_numel < 0:
             raise ValueError(f"min_group_numel={min_group_numel!r} is invalid: expected an integer >= 0")
         if not isinstance(overlap, bool):

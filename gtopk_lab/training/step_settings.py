@@ -61,7 +61,8 @@ class StepSettings:
 
     method: Method
     world: int = 1
-    residual_rule: str = "mass"
+    #: None: the method's own default (``Method.config_defaults["residual_rule"]``), else "mass"
+    residual_rule: str | None = None
     selector: str | None = None
     algorithm: str | None = None
     grad_clip: float | None = None
@@ -83,6 +84,8 @@ class StepSettings:
             raise ValueError(f"world={world!r} is invalid: expected an integer >= 1")
         if self.grad_clip_mode not in GRAD_CLIP_MODES:
             raise ValueError(f"grad_clip_mode={self.grad_clip_mode!r} is invalid: expected aggregated or local")
+        if self.residual_rule is None:
+            object.__setattr__(self, "residual_rule", method.config_defaults.get("residual_rule", "mass"))
         if self.residual_rule not in RESIDUAL_RULES:
             raise ValueError(f"residual_rule={self.residual_rule!r} is invalid: expected one of "
                              f"{', '.join(RESIDUAL_RULES)}")
