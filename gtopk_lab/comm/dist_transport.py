@@ -15,7 +15,7 @@ program's wire format (:mod:`gtopk_lab.comm.wire`):
 
 Sends complete only at :meth:`~DistTransport.finish`, so no rank waits for its own send
 before its receive. :meth:`~DistTransport.plan` posts receives one round ahead when the
-schedule is known (gTop-k): the first before the caller's local work, each next one as soon
+schedule is known (gTop-k with exact-k): the first before the caller's local work, each next one as soon
 as the round before it is done, one outstanding at a time, in program order; the peer's
 message then finds its buffer waiting (on 2 loaded cores, posting both calls at once waited
 ~1 ms for gloo's I/O thread). Each round is paced by an active
@@ -76,7 +76,7 @@ class DistTransport(Transport):
     def __init__(self, group: dist.ProcessGroup | None, device: torch.device, wire: WireFormat, *,
                  profile: RoundProfile | None = None, eager: bool | None = None) -> None:
         self.group, self.device, self.wire, self.profile = group, device, wire, profile
-        self.eager = str(dist.get_backend(group)).lower() != "nccl" if eager is None else eager
+        self._eager = eager
         self.pacer = active_pacer()
         self._sends: list[tuple[dist.Work, torch.Tensor]] = []
         self._planned: deque[int] = deque()
@@ -84,6 +84,14 @@ class DistTransport(Transport):
         self._open = False
         self._sent = self._recv = 0
         self._stamp: tuple[float, float] | None = None
+
+    @property
+    def eager(self) -> bool:
+        """Receives of unknown size go into a capacity buffer (gloo); asked only when a size
+        is unknown, so the exact-k path never looks the backend up."""
+        if self._eager is None:
+            self._eager = str(dist.get_backend(self.group)).lower() != "nccl"
+        return self._eager
 
     # ------------------------------------------------------------------ receives posted ahead
     def plan(self, receive_peers: list[int]) -> None:
@@ -177,15 +185,19 @@ class DistTransport(Transport):
             work.wait()
             buf, work = self._irecv(int(size.view(torch.int64).item()), src)
             work.wait()
-        head = wire.head_bytes(buf)
-        if head is None:
-            raise RuntimeError(f"a message from rank {src} is shorter than its header")
-        head_bytes, total = head
-        if total > buf.numel():  # it came as its header alone: the payload follows
-            payload, work = self._irecv(total - head_bytes, src)
-            work.wait()
+        if wire.fixed_bytes is not None:
+            payload = buf
+            total = buf.numel()
         else:
-            payload = buf[head_bytes:total]
+            head = wire.head_bytes(buf)
+            if head is None:
+                raise RuntimeError(f"a message from rank {src} is shorter than its header")
+            head_bytes, total = head
+            if total > buf.numel():  # it came as its header alone: the payload follows
+                payload, work = self._irecv(total - head_bytes, src)
+                work.wait()
+            else:
+                payload = buf[head_bytes:total]
         self._recv += total
         self._post_next()  # before this round's merge, so the peer's next message finds a buffer
         self._close()

@@ -91,11 +91,11 @@ class Recorder:
     def wrap(self, program: Generator[Any, Any, Any]) -> Generator[Round, Any, Any]:
         """Run ``program`` under a driver: yields one :data:`Round` per request, records it, and
         returns the program's own return value."""
-        nbytes = self.wire.nbytes
+        nbytes, rank, world = self.wire.nbytes, self.rank, self.world
         try:
             request = next(program)
             while True:
-                dst, src, payload, phase = route(request, self.rank, self.world)
+                dst, src, payload, phase = route(request, rank, world)
                 sent = nbytes(payload) if dst is not None else 0  # validates before anything is posted
                 reply = yield (dst, src, payload)
                 recv = nbytes(reply) if src is not None else 0

@@ -166,10 +166,11 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     check_exact_k(exact_k, {"this rank": values.numel()}, k)  # before anything is posted
     messages = sparse_wire(values.dtype, index_dtype(numel), k, exact_k)
     transport = DistTransport(group, device, messages, profile=prof)
-    if world > 1:  # every receive's buffer waits for its message (see DistTransport.plan)
-        # a receive posted ahead cannot be taken back: a bad index must fail before it (one
-        # min/max pass of k entries, 5-15 us); the program's sort checks it again for free
-        check_sparse(values, indices, numel, name=name)
+    if exact_k and world > 1:
+        # every receive's buffer waits for its message (DistTransport.plan), the first posted
+        # before the local sort. A receive posted ahead cannot be taken back, so a bad index
+        # (which the sort's compiled pass finds) leaves one that takes a later message; with
+        # counts, receives are posted as each round comes, and a bad index leaves nothing
         transport.plan([s.peer for s in sparse_schedule(algorithm, rank, world) if s.op != "send"])
     if prof is not None:  # the program adds its own range check and sort to prep
         prof.stop("prep", stamp)

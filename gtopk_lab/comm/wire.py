@@ -112,14 +112,16 @@ class PartsWire(WireFormat):
         return (payload,) if len(self.dtypes) == 1 and isinstance(payload, torch.Tensor) else tuple(payload)
 
     def nbytes(self, payload: Any) -> int:
-        first = self._parts(payload)[0]  # a part of another dtype travels as its bytes
-        n = first.numel() * first.element_size() // self.dtypes[0].itemsize
+        first = payload if isinstance(payload, torch.Tensor) else payload[0]
+        n = first.numel()
+        if first.dtype != self.dtypes[0]:  # a part of another dtype travels as its bytes
+            n = n * first.element_size() // self.dtypes[0].itemsize
         if self.count is not None and n != self.count:  # a broken promise would hang the peer
             raise ValueError(f"exact_k: this rank would send {n} pairs, expected exactly {self.count}")
         return self.header + n * self.element_bytes
 
     def encode(self, payload: Any, device: torch.device) -> torch.Tensor:
-        parts = [_as_bytes(p.to(device)) for p in self._parts(payload)]
+        parts = [p.to(device).contiguous().view(torch.uint8) for p in self._parts(payload)]
         if self.header:
             n = parts[0].numel() // self.dtypes[0].itemsize
             parts.insert(0, torch.tensor([n], dtype=torch.int64, device=device).view(torch.uint8))
