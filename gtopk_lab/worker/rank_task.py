@@ -256,6 +256,9 @@ def run_rank(
     from gtopk_lab.config import RunConfig
 
     tune_for_collectives()  # the nanny's MALLOC_TRIM_THRESHOLD_ maps every message anew
+    # numba's merge kernels, loaded once per process (~0.5-1 s of CPU; compiled, ~5 s, on a
+    # cold cache): else the first sparse collective pays it, booked as communication
+    import gtopk_lab.compression.fast_merge_warm  # noqa: F401
     config = RunConfig.from_dict(config_dict)
     run_id = config.run_id
     if not run_id:
