@@ -49,7 +49,7 @@ from gtopk_lab.testbed.shaping import (
 
 __all__ = [
     "NAMESPACE_PREFIX", "TestbedError", "Link", "check_name", "create_network", "destroy_network",
-    "host_namespace", "link_names", "namespace_pids", "parse_rate_bps", "set_link_up", "shape",
+    "host_namespace", "link_names", "namespace_pids", "process_alive", "parse_rate_bps", "set_link_up", "shape",
     "switch_namespace", "testbed_names", "testbed_problem",
 ]
 
@@ -341,14 +341,15 @@ def _stop_pids(pids: set[int], grace_s: float) -> None:
                 pass
         deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
         while pids and time.monotonic() < deadline:
-            pids = {pid for pid in pids if _alive(pid)}
+            pids = {pid for pid in pids if process_alive(pid)}
             if pids:
                 time.sleep(0.05)
         if not pids:
             return
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not; one of our children is reaped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

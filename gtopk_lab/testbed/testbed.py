@@ -49,7 +49,7 @@ from typing import Any
 from gtopk_lab.orchestration.local_deployment import dask_command
 from gtopk_lab.testbed.links import (
     DEFAULT_BURST_S, DEFAULT_QUEUE_S, Link, TestbedError, check_name, create_network, destroy_network,
-    host_links, namespace_pids, parse_rate_bps, set_link_up, shape, testbed_names, testbed_problem,
+    host_links, namespace_pids, parse_rate_bps, process_alive, set_link_up, shape, testbed_names, testbed_problem,
 )
 
 __all__ = ["SCHEDULER_PORT", "Testbed", "change_host", "remove_testbed", "state_path", "testbed_status"]
@@ -329,17 +329,7 @@ def _is_stale(state: dict[str, Any] | None) -> bool:
     if state.get("detached"):
         return False
     owner = state.get("owner_pid")
-    return not (isinstance(owner, int) and _pid_alive(owner))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return not (isinstance(owner, int) and process_alive(owner))
 
 
 def testbed_status(name: str) -> dict[str, Any] | None:
