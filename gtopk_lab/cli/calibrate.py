@@ -1,4 +1,10 @@
-"""``gtopk-lab calibrate``: ping-pong over the real backend, fit alpha and beta."""
+"""``gtopk-lab calibrate``: ping-pong over the real backend, fit alpha and beta.
+
+Without ``--scheduler`` the ranks are spawned here on 127.0.0.1 (this machine's
+loopback); with ``--scheduler ADDRESS`` they are Dask tasks on two workers on different
+hosts of that cluster (two hosts of ``gtopk-lab testbed``, two machines), so the fit is
+the link between them (``orchestration.link_calibration``).
+"""
 
 from __future__ import annotations
 
@@ -18,8 +24,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=10, help="timed round trips per size (default 10)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--timeout", type=float, default=60.0, help="process-group timeout in seconds")
+    parser.add_argument("--scheduler", default=None,
+                        help="measure the link between two workers of this Dask cluster "
+                             "(tcp://HOST:PORT) instead of ranks spawned here")
+    parser.add_argument("--link", default=None, metavar="WORKER,WORKER",
+                        help="with --scheduler: the two worker addresses (default: the first two "
+                             "on different hosts)")
+    parser.add_argument("--connect-timeout", type=float, default=10.0,
+                        help="with --scheduler: seconds to reach the scheduler (default 10)")
     parser.add_argument("--out", default=None, help="write the calibration JSON here (usable as --bandwidth FILE)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _on_cluster(args: argparse.Namespace, sizes: list[int]):
+    from gtopk_lab.orchestration.cluster import SchedulerUnreachable, connect
+    from gtopk_lab.orchestration.link_calibration import calibrate_cluster
+
+    if args.backend != "gloo":
+        raise UsageError(f"--backend={args.backend} is invalid with --scheduler: the link is measured with gloo")
+    link = [w.strip() for w in args.link.split(",")] if args.link else None
+    try:
+        client, _ = connect(args.scheduler, None, None, tls_ca_file=None, tls_cert=None, tls_key=None,
+                            resources=None, connect_timeout_s=args.connect_timeout)
+    except SchedulerUnreachable as exc:
+        raise UsageError(str(exc)) from None
+    with client:
+        return calibrate_cluster(client, link, sizes, repeats=args.repeats, timeout_s=args.timeout)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,15 +60,21 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers={args.workers} is invalid: expected an integer >= 2")
     if args.repeats < 1:
         raise UsageError(f"--repeats={args.repeats} is invalid: expected an integer >= 1")
+    if args.link and not args.scheduler:
+        raise UsageError("--link needs --scheduler: it names two workers of that cluster")
     sizes = parse_sizes_bytes(args.sizes)
-    result = calibrate(workers=args.workers, sizes_bytes=sizes, repeats=args.repeats,
-                       backend=args.backend, timeout_s=args.timeout)
+    if args.scheduler:
+        result = _on_cluster(args, sizes)
+    else:
+        result = calibrate(workers=args.workers, sizes_bytes=sizes, repeats=args.repeats,
+                           backend=args.backend, timeout_s=args.timeout)
     if args.out:
         result.save(args.out)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
-    print(f"backend {result.backend}, {result.workers} ranks, {result.repeats} repeats, {result.wall_s:.1f} s")
+    where = f"link {result.endpoints[0]} <-> {result.endpoints[1]}" if result.endpoints else f"{result.workers} ranks"
+    print(f"backend {result.backend}, {where}, {result.repeats} repeats, {result.wall_s:.1f} s")
     print(f"{'bytes':>12} {'one-way (us)':>14} {'fit (us)':>10} {'error':>8}")
     for n, t, e in zip(result.sizes_bytes, result.times_s, result.relative_residuals):
         fit = result.alpha_s + result.beta_s_per_byte * n

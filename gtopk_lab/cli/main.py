@@ -18,11 +18,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gtopk_lab.cli import bench, calibrate, demo, methods, model, models, report, run, runs, study, sweep
+from gtopk_lab.cli import (
+    bench, calibrate, demo, methods, model, models, report, run, runs, study, sweep, testbed,
+)
 from gtopk_lab.cli.errors import UsageError
 
 #: Sub-command modules, in the order ``--help`` lists them.
-COMMANDS = (run, sweep, study, runs, demo, report, bench, calibrate, model, models, methods)
+COMMANDS = (run, sweep, study, runs, demo, report, bench, calibrate, model, models, methods, testbed)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -6,6 +6,8 @@
   raises ``RuntimeError`` with the failing rank's traceback, kills everything on timeout.
 - :func:`set_single_thread` — one intra-op thread per process (many ranks share few cores).
 - :func:`master_store` — a ``TCPStore`` master that listens on one address only.
+- :func:`bind_to_interface` — point gloo and NCCL at the interface that carries a
+  worker's address (:func:`interface_for_address`), unless the environment chose one.
 
 The rendezvous store is a ``TCPStore`` owned by the calling process on a port the OS picks
 (port 0), so concurrent ``run_gloo`` calls never collide and there is no port race.
@@ -22,23 +24,27 @@ Example::
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import pickle
 import queue as queue_mod
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 
 from gtopk_lab.comm.allocator import tune_for_collectives
 from gtopk_lab.comm.process_start import adopt_state, child_state, process_context
 
-__all__ = ["free_port", "run_gloo", "set_single_thread", "master_store", "LOCALHOST"]
+__all__ = ["free_port", "run_gloo", "set_single_thread", "master_store", "LOCALHOST",
+           "InterfaceBinding", "bind_to_interface", "interface_for_address", "SOCKET_IFNAME_VARS"]
 
 LOCALHOST = "127.0.0.1"
 
@@ -89,6 +95,84 @@ def master_store(host: str, world_size: int | None, timeout: timedelta) -> dist.
     except Exception:
         os.close(fd)
         raise
+
+
+#: The variables through which gloo and NCCL take the interface their sockets bind to.
+SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+#: what :func:`bind_to_interface` itself set in this process (so a later run does not take
+#: its own earlier choice for the operator's)
+_BOUND_HERE: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class InterfaceBinding:
+    """The interface a rank's gloo / NCCL sockets use, and why."""
+
+    interface: str
+    #: "GLOO_SOCKET_IFNAME" (the environment's choice) or "worker address <ip>"
+    source: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"interface": self.interface, "source": self.source}
+
+
+def interface_for_address(address: str) -> str | None:
+    """The name of this host's interface that carries ``address`` (an IP or a host name,
+    resolved to its addresses; IPv4 or IPv6), or None when no interface does."""
+    try:
+        wanted = {ipaddress.ip_address(address)}
+    except ValueError:
+        try:
+            wanted = {ipaddress.ip_address(info[4][0].split("%")[0])
+                      for info in socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)}
+        except (socket.gaierror, ValueError):
+            return None
+    for name, addrs in psutil.net_if_addrs().items():
+        for addr in addrs:
+            if addr.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            try:
+                if ipaddress.ip_address(addr.address.split("%")[0]) in wanted:
+                    return name
+            except ValueError:
+                continue
+    return None
+
+
+def bind_to_interface(host: str, environ: MutableMapping[str, str] | None = None) -> InterfaceBinding:
+    """Make gloo (``GLOO_SOCKET_IFNAME``) and NCCL (``NCCL_SOCKET_IFNAME``) bind to the
+    interface that carries ``host``, the address the rank's Dask worker is reached at.
+
+    Without it gloo binds to the address the machine's hostname resolves to, which on
+    many Debian/Ubuntu hosts is 127.0.1.1 (``/etc/hosts``): each rank then tells its
+    peers a loopback address, and a multi-host run fails in ``connectFullMesh``.
+
+    1. A variable already set in ``environ`` (default ``os.environ``) by the operator wins
+       and is left alone; the binding then reports ``GLOO_SOCKET_IFNAME``.
+    2. Otherwise the interface carrying ``host`` (:func:`interface_for_address`) is
+       written into both variables of ``environ`` (gloo and NCCL read them when a
+       process group is created, so it must happen before ``init_process_group``).
+    3. No interface carries ``host`` (a contact address that is not this machine's):
+       ``ValueError``, one line, instead of a rendezvous that times out.
+    Cost: one ``getifaddrs`` (microseconds); a host name adds one resolver call.
+    """
+    env = os.environ if environ is None else environ
+    chosen = {var: env[var] for var in SOCKET_IFNAME_VARS
+              if env.get(var) and env.get(var) != _BOUND_HERE.get(var)}
+    if "GLOO_SOCKET_IFNAME" in chosen:
+        return InterfaceBinding(chosen["GLOO_SOCKET_IFNAME"], "GLOO_SOCKET_IFNAME")
+    interface = interface_for_address(host)
+    if interface is None:
+        names = ", ".join(sorted(psutil.net_if_addrs()))
+        raise ValueError(f"worker address {host!r} is on no network interface of this host "
+                         f"({names}): start the worker with --host set to one of its own "
+                         "addresses, or set GLOO_SOCKET_IFNAME")
+    for var in SOCKET_IFNAME_VARS:
+        if var not in chosen:
+            env[var] = interface
+            if environ is None:
+                _BOUND_HERE[var] = interface
+    return InterfaceBinding(interface, f"worker address {host}")
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,

@@ -4,7 +4,11 @@ Method (the classic Hockney fit):
 
 1. spawn ``workers`` real ranks (``torch.distributed``, gloo on CPU or NCCL on GPU) on
    127.0.0.1 with a free port; ranks ``2i`` and ``2i+1`` form ping-pong pairs, all pairs
-   at once (with more than 2 workers that measures a loaded host, not an idle link);
+   at once (with more than 2 workers that measures a loaded host, not an idle link).
+   Across the machines of a Dask cluster instead (the link between two workers, e.g. two
+   hosts of ``gtopk-lab testbed``): ``orchestration.link_calibration.calibrate_cluster``
+   runs steps 2-3 as one Dask task per worker (:func:`pingpong_medians`,
+   :func:`result_from_medians`);
 2. for every message size ``n`` (bytes): a few warm-up exchanges, then ``repeats``
    round trips ``send(n) -> recv(n)`` timed on the wall clock; one-way time =
    round trip / 2, the median over repeats is kept (robust to OS jitter);
@@ -47,6 +51,8 @@ __all__ = [
     "fit_alpha_beta",
     "measure_gamma_s_per_element",
     "parse_sizes_bytes",
+    "pingpong_medians",
+    "result_from_medians",
 ]
 
 DEFAULT_SIZES_BYTES: tuple[int, ...] = (1 << 10, 64 << 10, 1 << 20, 16 << 20)
@@ -123,6 +129,8 @@ class CalibrationResult:
     alpha_s: float
     beta_s_per_byte: float
     wall_s: float
+    #: the Dask workers whose link was measured (``calibrate_cluster``); None: local ranks
+    endpoints: list[str] | None = None
     host: str = field(default_factory=platform.node)
     created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat())
 
@@ -145,6 +153,8 @@ class CalibrationResult:
             "relative_residuals": self.relative_residuals, "wall_s": self.wall_s,
             "host": self.host, "created": self.created,
         })
+        if self.endpoints is not None:
+            out["endpoints"] = self.endpoints
         return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -160,6 +170,58 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def pingpong_medians(rank: int, world: int, sizes: Sequence[int], repeats: int, warmup: int,
+                     device: Any = None) -> list[float]:
+    """Steps 1-2 of the module docstring on an initialised default process group: ranks
+    ``2i`` and ``2i+1`` ping-pong every size; returns this rank's median one-way time per
+    size (NaN for a rank without a partner). Every rank must call it (barriers)."""
+    import torch
+    import torch.distributed as dist
+
+    device = device if device is not None else torch.device("cpu")
+    cuda = getattr(device, "type", "cpu") == "cuda"
+    partner = rank ^ 1
+    active = partner < world
+    medians: list[float] = []
+    for size in sizes:
+        buf = torch.zeros(size, dtype=torch.uint8, device=device)
+        samples: list[float] = []
+        dist.barrier()
+        for i in range(warmup + repeats):
+            if not active:
+                continue
+            if cuda:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            if rank % 2 == 0:
+                dist.send(buf, partner)
+                dist.recv(buf, partner)
+            else:
+                dist.recv(buf, partner)
+                dist.send(buf, partner)
+            if cuda:
+                torch.cuda.synchronize(device)
+            if i >= warmup:
+                samples.append((time.perf_counter() - t0) / 2.0)
+        medians.append(statistics.median(samples) if samples else float("nan"))
+    dist.barrier()
+    return medians
+
+
+def result_from_medians(reports: dict[int, list[float]], sizes: Sequence[int], *, backend: str,
+                        repeats: int, wall_s: float, endpoints: list[str] | None = None
+                        ) -> CalibrationResult:
+    """Step 3: the fit over every pair's medians (rank ``2i``'s report per pair)."""
+    workers = len(reports)
+    sizes = [int(n) for n in sizes]
+    pair_times = [[reports[r][i] for r in range(0, workers - 1, 2)] for i in range(len(sizes))]
+    times = [statistics.median(col) for col in pair_times]
+    alpha, beta = fit_alpha_beta(sizes, times)
+    return CalibrationResult(backend=backend, workers=workers, sizes_bytes=sizes, times_s=times,
+                             pair_times_s=pair_times, repeats=repeats, alpha_s=alpha,
+                             beta_s_per_byte=beta, wall_s=wall_s, endpoints=endpoints)
 
 
 def _pingpong_rank(rank: int, world: int, port: int, backend: str, sizes: list[int], repeats: int,
@@ -178,32 +240,7 @@ def _pingpong_rank(rank: int, world: int, port: int, backend: str, sizes: list[i
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
         try:
-            partner = rank ^ 1
-            active = partner < world
-            medians: list[float] = []
-            for size in sizes:
-                buf = torch.zeros(size, dtype=torch.uint8, device=device)
-                samples: list[float] = []
-                dist.barrier()
-                for i in range(warmup + repeats):
-                    if not active:
-                        continue
-                    if backend == "nccl":
-                        torch.cuda.synchronize(device)
-                    t0 = time.perf_counter()
-                    if rank % 2 == 0:
-                        dist.send(buf, partner)
-                        dist.recv(buf, partner)
-                    else:
-                        dist.recv(buf, partner)
-                        dist.send(buf, partner)
-                    if backend == "nccl":
-                        torch.cuda.synchronize(device)
-                    if i >= warmup:
-                        samples.append((time.perf_counter() - t0) / 2.0)
-                medians.append(statistics.median(samples) if samples else float("nan"))
-            dist.barrier()
-            queue.put((rank, medians, None))
+            queue.put((rank, pingpong_medians(rank, world, sizes, repeats, warmup, device), None))
         finally:
             dist.destroy_process_group()
     except BaseException:  # report to the parent instead of dying silently
@@ -265,13 +302,8 @@ def calibrate(workers: int = 2, sizes_bytes: Sequence[int] = DEFAULT_SIZES_BYTES
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5.0)
-    wall_s = time.perf_counter() - start
-    pair_times = [[reports[r][i] for r in range(0, workers - 1, 2)] for i in range(len(sizes))]
-    times = [statistics.median(col) for col in pair_times]
-    alpha, beta = fit_alpha_beta(sizes, times)
-    return CalibrationResult(backend=backend, workers=workers, sizes_bytes=sizes, times_s=times,
-                             pair_times_s=pair_times, repeats=repeats, alpha_s=alpha,
-                             beta_s_per_byte=beta, wall_s=wall_s)
+    return result_from_medians(reports, sizes, backend=backend, repeats=repeats,
+                               wall_s=time.perf_counter() - start)
 
 
 def measure_gamma_s_per_element(k: int = 100_000, repeats: int = 5, numel: int | None = None,

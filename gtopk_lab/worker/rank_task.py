@@ -13,7 +13,11 @@ One run of P ranks is P calls of :func:`run_rank`, one per Dask worker:
    One variable per run id, so two runs never share a rendezvous.
 2. **Process group.** ``init_process_group(backend, store=..., timeout=timeout_s)``:
    NCCL on a worker that holds a ``GPU`` resource and sees CUDA, gloo otherwise.
-   The timeout bounds how long a rank waits for a dead or late peer.
+   The timeout bounds how long a rank waits for a dead or late peer. Before it, the
+   rank binds gloo's and NCCL's sockets to the interface that carries its worker's
+   address (``comm.launch.bind_to_interface``; ``GLOO_SOCKET_IFNAME`` /
+   ``NCCL_SOCKET_IFNAME`` set by the operator win) and leaves its choice in the store;
+   rank 0's summary lists every rank's (``network_interfaces``).
 3. **Training.** ``train_rank(config, sink, device)``. The sink sends each batch of
    metric rows to the scheduler with ``Worker.log_event("gtopk-<run_id>", rows)``
    (one event per batch: the scheduler keeps only the last 1000 events per topic),
@@ -40,6 +44,7 @@ against the iteration time.
 from __future__ import annotations
 
 import datetime
+import json
 import socket
 import time
 import traceback
@@ -193,6 +198,31 @@ def _read_rendezvous(key: str, client: Any, timeout_s: float) -> str:
         ) from exc
 
 
+def join_process_group(worker: Any, client: Any, key: str, rank: int, world: int, backend: str,
+                       timeout: datetime.timedelta) -> tuple[Any, Any]:
+    """Steps 1-2 of the module docstring for this worker's rank: bind gloo/NCCL to the
+    worker's interface, meet the other ranks through the Dask Variable named after
+    ``key`` and the TCPStore of rank 0, and initialise the default process group.
+    Returns ``(store, binding)`` (``comm.launch.InterfaceBinding``); the caller destroys
+    the group. Cost: one Variable round trip to the scheduler and the group's own set-up."""
+    import torch.distributed as dist
+
+    from gtopk_lab.comm.launch import bind_to_interface, master_store
+
+    own_host = _worker_host(worker)
+    binding = bind_to_interface(own_host)  # before the group: gloo reads it at creation
+    if rank == 0:
+        store = master_store(own_host, world, timeout)  # listens on this address only
+        _publish_rendezvous(key, f"{own_host}:{store.port}", client)
+    else:
+        address = _read_rendezvous(key, client, timeout.total_seconds())
+        host, port = address.rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), world, False, timeout=timeout)
+    store.set(f"gtopk/interface/{rank}", json.dumps(binding.to_dict()))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    return store, binding
+
+
 def run_rank(
     config_dict: dict[str, Any],
     rank: int,
@@ -223,10 +253,12 @@ def run_rank(
     from distributed import get_client, get_worker
 
     from gtopk_lab.comm.allocator import tune_for_collectives
-    from gtopk_lab.comm.launch import master_store
     from gtopk_lab.config import RunConfig
 
     tune_for_collectives()  # the nanny's MALLOC_TRIM_THRESHOLD_ maps every message anew
+    # numba's merge kernels, loaded once per process (~0.5-1 s of CPU; compiled, ~5 s, on a
+    # cold cache): else the first sparse collective pays it, booked as communication
+    import gtopk_lab.compression.fast_merge_warm  # noqa: F401
     config = RunConfig.from_dict(config_dict)
     run_id = config.run_id
     if not run_id:
@@ -251,16 +283,7 @@ def run_rank(
                                  hard_stop_after_s=float(timeout_s) + 10.0,
                                  label=f"rank {rank} of run {run_id}").start()
     try:
-        if rank == 0:
-            host = _worker_host(worker)
-            store = master_store(host, config.workers, timeout)  # listens on this address only
-            _publish_rendezvous(key, f"{host}:{store.port}", client)
-        else:
-            address = _read_rendezvous(key, client, float(timeout_s))
-            host, port = address.rsplit(":", 1)
-            store = dist.TCPStore(host, int(port), config.workers, False, timeout=timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=config.workers,
-                                timeout=timeout)
+        store, binding = join_process_group(worker, client, key, rank, config.workers, backend, timeout)
         initialised = True
         sink = EventSink(worker, run_id, rank, cancel_key=key, watchdog=watchdog)
         ckpt_kwargs = {name: value for name, value in (("checkpoint_dir", checkpoint_dir),
@@ -271,13 +294,17 @@ def run_rank(
         summary = getattr(result, "summary", None)
         if rows is None and isinstance(result, dict):  # tolerate a plain dict result
             rows, summary = result.get("rows", []), result.get("summary", {})
+        summary = dict(summary or {})
+        if rank == 0:
+            summary["network_interfaces"] = _interfaces(store, config.workers)
         return {
             "rank": rank,
             "worker": str(worker.address),
             "rows": to_plain(list(rows or [])),
-            "summary": to_plain(dict(summary or {})),
+            "summary": to_plain(summary),
             "backend": backend,
             "device": str(device),
+            "interface": binding.interface,
         }
     except BaseException as exc:
         # Name the rank and worker in the message the client shows; keep the chain.
@@ -293,6 +320,12 @@ def run_rank(
             except Exception:
                 pass
         del store
+
+
+def _interfaces(store: Any, world: int) -> list[dict[str, str]]:
+    """Every rank's interface binding, in rank order, as each left it in the store before
+    the group formed (so all are there once the group is up)."""
+    return [json.loads(store.get(f"gtopk/interface/{r}").decode()) for r in range(world)]
 
 
 #: How long a rank whose peer left waits to learn that the run was cancelled.

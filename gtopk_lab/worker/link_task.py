@@ -1,0 +1,48 @@
+"""The Dask task of a link calibration: one rank of a ping-pong between two workers.
+
+``gtopk-lab calibrate --scheduler ADDRESS`` (client side:
+:func:`gtopk_lab.orchestration.link_calibration.calibrate_cluster`) runs
+:func:`calibrate_link_rank` on two workers of a cluster, such as two hosts of
+``gtopk-lab testbed``. Each task
+
+1. joins a two-rank gloo group exactly as a training rank does
+   (:func:`~gtopk_lab.worker.rank_task.join_process_group`: bound to the interface that
+   carries its worker's address, rendezvous through a Dask Variable and rank 0's TCPStore);
+2. ping-pongs every size with its partner (:func:`gtopk_lab.network.calibrate.pingpong_medians`);
+3. destroys the group and returns its medians, so the client fits alpha and beta of the
+   link the ranks of a run would use.
+
+Cost: ``sum(sizes) * 2 * (repeats + warmup)`` bytes on the link, plus the group's set-up.
+Worker side only.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from gtopk_lab.network.calibrate import pingpong_medians
+from gtopk_lab.worker.rank_task import join_process_group
+
+__all__ = ["calibrate_link_rank"]
+
+
+def calibrate_link_rank(rank: int, world: int, key: str, sizes: list[int], repeats: int, warmup: int,
+                        timeout_s: float) -> dict[str, Any]:
+    """Rank ``rank`` of ``world`` of the ping-pong named ``key`` (module docstring).
+    Returns ``{"rank", "worker", "interface", "medians_s"}``."""
+    import torch
+    import torch.distributed as dist
+    from distributed import get_client, get_worker
+
+    torch.set_num_threads(1)
+    worker = get_worker()
+    timeout = datetime.timedelta(seconds=float(timeout_s))
+    store, binding = join_process_group(worker, get_client(), key, rank, world, "gloo", timeout)
+    try:
+        medians = pingpong_medians(rank, world, sizes, repeats, warmup)
+    finally:
+        dist.destroy_process_group()
+        del store
+    return {"rank": rank, "worker": str(worker.address), "interface": binding.interface,
+            "medians_s": medians}
