@@ -200,7 +200,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate", action="store_true",
                         help="single-process simulator (P virtual workers, no Dask)")
     parser.add_argument("--resume", metavar="RUN_ID", default=None,
-                        help="continue the failed run RUN_ID (in --out) with its stored config: "
+                        help="continue the failed, cancelled or crashed run RUN_ID (in --out) with its stored config: "
                              "from its last epoch checkpoint when it ran with --checkpoint "
                              "(Dask or --simulate; kept metric rows are extended), else from "
                              "iteration 0")
@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         validate_cluster_args(args)
         with open_lab(args, config.workers, progress=not args.no_progress) as lab:
-            handle = lab.submit(config, resume=resume_at is not None)
+            handle = lab.submit(config, resume=bool(args.resume))  # keeps the stored rows
             if not args.json:
                 print(f"run {handle.run_id} on {len(handle.workers) or config.workers} Dask worker(s); "
                       f"dashboard {lab.dashboard_link}", file=sys.stderr)
