@@ -113,12 +113,13 @@ class RunJournal:
     def _loop(self) -> None:
         while not self._stopped:
             with self._lock:
-                entries = list(self._entries.values())
+                entries: Any = list(self._entries.values())
             now = time.monotonic()
             for entry in entries:
                 if now >= entry.due and not self._stopped:
                     self.flush(entry)
                     entry.due = time.monotonic() + flush_interval_s(entry.handle.timeout_s)
+            entries = entry = None  # an ended run's handle must not wait here for the next tick
             with self._lock:
                 wait = min((e.due for e in self._entries.values()), default=now + FLUSH_S)
             self._wake.wait(max(0.01, min(FLUSH_S, wait - time.monotonic())))

@@ -264,10 +264,12 @@ class Lab:
         self._monitor.admit(handle)  # the folder's lock, then its first heartbeat
         try:
             if resume:
-                from gtopk_lab.training.checkpoint import read_latest
+                from gtopk_lab.training.checkpoint import check_rank_files, read_latest
 
                 folder = _results.checkpoint_folder(self.out, handle.run_id)
-                latest = read_latest(folder)
+                latest = read_latest(folder)  # a damaged checkpoint: one line, nothing written
+                if latest is not None:
+                    check_rank_files(folder, latest)
                 handle.resume = latest is not None
                 stored = _results.rows_on_resume(store.read_metrics(), folder, latest)
                 handle.preload_rows(stored.to_dict("records"), redo_from=latest["iteration"] if latest else 0)

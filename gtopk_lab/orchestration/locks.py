@@ -28,6 +28,7 @@ held (one or two per queued-to-start or running run).
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ __all__ = ["POINTS_DIR", "Held", "lock_run", "try_lock", "try_lock_point", "poin
 
 #: Where the point locks and records live (a hidden folder: not a run).
 POINTS_DIR = ".points"
+
+logger = logging.getLogger("gtopk_lab.orchestration.lab")
 
 
 class Held:
@@ -60,19 +63,28 @@ class Held:
     def held(self) -> bool:
         return self._lock is not None
 
+    def __enter__(self) -> "Held":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
     def __repr__(self) -> str:
         return f"Held({str(self.path)!r}, held={self.held})"
 
 
 def try_lock(path: str | os.PathLike[str]) -> Held | None:
-    """Take the lock file ``path`` now (its folder is made), or None when someone holds it."""
+    """Take the lock file ``path`` now (its folder is made), or None when someone holds it;
+    ``ValueError`` naming it when it cannot be a lock (a folder there, no permission)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(str(path), thread_local=False)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(str(path), thread_local=False)
         lock.acquire(timeout=0)
     except filelock.Timeout:
         return None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be locked: {exc.strerror or exc}") from None
     return Held(lock, path)
 
 
@@ -109,10 +121,12 @@ def try_lock_point(out: str | os.PathLike[str], key: str) -> Held | None:
 
 def point_record(out: str | os.PathLike[str], key: str) -> str | None:
     """The run id that completed point ``key`` in ``out`` (as its client recorded it), or
-    None; a damaged record counts as none (the point is then checked by running it)."""
+    None; a damaged record counts as none (one warning line names it; the point is then
+    run again)."""
     try:
         data = read_json_file(_point_file(out, key, ".json"))
-    except DamagedFile:
+    except DamagedFile as exc:
+        logger.warning("point record %s: %s; running the point to be sure", exc.path, exc.reason)
         return None
     run_id = data.get("run_id") if isinstance(data, dict) else None
     return run_id if isinstance(run_id, str) and run_id else None

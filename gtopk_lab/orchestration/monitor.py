@@ -163,8 +163,12 @@ class RunMonitor:
                 return
             if handle in self._pending:
                 self._pending.remove(handle)
-                self._release_on_scheduler(handle)  # its waiting entry there
                 self.finish(handle, "cancelled", "cancelled before it started")
+                self._release_on_scheduler(handle)  # its waiting entry there
+                try:
+                    _reservations.forget(self.client, topics=[topic_for(handle.run_id)])
+                except Exception:
+                    pass
                 return
             if not handle.request_cancel():
                 return
@@ -182,10 +186,7 @@ class RunMonitor:
             return
         self._let_go(handle)
         handle.deliver()
-        try:
-            self.client.unsubscribe_topic(topic_for(handle.run_id))
-        except Exception:
-            pass
+        self._unsubscribe(handle)
         handle.mark_done()
 
     def _let_go(self, handle: RunHandle) -> None:
@@ -265,10 +266,7 @@ class RunMonitor:
     def _end_as_stored(self, handle: RunHandle, stored: Any) -> None:
         """``handle`` never started and another client completed its point as ``stored``:
         remove what it wrote (its queued folder), end it as that run."""
-        try:
-            self.client.unsubscribe_topic(topic_for(handle.run_id))
-        except Exception:
-            pass
+        self._unsubscribe(handle)
         self.journal.forget(handle)
         folder = Path(self.out) / handle.run_id
         for name in _QUEUED_FILES:
@@ -448,13 +446,23 @@ class RunMonitor:
     def _restart(self, handle: RunHandle) -> None:
         """The last start of ``handle`` drained: give its workers back and queue it again
         (first), from its newest complete checkpoint."""
-        latest = _faults.restart_point(_results.checkpoint_folder(self.out, handle.run_id), handle.config)
+        try:
+            latest = _faults.restart_point(_results.checkpoint_folder(self.out, handle.run_id), handle.config)
+        except (ValueError, OSError) as exc:  # a damaged checkpoint: fail, write nothing over it
+            with self._lock:
+                self._give_back(handle)
+                handle.drop_futures()
+            self._forget_rendezvous(handle)
+            handle.note_failure(None, None, _faults.WORKER_LEFT)
+            self.finish(handle, "failed", f"could not restart after {handle.restart_reasons[-1]}: {exc}")
+            return
         with self._lock:
             self._give_back(handle, keep_place=True)
+            handle.drop_futures()
             handle.prepare_restart(latest["iteration"] if latest else None)
             self._pending.insert(0, handle)
             self._restart_deadlines[handle.run_id] = time.monotonic() + handle.timeout_s
-        self._forget_rendezvous(handle)  # the old start's
+        self._forget_rendezvous(handle, run_ended=False)  # the old start's
         self._wake.set()
 
     def _expire_restarts(self) -> None:
@@ -489,6 +497,7 @@ class RunMonitor:
             if not handle.mark_released():
                 return
             self._give_back(handle)
+            handle.drop_futures()
         self._forget_rendezvous(handle)  # it would outlive the run on the scheduler
         self._wake.set()
 
@@ -514,11 +523,22 @@ class RunMonitor:
         except Exception as exc:
             logger.debug("could not release %s on the scheduler: %s", handle.run_id, exc)
 
-    def _forget_rendezvous(self, handle: RunHandle) -> None:
-        """Delete the start's rendezvous variable on the scheduler (best effort)."""
+    def _forget_rendezvous(self, handle: RunHandle, run_ended: bool = True) -> None:
+        """Delete the start's rendezvous variable on the scheduler and the event topics it
+        would keep for good: the Variable's and, once the run ended, the run's metrics
+        topic (best effort; the soak found both, one a run)."""
         try:
-            from distributed import Variable
+            _reservations.forget(self.client, variables=[rendezvous_name(handle.rendezvous_key)],
+                                 topics=[topic_for(handle.run_id)] if run_ended else [])
+        except Exception as exc:
+            logger.debug("could not forget the rendezvous of %s: %s", handle.run_id, exc)
 
-            Variable(rendezvous_name(handle.rendezvous_key), client=self.client).delete()
+    def _unsubscribe(self, handle: RunHandle) -> None:
+        """Stop the run's metrics events; Dask's ``unsubscribe_topic`` leaves the handler
+        (and so the handle with every row) in the client's table: drop it too."""
+        topic = topic_for(handle.run_id)
+        try:
+            self.client.unsubscribe_topic(topic)
         except Exception:
             pass
+        getattr(self.client, "_event_handlers", {}).pop(topic, None)
