@@ -116,13 +116,7 @@ def load_rank_state(checkpoint_dir: str | os.PathLike[str], epoch: int, rank: in
     """Read rank ``rank``'s file of ``epoch`` (``weights_only`` loading: no code runs);
     :class:`~gtopk_lab.atomic_io.DamagedFile` when it is not a whole torch zip file or
     cannot be loaded."""
-    path = rank_file(checkpoint_dir, epoch, rank)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} is missing: latest.json names epoch {epoch} "
-                                f"but rank {rank} has no file for it")
-    problem = _zip_problem(path, crc=False)
-    if problem is not None:
-        raise DamagedFile(path, problem)
+    path = _whole_rank_file(checkpoint_dir, epoch, rank, crc=False)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a member cut or changed inside a whole zip, a pickle it refuses
@@ -139,13 +133,20 @@ def check_rank_files(checkpoint_dir: str | os.PathLike[str], latest: dict[str, i
     passes its CRC check; nothing is unpickled); :class:`~gtopk_lab.atomic_io.DamagedFile`
     (or ``FileNotFoundError``) names the first that is not. Cost: one read of every rank file."""
     for rank in range(int(latest["workers"])):
-        path = rank_file(checkpoint_dir, latest["epoch"], rank)
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {path} is missing: latest.json names epoch "
-                                    f"{latest['epoch']} but rank {rank} has no file for it")
-        problem = _zip_problem(path, crc=True)
-        if problem is not None:
-            raise DamagedFile(path, problem)
+        _whole_rank_file(checkpoint_dir, latest["epoch"], rank, crc=True)
+
+
+def _whole_rank_file(checkpoint_dir: str | os.PathLike[str], epoch: int, rank: int, crc: bool) -> Path:
+    """The path of rank ``rank``'s file of ``epoch``, once it is there and a whole zip
+    (``crc``: every member checked too); ``FileNotFoundError`` / ``DamagedFile`` otherwise."""
+    path = rank_file(checkpoint_dir, epoch, rank)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} is missing: latest.json names epoch {epoch} "
+                                f"but rank {rank} has no file for it")
+    problem = _zip_problem(path, crc=crc)
+    if problem is not None:
+        raise DamagedFile(path, problem)
+    return path
 
 
 def _zip_problem(path: Path, crc: bool) -> str | None:
