@@ -23,6 +23,10 @@ three; the selection stays measured and the communication modelled
    wrong, and every workload measured again);
 3. appends the entry (with when and where it was measured) atomically and returns it.
 
+Steps 1-3 hold ``<out>/.calibration.lock``, so two clients calibrating one workload into one
+folder measure it once and charge the same costs (their study points are then the same
+points, which the point locks run once).
+
 :func:`with_calibrated_costs` applies them to a study's points (``Lab.study`` does, unless
 ``compute="measured"``). Cost: two tasks per workload and results folder, about
 ``warmup + repeats`` forward/backward passes and ``repeats`` merges. Client side.
@@ -39,6 +43,7 @@ from typing import Any
 
 from gtopk_lab.atomic_io import DamagedFile, read_json_file
 from gtopk_lab.config import RunConfig, k_for
+from gtopk_lab.orchestration.locks import wait_lock
 from gtopk_lab.orchestration.reading import move_aside
 from gtopk_lab.orchestration.run_files import utc_now, write_json_atomic
 from gtopk_lab.orchestration.study_grid import StudyPoint
@@ -48,6 +53,10 @@ __all__ = ["CALIBRATION_FILE", "COMPUTE_MODES", "calibrated_compute_time_s", "ca
            "with_calibrated_costs", "workload_key"]
 
 CALIBRATION_FILE = "calibration.json"
+#: Held while a client reads, measures and writes calibration.json (orchestration.locks).
+CALIBRATION_LOCK = ".calibration.lock"
+#: The longest a client waits for another one's calibration (two tasks of a few seconds).
+CALIBRATION_WAIT_S = 600.0
 #: How a study charges each rank's compute: one calibration per workload, or each rank's own
 #: CPU time as measured.
 COMPUTE_MODES: tuple[str, ...] = ("calibrated", "measured")
@@ -101,6 +110,13 @@ def calibrated_costs(lab: Any, config: RunConfig, out: str | Path, repeats: int 
     if not isinstance(config, RunConfig):
         raise TypeError(f"config has type {type(config).__name__}: expected RunConfig")
     path = Path(out) / CALIBRATION_FILE
+    # one client at a time reads, measures and writes the file: two studies of one workload
+    # into one folder then charge the same costs, so their points are the same points
+    with wait_lock(Path(out) / CALIBRATION_LOCK, CALIBRATION_WAIT_S):
+        return _calibrated_costs(lab, config, path, repeats)
+
+
+def _calibrated_costs(lab: Any, config: RunConfig, path: Path, repeats: int) -> dict[str, Any]:
     key = workload_key(config)
     entries = _read(path)
     compute = next((e for e in entries if e.get("workload") == key and "compute_time_s" in e and "numel" in e),

@@ -16,6 +16,11 @@ of their studies, or both write one run folder. With them:
    ``<out>/.points/<point key>.json`` (``{"run_id"}``) before it lets go, so the client that
    waited finds the point done (:func:`point_record`) and does not run it again.
 
+3. **Calibration lock** ``<out>/.calibration.lock`` (:func:`wait_lock`): held while a client
+   reads, measures and writes ``calibration.json`` (``orchestration.calibration``), so two
+   clients' studies of one workload charge the same calibrated costs and so have the same
+   points.
+
 The locks are ``filelock.FileLock`` (``flock`` on Linux and macOS: the kernel drops the
 lock of a process that died, SIGKILL included, so nothing needs breaking), taken without
 waiting and shared across threads (taken by the caller's thread, released by the
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +45,7 @@ from gtopk_lab.atomic_io import DamagedFile, read_json_file
 from gtopk_lab.orchestration.run_files import LOCK_FILE, write_json_atomic
 from gtopk_lab.orchestration.run_stream import owner
 
-__all__ = ["POINTS_DIR", "Held", "lock_run", "try_lock", "try_lock_point", "point_record",
+__all__ = ["POINTS_DIR", "Held", "lock_run", "try_lock", "wait_lock", "try_lock_point", "point_record",
            "record_point"]
 
 #: Where the point locks and records live (a hidden folder: not a run).
@@ -86,6 +92,20 @@ def try_lock(path: str | os.PathLike[str]) -> Held | None:
     except OSError as exc:
         raise ValueError(f"{path}: cannot be locked: {exc.strerror or exc}") from None
     return Held(lock, path)
+
+
+def wait_lock(path: str | os.PathLike[str], timeout_s: float) -> Held:
+    """Take the lock file ``path``, waiting up to ``timeout_s`` for whoever holds it;
+    ``TimeoutError`` naming it after that."""
+    path = Path(path)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held = try_lock(path)
+        if held is not None:
+            return held
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{path}: another client held this lock for {timeout_s:.0f} s")
+        time.sleep(0.1)
 
 
 def lock_run(run_folder: str | os.PathLike[str], holder_note: str = "") -> Held:
