@@ -44,17 +44,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from gtopk_lab.orchestration import faults as _faults
-from gtopk_lab.orchestration import locks as _locks
 from gtopk_lab.orchestration import reservations as _reservations
 from gtopk_lab.orchestration import results as _results
 from gtopk_lab.orchestration.cluster import eligible_workers, wants_cuda, worker_info
 from gtopk_lab.orchestration.handle import RunHandle
 from gtopk_lab.orchestration.journal import RunJournal
-from gtopk_lab.orchestration.run_stream import drop_heartbeat
+from gtopk_lab.orchestration.run_claims import FolderClaims
 from gtopk_lab.worker.rank_task import mark_cancelled, rendezvous_name, run_rank, topic_for
 from gtopk_lab.worker.sim_task import run_simulated
 
@@ -64,10 +62,7 @@ logger = logging.getLogger("gtopk_lab.orchestration.lab")  # the Lab's warnings,
 BEHIND_EARLIER_RUNS = "waiting for earlier runs in this Lab's queue"
 #: Why a study's point waits while another client (or run) holds its point lock.
 POINT_ELSEWHERE = "waiting for another client that runs the same point into this results folder"
-#: The files a queued run's folder holds before it starts (all a run ended as another
-#: client's completed run leaves behind, and removes).
-_QUEUED_FILES = (_results.CONFIG_FILE, _results.SUMMARY_FILE, _results.HEARTBEAT_FILE,
-                 _results.LOCK_FILE)
+
 
 
 class RunMonitor:
@@ -94,8 +89,9 @@ class RunMonitor:
         self._last_seen: dict[str, dict[str, Any]] = {}
         #: monotonic deadline by which a restarted run must find enough eligible workers
         self._restart_deadlines: dict[str, float] = {}
-        #: parts and heartbeats of this Lab's live runs (its own thread)
+        #: parts and heartbeats of this Lab's live runs (its own thread), and its folder claims
         self.journal = RunJournal(out)
+        self.claims = FolderClaims(out, self.journal)
 
     # --- used by the Lab ---------------------------------------------------------------
     def start(self) -> None:
@@ -106,18 +102,11 @@ class RunMonitor:
     def admit(self, handle: RunHandle) -> None:
         """Before ``Lab.submit`` writes anything of ``handle``'s run: take its folder's lock
         (``ValueError`` naming the client that holds it) and write its first heartbeat."""
-        handle.run_lock = _locks.lock_run(Path(self.out) / handle.run_id)
-        try:
-            self.journal.track(handle)
-        except BaseException:
-            self.abandon(handle)
-            raise
+        self.claims.admit(handle)
 
     def abandon(self, handle: RunHandle) -> None:
         """Undo :meth:`admit` for a run ``Lab.submit`` did not queue after all."""
-        self.journal.forget(handle)
-        drop_heartbeat(Path(self.out) / handle.run_id)
-        self._let_go(handle)
+        self.claims.abandon(handle)
 
     @property
     def closed(self) -> bool:
@@ -184,27 +173,10 @@ class RunMonitor:
         """Write the run folder and mark the handle done (once)."""
         if not handle.record_end(self.out, status, error, rank0_summary=rank0_summary, backend=backend):
             return
-        self._let_go(handle)
+        self.claims.let_go(handle)
         handle.deliver()
         self._unsubscribe(handle)
         handle.mark_done()
-
-    def _let_go(self, handle: RunHandle) -> None:
-        """An ended run gives up its folder: the journal stops, a completed study point is
-        recorded for other clients, the point and run locks are released."""
-        self.journal.forget(handle)
-        if handle.point_lock is not None:
-            if handle.status == "completed":
-                try:
-                    _locks.record_point(self.out, handle.point_key, handle.run_id)
-                except OSError as exc:  # the point stays findable by its summary
-                    logger.warning("could not record point %s of %s: %s", handle.point_key,
-                                   handle.run_id, exc)
-            handle.point_lock.release()
-            handle.point_lock = None
-        if handle.run_lock is not None:
-            handle.run_lock.release()
-            handle.run_lock = None
 
     # --- placing -----------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -237,47 +209,18 @@ class RunMonitor:
 
     def _claim_point(self, handle: RunHandle) -> bool:
         """Take the point lock of a queued study point (lock held); False when it cannot run
-        now: another client holds the point (it waits), or completed it (it ended as that run)."""
-        held = _locks.try_lock_point(self.out, handle.point_key)
-        if held is None:
+        now: another client holds the point (it waits), or completed it (it ends as that run)."""
+        claim = self.claims.claim_point(handle)
+        if claim is True:
+            return True
+        if claim is False:
             self._note_waiting(handle, POINT_ELSEWHERE)
             return False
-        done = self._completed_point(handle, _locks.point_record(self.out, handle.point_key))
-        if done is None:
-            handle.point_lock = held
-            return True
-        held.release()
         self._pending.remove(handle)
-        self._end_as_stored(handle, done)
-        return False
-
-    def _completed_point(self, handle: RunHandle, run_id: str | None) -> Any:
-        """The stored completed run ``run_id`` of ``handle``'s point, or None."""
-        if run_id is None or run_id == handle.run_id:
-            return None
-        try:
-            stored = _results.read_run(Path(self.out) / run_id)
-        except (_results.DamagedRun, OSError):
-            return None
-        same = stored.config_hash is not None and _results.point_key(
-            stored.config_hash, stored.source) == handle.point_key
-        return stored if same and stored.status == "completed" else None
-
-    def _end_as_stored(self, handle: RunHandle, stored: Any) -> None:
-        """``handle`` never started and another client completed its point as ``stored``:
-        remove what it wrote (its queued folder), end it as that run."""
         self._unsubscribe(handle)
-        self.journal.forget(handle)
-        folder = Path(self.out) / handle.run_id
-        for name in _QUEUED_FILES:
-            (folder / name).unlink(missing_ok=True)
-        try:
-            folder.rmdir()
-        except OSError:  # something else is in it: leave it
-            pass
-        self._let_go(handle)
-        handle.adopt(stored.path.name, dict(stored.summary or {}), stored.metrics.to_dict("records"))
+        self.claims.end_as(handle, claim)
         handle.mark_done()
+        return False
 
     def _note_waiting(self, handle: RunHandle, reason: str) -> None:
         """Say why ``handle`` waits: on the handle and in its ``summary.json`` (written only
