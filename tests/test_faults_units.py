@@ -164,25 +164,35 @@ class _Owner:
 
 
 def test_a_restarted_handle_keeps_rows_before_its_checkpoint_and_drops_late_rows():
+    """Rows before the checkpoint stay; those after it stay too until the next start sends
+    its own (issue 30: nothing lost if that start fails first); the old start's late batches
+    are dropped by their rendezvous key; a completed run keeps no row it did not redo."""
     handle = RunHandle(_Owner(), RunConfig(method="dense", workers=2, run_id="r", max_restarts=1), 10)
     handle.mark_started(["a", "b"])
     old_key = handle.rendezvous_key
-    rows = [{"kind": "iter", "rank": r, "iteration": i} for r in (0, 1) for i in range(6)]
-    handle.on_event((0.0, {"key": old_key, "rows": rows + [{"kind": "epoch", "rank": 0, "iteration": 4}]}))
+    rows = [{"kind": "iter", "rank": r, "iteration": i, "start": 1} for r in (0, 1) for i in range(6)]
+    handle.on_event((0.0, {"key": old_key, "rows": rows + [{"kind": "epoch", "rank": 0, "iteration": 4, "start": 1}]}))
     assert len(handle.metrics) == 13
     handle.prepare_restart(4)  # the checkpoint after iteration 4
     assert handle.resume and handle.summary_extra["restart_iterations"] == [4]
-    kept = handle.metrics
-    assert sorted(kept[kept["kind"] == "iter"]["iteration"].unique()) == [0, 1, 2, 3]
-    assert list(kept[kept["kind"] == "epoch"]["iteration"]) == [4]
+    assert len(handle.metrics) == 13  # nothing dropped yet
+
+    def start_of(kind, rank, iteration):
+        m = handle.metrics
+        return int(m[(m["kind"] == kind) & (m["rank"] == rank) & (m["iteration"] == iteration)]["start"].iloc[0])
+
     handle.mark_started(["a", "c"])
-    late = [{"kind": "iter", "rank": 1, "iteration": 5}]
-    handle.on_event((0.0, {"key": old_key, "rows": late}))  # the old start's last batch
-    assert len(handle.metrics) == 9
-    handle.on_event((0.0, {"key": handle.rendezvous_key, "rows": late}))
-    assert len(handle.metrics) == 10
-    handle.prepare_restart(None)  # no checkpoint: from iteration 0
-    assert not handle.resume and handle.metrics.empty
+    late = [{"kind": "iter", "rank": 1, "iteration": 5, "start": 1}]
+    handle.on_event((0.0, {"key": old_key, "rows": late}))  # the old start's last batch: dropped
+    assert len(handle.metrics) == 13 and start_of("iter", 1, 5) == 1
+    redone = [{"kind": "iter", "rank": r, "iteration": i, "start": 2} for r in (0, 1) for i in (4, 5)]
+    handle.on_event((0.0, {"key": handle.rendezvous_key, "rows": redone + [
+        {"kind": "iter", "rank": 0, "iteration": 0, "start": 2}]}))  # a kept row is not replaced
+    assert len(handle.metrics) == 13
+    assert start_of("iter", 1, 5) == 2 and start_of("iter", 0, 4) == 2 and start_of("iter", 0, 0) == 1
+    assert start_of("epoch", 0, 4) == 1  # the checkpointed epoch's own row is kept
+    handle.prepare_restart(None)  # no checkpoint: from iteration 0, every row provisional
+    assert not handle.resume and len(handle.metrics) == 13
 
 
 def test_failure_policy_fields_are_validated_and_not_hashed():

@@ -200,7 +200,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate", action="store_true",
                         help="single-process simulator (P virtual workers, no Dask)")
     parser.add_argument("--resume", metavar="RUN_ID", default=None,
-                        help="continue the failed run RUN_ID (in --out) with its stored config: "
+                        help="continue the failed, cancelled or crashed run RUN_ID (in --out) with its stored config: "
                              "from its last epoch checkpoint when it ran with --checkpoint "
                              "(Dask or --simulate; kept metric rows are extended), else from "
                              "iteration 0")
@@ -225,11 +225,13 @@ def _resume_config(args: argparse.Namespace) -> RunConfig:
 def _resume_point(args: argparse.Namespace, config: RunConfig) -> dict[str, int] | None:
     """The checkpoint ``--resume`` continues from (None: from iteration 0); says which on stderr."""
     from gtopk_lab.orchestration.results import checkpoint_folder
-    from gtopk_lab.training.checkpoint import read_latest
+    from gtopk_lab.training.checkpoint import check_rank_files, read_latest
 
-    latest = read_latest(checkpoint_folder(args.out, args.resume))
+    latest = read_latest(checkpoint_folder(args.out, args.resume))  # damaged: one line, exit 2
     if latest is not None and latest["workers"] != config.workers:
         latest = None
+    if latest is not None:
+        check_rank_files(checkpoint_folder(args.out, args.resume), latest)
     if latest is None:
         print(f"--resume {args.resume}: no checkpoint in {checkpoint_folder(args.out, args.resume)}; "
               "re-running from iteration 0", file=sys.stderr)
@@ -245,11 +247,16 @@ def run(args: argparse.Namespace) -> int:
     if args.simulate:
         if args.scheduler or any((args.tls_ca_file, args.tls_cert, args.tls_key)):
             raise UsageError("--simulate runs in this process: drop --scheduler and the TLS flags")
-        summary = simulate_run(config, args.out, resume_at)
+        from gtopk_lab.orchestration.locks import lock_run
+        from gtopk_lab.orchestration.results import new_run_id
+
+        config = config if config.run_id else config.replace(run_id=new_run_id(config))
+        with lock_run(Path(args.out) / str(config.run_id)):  # another client writes it: one line, exit 2
+            summary = simulate_run(config, args.out, resume_at)
     else:
         validate_cluster_args(args)
         with open_lab(args, config.workers, progress=not args.no_progress) as lab:
-            handle = lab.submit(config, resume=resume_at is not None)
+            handle = lab.submit(config, resume=bool(args.resume))  # keeps the stored rows
             if not args.json:
                 print(f"run {handle.run_id} on {len(handle.workers) or config.workers} Dask worker(s); "
                       f"dashboard {lab.dashboard_link}", file=sys.stderr)

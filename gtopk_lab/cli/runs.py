@@ -22,16 +22,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print every summary as one JSON list (last line)")
     parser.add_argument("--status", default=None,
-                        help="only runs with this status (completed, failed, cancelled, running, queued)")
+                        help="only runs with this status (completed, failed, cancelled, running, queued, "
+                             "crashed: its client stopped sending heartbeats, unknown)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from gtopk_lab.orchestration.results import STATUSES, load_summaries
+    from gtopk_lab.orchestration.results import LISTED_STATUSES, load_summaries
 
     if not Path(args.out).is_dir():
         raise UsageError(f"--out={args.out!r} is invalid: no such folder")
-    if args.status is not None and args.status not in STATUSES:
-        raise UsageError(f"--status={args.status!r} is invalid: expected one of {', '.join(STATUSES)}")
+    if args.status is not None and args.status not in LISTED_STATUSES:
+        raise UsageError(f"--status={args.status!r} is invalid: expected one of {', '.join(LISTED_STATUSES)}")
     summaries = load_summaries(args.out)
     if args.status is not None:
         summaries = summaries[summaries["status"] == args.status]

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
+import logging
 import os
+import sys
 from collections.abc import Iterable
 
 from gtopk_lab.compression.selection import available_selectors, get_selector, selects_exactly_k
@@ -24,6 +27,8 @@ from gtopk_lab.methods.base import Collective, Method
 __all__ = ["register_collective", "get_collective", "available_collectives", "register_method", "selector_for",
            "get_method", "available_methods", "unregister_method", "load_plugins", "plugin_modules",
            "PLUGINS_ENV", "ENTRY_POINT_GROUP"]
+
+logger = logging.getLogger(__name__)
 
 PLUGINS_ENV = "GTOPK_LAB_METHODS"
 ENTRY_POINT_GROUP = "gtopk_lab.methods"
@@ -197,18 +202,35 @@ def load_plugins() -> None:
                 try:
                     ep.load()  # type: ignore[attr-defined]
                 except Exception as exc:  # noqa: BLE001 - one line naming the plugin
-                    raise ValueError(f"method plugin {module!r} (entry point group {ENTRY_POINT_GROUP}) "
-                                     f"failed to import: {type(exc).__name__}: {exc}") from None
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                    raise ValueError(f"method plugin {module!r} (entry point group {ENTRY_POINT_GROUP}"
+                                     f"{_file_of(module)}) failed to import: {type(exc).__name__}: "
+                                     f"{first}") from None
                 _loaded_plugins.add(module)
     finally:
         _loading = False
 
 
 def _import_plugin(module: str, where: str) -> None:
+    fresh = module not in sys.modules
+    before = (len(_METHODS), len(_COLLECTIVES), len(available_selectors()))
     try:
         importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001 - one line naming the plugin
+    except Exception as exc:  # noqa: BLE001 - one line naming the plugin and its file
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ValueError(f"method plugin {module!r} ({where} it) failed to import: "
+        raise ValueError(f"method plugin {module!r} ({where} it{_file_of(module)}) failed to import: "
                          f"{type(exc).__name__}: {first}") from None
     _loaded_plugins.add(module)
+    if fresh and (len(_METHODS), len(_COLLECTIVES), len(available_selectors())) == before:
+        # an empty or cut file, most likely
+        logger.warning("method plugin %r (%s it%s) registered no method, collective or selector",
+                       module, where, _file_of(module))
+
+
+def _file_of(module: str) -> str:
+    """``", file <path>"`` of an importable module, else "" (a module that is not there)."""
+    try:
+        origin = getattr(importlib.util.find_spec(module), "origin", None)
+    except Exception:  # noqa: BLE001 - a parent package that fails to import
+        return ""
+    return f", file {origin}" if origin else ""

@@ -235,13 +235,17 @@ class NetworkModel:
         except FileNotFoundError:
             raise ValueError(f"bandwidth={str(path)!r} is invalid: no such calibration file; "
                              f"expected {_BANDWIDTH_FORMS}") from None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"bandwidth={str(path)!r} is invalid: cannot read calibration JSON ({exc})") from None
+        except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError (a binary file)
+            raise ValueError(f"bandwidth={str(path)!r} is invalid: cannot read calibration JSON "
+                             f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         if not isinstance(data, dict):
             raise ValueError(f"bandwidth={str(path)!r} is invalid: calibration JSON must hold an object")
         if "model" in data and isinstance(data["model"], dict):
             data = data["model"]
-        model = cls.from_dict(data)
+        try:
+            model = cls.from_dict(data)
+        except (TypeError, ValueError) as exc:  # a field of the wrong type or range
+            raise ValueError(f"bandwidth={str(path)!r} is invalid: calibration JSON {exc}") from None
         if not model.name:
             model = cls(model.latency_s, model.bandwidth_bps, f"calibrated:{os.path.basename(str(path))}",
                         model.gamma_s_per_element)

@@ -18,8 +18,14 @@ three; the selection stays measured and the communication modelled
    thread, the lower quartile of 15 forward/backward/step passes: contention only adds to a
    pass) and
    :func:`~gtopk_lab.training.compute_charge.merge_calibration_task` (gamma of a k + k merge
-   at the workload's k) as Dask tasks on one worker, never in the client;
+   at the workload's k) as Dask tasks on one worker, never in the client (a damaged file is
+   moved aside to ``calibration.json.damaged-<stamp>``, with one warning line saying what is
+   wrong, and every workload measured again);
 3. appends the entry (with when and where it was measured) atomically and returns it.
+
+Steps 1-3 hold ``<out>/.calibration.lock``, so two clients calibrating one workload into one
+folder measure it once and charge the same costs (their study points are then the same
+points, which the point locks run once).
 
 :func:`with_calibrated_costs` applies them to a study's points (``Lab.study`` does, unless
 ``compute="measured"``). Cost: two tasks per workload and results folder, about
@@ -29,12 +35,15 @@ three; the selection stays measured and the communication modelled
 from __future__ import annotations
 
 import dataclasses
-import json
+import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gtopk_lab.atomic_io import DamagedFile, read_json_file
 from gtopk_lab.config import RunConfig, k_for
+from gtopk_lab.orchestration.locks import wait_lock
 from gtopk_lab.orchestration.reading import move_aside
 from gtopk_lab.orchestration.run_files import utc_now, write_json_atomic
 from gtopk_lab.orchestration.study_grid import StudyPoint
@@ -44,9 +53,15 @@ __all__ = ["CALIBRATION_FILE", "COMPUTE_MODES", "calibrated_compute_time_s", "ca
            "with_calibrated_costs", "workload_key"]
 
 CALIBRATION_FILE = "calibration.json"
+#: Held while a client reads, measures and writes calibration.json (orchestration.locks).
+CALIBRATION_LOCK = ".calibration.lock"
+#: The longest a client waits for another one's calibration (two tasks of a few seconds).
+CALIBRATION_WAIT_S = 600.0
 #: How a study charges each rank's compute: one calibration per workload, or each rank's own
 #: CPU time as measured.
 COMPUTE_MODES: tuple[str, ...] = ("calibrated", "measured")
+
+logger = logging.getLogger("gtopk_lab.orchestration.lab")
 
 
 def workload_key(config: RunConfig) -> dict[str, Any]:
@@ -56,13 +71,36 @@ def workload_key(config: RunConfig) -> dict[str, Any]:
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
+    """The entries of ``path`` (none when it is missing). A file that is not
+    ``{"entries": [...]}`` of compute entries (``workload``, ``compute_time_s`` seconds > 0)
+    and merge entries (``merge_workload``, ``merge_gamma_s_per_element`` >= 0) is moved aside
+    with one warning line saying what is wrong, and its workloads are measured again."""
     try:
-        return [e for e in json.loads(path.read_text())["entries"] if isinstance(e, dict)]
-    except FileNotFoundError:
+        return _entries(path)
+    except DamagedFile as exc:  # kept aside, never written over
+        moved = move_aside(path)
+        logger.warning("calibration file %s: %s; moved it to %s and measuring again", path, exc.reason, moved)
         return []
-    except (OSError, ValueError, TypeError, KeyError):  # damaged: measure again, keep it aside
-        move_aside(path)
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    data = read_json_file(path)
+    if data is None:
         return []
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        raise DamagedFile(path, f"entries={entries!r:.40} is invalid: expected a list")
+    for n, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise DamagedFile(path, f"entry {n} is invalid: expected an object, found {entry!r:.40}")
+        kind, field, low = (("workload", "compute_time_s", 0.0) if "merge_workload" not in entry
+                            else ("merge_workload", "merge_gamma_s_per_element", -1.0))
+        value = entry.get(field)
+        if (not isinstance(entry.get(kind), dict) or isinstance(value, bool)
+                or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= low):
+            raise DamagedFile(path, f"entry {n} is invalid: expected a {kind} object and {field} "
+                                    f"{'> 0' if low == 0 else '>= 0'}, found {entry!r:.60}")
+    return entries
 
 
 def calibrated_costs(lab: Any, config: RunConfig, out: str | Path, repeats: int = 15) -> dict[str, Any]:
@@ -72,6 +110,13 @@ def calibrated_costs(lab: Any, config: RunConfig, out: str | Path, repeats: int 
     if not isinstance(config, RunConfig):
         raise TypeError(f"config has type {type(config).__name__}: expected RunConfig")
     path = Path(out) / CALIBRATION_FILE
+    # one client at a time reads, measures and writes the file: two studies of one workload
+    # into one folder then charge the same costs, so their points are the same points
+    with wait_lock(Path(out) / CALIBRATION_LOCK, CALIBRATION_WAIT_S):
+        return _calibrated_costs(lab, config, path, repeats)
+
+
+def _calibrated_costs(lab: Any, config: RunConfig, path: Path, repeats: int) -> dict[str, Any]:
     key = workload_key(config)
     entries = _read(path)
     compute = next((e for e in entries if e.get("workload") == key and "compute_time_s" in e and "numel" in e),

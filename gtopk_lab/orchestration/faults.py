@@ -147,10 +147,12 @@ def lost_worker_cause(client: Any, address: str, last_info: dict[str, Any] | Non
 
 def restart_point(checkpoint_dir: str, config: RunConfig) -> dict[str, int] | None:
     """The checkpoint a restarted run continues from (step 3): the newest complete one
-    written by as many ranks as the run has, or None (iteration 0)."""
-    from gtopk_lab.training.checkpoint import read_latest
+    written by as many ranks as the run has, or None (iteration 0); ``ValueError`` naming a
+    damaged checkpoint file (the restart must not start afresh over it)."""
+    from gtopk_lab.training.checkpoint import check_rank_files, read_latest
 
     latest = read_latest(checkpoint_dir)
     if latest is None or latest.get("workers") != config.workers:
         return None
+    check_rank_files(checkpoint_dir, latest)
     return latest

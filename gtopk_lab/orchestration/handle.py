@@ -7,19 +7,26 @@ drives it through its life with the methods under "run life" (steps 4 and 6 are
 those:
 
 1. **Queued.** Created by ``Lab.submit``; on a resume it is preloaded with the stored rows
-   the run keeps (:meth:`RunHandle.preload_rows`), and a progress bar may be attached.
+   (:meth:`RunHandle.preload_rows`: those from its checkpoint's iteration on are
+   *provisional*, replaced one by one as the resumed run recomputes them), and a progress
+   bar may be attached.
 2. **Started.** :meth:`RunHandle.mark_started` records its workers and draws the key of
    its rendezvous and cancel flag; :meth:`RunHandle.attach_futures` the P rank tasks.
 3. **Live rows.** :meth:`RunHandle.on_event` (a ``subscribe_topic`` handler) stores each
    batch of rows once, keyed by (kind, rank, iteration); :meth:`RunHandle.deliver`, on the
-   monitor thread, hands the new ones to the subscribers.
+   monitor thread, hands the new ones to the subscribers, and the Lab's journal
+   (:mod:`~gtopk_lab.orchestration.journal`) takes them for the run folder
+   (:meth:`RunHandle.take_unjournaled`, under :attr:`RunHandle.files_lock`).
 4. **Watched.** Every monitor tick :meth:`RunHandle.poll` reads the rank tasks' states
    and says what the monitor must do next: fail the run (an error, settled for
    ``FAILURE_SETTLE_S`` so the earliest error is the one reported, or a lost worker;
    :meth:`RunHandle.failure_report` words it), complete it, end a cancel whose ranks did
    not stop in time, or release the workers of an ended run once its tasks drained.
-5. **Ended.** :meth:`RunHandle.record_end` writes the run folder and the summary (once);
-   :meth:`RunHandle.mark_done` closes the progress bar and wakes ``wait``/``result``.
+5. **Ended.** :meth:`RunHandle.record_end` writes the run folder and the summary (once;
+   a completed run drops the provisional rows it did not recompute);
+   :meth:`RunHandle.mark_done` closes the progress bar and wakes ``wait``/``result``. A
+   study's point that another client completed meanwhile ends as that run instead
+   (:meth:`RunHandle.adopt`: its run id, rows and summary, ``skipped``).
 6. **Restarted** (``RunConfig.max_restarts``, a lost worker only):
    :meth:`RunHandle.begin_restart` lets the surviving rank tasks drain (poll says
    ``"restart"`` once they did), :meth:`RunHandle.prepare_restart` drops the rows past the
@@ -40,7 +47,9 @@ from typing import Any, Protocol
 import pandas as pd
 
 from gtopk_lab.config import RunConfig
-from gtopk_lab.orchestration.results import rows_to_frame, run_summary, utc_now, write_run
+from gtopk_lab.orchestration.results import (
+    config_hash, point_key, rows_to_frame, run_summary, utc_now, write_run,
+)
 # the failure/restart half of a run's life; names re-exported for importers of this module
 from gtopk_lab.orchestration.run_life import (  # noqa: F401
     FAILURE_SETTLE_S, SETTLED as _SETTLED, RankError, RunLife, Step, rank_error,
@@ -81,13 +90,16 @@ class RunHandle(RunLife):
     """
 
     def __init__(self, lab: HandleOwner, config: RunConfig, timeout_s: float,
-                 simulated: bool = False) -> None:
+                 simulated: bool = False, skip_completed: bool = False) -> None:
         self.lab = lab
         self.config = config
         #: P virtual ranks in one Dask task (``worker.sim_task.run_simulated``) on one worker,
         #: instead of P rank tasks on P workers
         self.simulated = bool(simulated)
         self.run_id: str = str(config.run_id)
+        #: A study's point (``Lab.submit(skip_completed=True)``): not run while another client
+        #: runs the same point into this results folder, and ended as that run if it completed.
+        self.skip_completed = bool(skip_completed)
         self.timeout_s = float(timeout_s)
         self.status: str = "queued"
         self.error: str | None = None
@@ -105,7 +117,16 @@ class RunHandle(RunLife):
         self._rows: list[dict[str, Any]] = []
         self._frame_cache: pd.DataFrame | None = None
         self._undelivered: list[dict[str, Any]] = []
-        self._seen_keys: set[tuple[Any, Any, Any]] = set()
+        #: rows not yet written to the run folder (the journal's), and the lock every write
+        #: of the folder holds (journal flushes and the run's end)
+        self._unjournaled: list[dict[str, Any]] = []
+        self.files_lock = threading.Lock()
+        #: (kind, rank, iteration) -> index in _rows; the keys of stored rows a resume redoes
+        self._index: dict[tuple[Any, Any, Any], int] = {}
+        self._provisional: set[tuple[Any, Any, Any]] = set()
+        #: locks.Held of the run folder and of the study point (taken and freed by the monitor)
+        self.run_lock: Any = None
+        self.point_lock: Any = None
         self._subscribers: list[Subscriber] = []
         # run state, read and written by the Lab's monitor thread only
         self._futures: list[Any] = []
@@ -135,6 +156,11 @@ class RunHandle(RunLife):
     def source(self) -> str:
         """``"real"`` (P Dask-launched ranks) or ``"simulated"`` (one simulator task)."""
         return "simulated" if self.simulated else "real"
+
+    @property
+    def point_key(self) -> str:
+        """The run's point in its results folder (config hash, plus the source when simulated)."""
+        return point_key(config_hash(self.config), self.source)
 
     @property
     def workers_needed(self) -> int:
@@ -219,21 +245,51 @@ class RunHandle(RunLife):
         with self._lock:
             self._add_rows(rows)
 
-    def preload_rows(self, rows: Iterable[dict[str, Any]]) -> None:
-        """Rows a resumed run keeps from its stored metrics: stored, but not delivered as
-        new (subscribers get them through ``replay``)."""
+    def preload_rows(self, rows: Iterable[dict[str, Any]], redo_from: int | None = None) -> None:
+        """Stored rows a resumed run keeps: stored, but not delivered as new (subscribers get
+        them through ``replay``). With ``redo_from`` (the global iteration the run resumes
+        at: its checkpoint's, or 0), iteration rows from it on and epoch rows after it are
+        provisional: each is replaced when the resumed run sends its own row with that key,
+        and dropped if the run completes without one."""
+        rows = list(rows)
         with self._lock:
             self._add_rows(rows)
             self._undelivered = []
+            if redo_from is not None:
+                self._provisional = {_key(r) for r in rows if _redone(r, redo_from)}
 
     def _add_rows(self, rows: Iterable[dict[str, Any]]) -> None:
         for row in rows:
-            key = (row.get("kind"), row.get("rank"), row.get("iteration"))
-            if key in self._seen_keys:
+            key = _key(row)
+            at = self._index.get(key)
+            if at is None:
+                self._index[key] = len(self._rows)
+                self._rows.append(row)
+            elif key in self._provisional:  # the resumed run's own row for a stored one
+                self._provisional.discard(key)
+                self._rows[at] = row
+                self._frame_cache = None
+            else:
                 continue
-            self._seen_keys.add(key)
-            self._rows.append(row)
             self._undelivered.append(row)
+            self._unjournaled.append(row)
+
+    def _reindex(self) -> None:
+        """Rebuild the key index after ``_rows`` was filtered (lock held)."""
+        self._index = {_key(r): i for i, r in enumerate(self._rows)}
+        self._provisional &= set(self._index)
+        self._frame_cache = None
+
+    def take_unjournaled(self) -> list[dict[str, Any]]:
+        """The rows that arrived since the previous call (the journal writes them)."""
+        with self._lock:
+            rows, self._unjournaled = self._unjournaled, []
+        return rows
+
+    def return_unjournaled(self, rows: list[dict[str, Any]]) -> None:
+        """Put back rows a failed write did not store (they go into the next part)."""
+        with self._lock:
+            self._unjournaled = rows + self._unjournaled
 
     def attach_progress(self, bar: Any) -> None:
         """A progress bar (a subscriber with ``close(status)``), closed when the run ends."""
@@ -274,6 +330,17 @@ class RunHandle(RunLife):
         """Dask keys of this run's rank tasks."""
         return {f.key for f in self._futures}
 
+    def drop_futures(self) -> None:
+        """Let Dask forget this start's rank tasks: the scheduler drops them and the workers
+        the results they hold (every row of every rank) at once, not when the handle is
+        garbage collected (a handle lives in reference cycles; the soak found 2 tasks a run)."""
+        futures, self._futures = self._futures, []
+        for future in futures:
+            try:
+                future.release()
+            except Exception:  # a client that is closing
+                pass
+
     def unfinished_futures(self) -> list[Any]:
         """Rank tasks that may still hold a worker."""
         return [f for f in self._futures if f.status not in _SETTLED]
@@ -311,9 +378,13 @@ class RunHandle(RunLife):
                    rank0_summary: dict[str, Any] | None = None, backend: str | None = None) -> bool:
         """Write the run folder ``<out>/<run_id>/`` and set status, error and summary;
         False (nothing written) when the run had already ended."""
-        with self._lock:
-            if self.done():
+        with self.files_lock, self._lock:
+            if self.done() or self.status in ("completed", "failed", "cancelled"):
                 return False
+            if status == "completed" and self._provisional:  # stored rows it never redid
+                self._rows = [r for r in self._rows if _key(r) not in self._provisional]
+                self._provisional = set()
+                self._reindex()
             self.finished_at = utc_now()
             extra = {"submitted_at": self.submitted_at, "started_at": self.started_at,
                      "finished_at": self.finished_at, "dask_workers": self.workers,
@@ -331,8 +402,35 @@ class RunHandle(RunLife):
             self.summary = summary
         return True
 
+    def adopt(self, run_id: str, summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+        """End this queued run as the completed run ``run_id`` that another client ran for the
+        same point (its stored summary and rows; ``skipped`` as for a stored point). Call
+        :meth:`mark_done` next."""
+        with self.files_lock, self._lock:
+            self.run_id = run_id
+            self.config = self.config.replace(run_id=run_id)
+            self._rows, self._provisional, self._undelivered, self._unjournaled = list(rows), set(), [], []
+            self._reindex()
+            self.summary = {**summary, "skipped": True}
+            self.error = None
+            self.status = "completed"
+            self.queue_reason = None
+
     def mark_done(self) -> None:
         """Close the progress bar and wake every ``wait``/``result``."""
         if self._progress is not None:
             self._progress.close(self.status)
         self._done.set()
+
+
+def _key(row: dict[str, Any]) -> tuple[Any, Any, Any]:
+    return (row.get("kind"), row.get("rank"), row.get("iteration"))
+
+
+def _redone(row: dict[str, Any], iteration: int) -> bool:
+    """Whether a run resumed at global ``iteration`` produces this row again (an epoch row
+    carries the iteration that ends its epoch, so the checkpointed epoch's row is kept)."""
+    it = row.get("iteration")
+    if not isinstance(it, (int, float)) or it != it:
+        return False
+    return it > iteration if row.get("kind") == "epoch" else it >= iteration

@@ -208,7 +208,8 @@ class Lab:
     # --- submit ------------------------------------------------------------------------
     def submit(self, config: RunConfig | dict[str, Any], wait_for_workers: bool = False,
                timeout_s: float | None = None, progress: bool | None = None,
-               resume: bool = False, simulate: bool = False) -> RunHandle:
+               resume: bool = False, simulate: bool = False, skip_completed: bool = False
+               ) -> RunHandle:
         """Queue a run and return its :class:`RunHandle` at once.
 
         ``simulate=True`` runs the P ranks in the simulator, as one Dask task on one free
@@ -217,9 +218,17 @@ class Lab:
 
         With ``config.checkpoint`` the ranks save epoch checkpoints under
         ``<out>/<run_id>/checkpoints`` (a path the workers must reach: shared or local
-        disk). ``resume=True`` (needs ``config.run_id``) continues from the newest complete
-        checkpoint there, if any: stored metric rows before its iteration are kept and
-        the new rows appended; without a checkpoint the run starts from iteration 0.
+        disk). ``resume=True`` (needs ``config.run_id``) continues a failed, cancelled or
+        crashed run from the newest complete checkpoint there, if any, else from iteration
+        0, keeping every stored row: those the resumed run recomputes are replaced as its
+        own arrive. While the run is queued or runs its rows stream into its folder and
+        its heartbeat is written (``orchestration.journal``); the folder is locked, so a
+        run id another client is running gives ``ValueError``.
+
+        ``skip_completed=True`` makes the run a study's point (``Lab.study``, ``Lab.sweep``):
+        it does not start while another client runs the same point (config hash and source)
+        into this results folder, and if that run completed, this one ends as it (its run
+        id, rows and summary, ``summary["skipped"]``) without running.
 
         ``timeout_s`` (default the Lab's) is this run's rendezvous/collective timeout
         and, with ``wait_for_workers=True``, how long to wait for the cluster to have
@@ -235,7 +244,8 @@ class Lab:
             raise TypeError(f"config={config!r} has type {type(config).__name__}: expected RunConfig")
         # every argument checked before anything is written or submitted
         timeout_s = self.timeout_s if timeout_s is None else check_seconds("timeout_s", timeout_s)
-        for name, flag in (("wait_for_workers", wait_for_workers), ("resume", resume), ("simulate", simulate)):
+        for name, flag in (("wait_for_workers", wait_for_workers), ("resume", resume), ("simulate", simulate),
+                           ("skip_completed", skip_completed)):
             check_bool(name, flag)
         check_optional_bool("progress", progress)
         if config.run_id is None:
@@ -249,20 +259,27 @@ class Lab:
         self._check_capacity(config.replace(workers=1) if simulate else config, wait_for_workers,
                              timeout_s)
 
-        handle = RunHandle(self, config, timeout_s, simulated=simulate)
+        handle = RunHandle(self, config, timeout_s, simulated=simulate, skip_completed=skip_completed)
         store = _results.RunStore(self.out, handle.run_id)
-        if resume:
-            from gtopk_lab.training.checkpoint import read_latest
+        self._monitor.admit(handle)  # the folder's lock, then its first heartbeat
+        try:
+            if resume:
+                from gtopk_lab.training.checkpoint import check_rank_files, read_latest
 
-            folder = _results.checkpoint_folder(self.out, handle.run_id)
-            latest = read_latest(folder)
-            handle.resume = latest is not None
-            kept = _results.rows_kept_on_resume(store.read_metrics(), folder, latest)
-            handle.preload_rows(kept.to_dict("records"))
-        store.write_config(config)
-        store.write_summary(_results.run_summary(config, None, status="queued",
-                                                 extra={"submitted_at": handle.submitted_at}))
-        self.client.subscribe_topic(topic_for(handle.run_id), handle.on_event)
+                folder = _results.checkpoint_folder(self.out, handle.run_id)
+                latest = read_latest(folder)  # a damaged checkpoint: one line, nothing written
+                if latest is not None:
+                    check_rank_files(folder, latest)
+                handle.resume = latest is not None
+                stored = _results.rows_on_resume(store.read_metrics(), folder, latest)
+                handle.preload_rows(stored.to_dict("records"), redo_from=latest["iteration"] if latest else 0)
+            store.write_config(config)
+            store.write_summary(_results.run_summary(config, None, status="queued",
+                                                     extra={"submitted_at": handle.submitted_at}))
+            self.client.subscribe_topic(topic_for(handle.run_id), handle.on_event)
+        except BaseException:
+            self._monitor.abandon(handle)
+            raise
         if self.progress if progress is None else progress:
             from gtopk_lab.orchestration.progress import RunProgress
 

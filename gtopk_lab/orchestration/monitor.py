@@ -51,6 +51,8 @@ from gtopk_lab.orchestration import reservations as _reservations
 from gtopk_lab.orchestration import results as _results
 from gtopk_lab.orchestration.cluster import eligible_workers, wants_cuda, worker_info
 from gtopk_lab.orchestration.handle import RunHandle
+from gtopk_lab.orchestration.journal import RunJournal
+from gtopk_lab.orchestration.run_claims import FolderClaims
 from gtopk_lab.worker.rank_task import mark_cancelled, rendezvous_name, run_rank, topic_for
 from gtopk_lab.worker.sim_task import run_simulated
 
@@ -58,6 +60,9 @@ logger = logging.getLogger("gtopk_lab.orchestration.lab")  # the Lab's warnings,
 
 #: Why a run behind the head of the queue waits (stable text: written once per run).
 BEHIND_EARLIER_RUNS = "waiting for earlier runs in this Lab's queue"
+#: Why a study's point waits while another client (or run) holds its point lock.
+POINT_ELSEWHERE = "waiting for another client that runs the same point into this results folder"
+
 
 
 class RunMonitor:
@@ -84,11 +89,24 @@ class RunMonitor:
         self._last_seen: dict[str, dict[str, Any]] = {}
         #: monotonic deadline by which a restarted run must find enough eligible workers
         self._restart_deadlines: dict[str, float] = {}
+        #: parts and heartbeats of this Lab's live runs (its own thread), and its folder claims
+        self.journal = RunJournal(out)
+        self.claims = FolderClaims(out, self.journal)
 
     # --- used by the Lab ---------------------------------------------------------------
     def start(self) -> None:
         _reservations.install(self.client)
         self._thread.start()
+        self.journal.start()
+
+    def admit(self, handle: RunHandle) -> None:
+        """Before ``Lab.submit`` writes anything of ``handle``'s run: take its folder's lock
+        (``ValueError`` naming the client that holds it) and write its first heartbeat."""
+        self.claims.admit(handle)
+
+    def abandon(self, handle: RunHandle) -> None:
+        """Undo :meth:`admit` for a run ``Lab.submit`` did not queue after all."""
+        self.claims.abandon(handle)
 
     @property
     def closed(self) -> bool:
@@ -99,6 +117,7 @@ class RunMonitor:
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=join_timeout_s)
+        self.journal.stop(join_timeout_s)
         with self._lock:
             left = list(self._pending) + list(self._active)
         for handle in left:  # a client the Lab does not own outlives it: free its share now
@@ -133,8 +152,12 @@ class RunMonitor:
                 return
             if handle in self._pending:
                 self._pending.remove(handle)
-                self._release_on_scheduler(handle)  # its waiting entry there
                 self.finish(handle, "cancelled", "cancelled before it started")
+                self._release_on_scheduler(handle)  # its waiting entry there
+                try:
+                    _reservations.forget(self.client, topics=[topic_for(handle.run_id)])
+                except Exception:
+                    pass
                 return
             if not handle.request_cancel():
                 return
@@ -150,35 +173,54 @@ class RunMonitor:
         """Write the run folder and mark the handle done (once)."""
         if not handle.record_end(self.out, status, error, rank0_summary=rank0_summary, backend=backend):
             return
+        self.claims.let_go(handle)
         handle.deliver()
-        try:
-            self.client.unsubscribe_topic(topic_for(handle.run_id))
-        except Exception:
-            pass
+        self._unsubscribe(handle)
         handle.mark_done()
 
     # --- placing -----------------------------------------------------------------------
     def _dispatch(self) -> None:
         """Start queued runs, oldest first, while the scheduler grants them workers
-        (one reserve call each, see the module docstring, step 1)."""
+        (one reserve call each, see the module docstring, step 1). A study's point that
+        another client holds is passed over (it waits, saying so); one that client
+        completed meanwhile ends as that run (:meth:`_claim_point`)."""
         with self._lock:
             if not self._pending or self._closed:
                 return
             workers = worker_info(self.client)
-            while self._pending:
-                handle = self._pending[0]
+            refused = False
+            for handle in list(self._pending):
+                if refused:
+                    self._note_waiting(handle, BEHIND_EARLIER_RUNS)
+                    continue
+                if handle.skip_completed and handle.point_lock is None and not self._claim_point(handle):
+                    continue
                 placed = handle.config.replace(workers=1) if handle.simulated else handle.config
                 answer = _reservations.reserve(self.client, handle.run_id, handle.workers_needed,
                                                eligible_workers(placed, workers))
                 chosen = answer.get("workers")
                 if not chosen:
                     self._note_waiting(handle, _reservations.waiting_reason(answer))
-                    break
-                self._pending.pop(0)
+                    refused = True
+                    continue
+                self._pending.remove(handle)
                 handle.device = "cuda" if wants_cuda(placed, workers) else "cpu"
                 self._start(handle, list(chosen))
-            for handle in self._pending[1:]:
-                self._note_waiting(handle, BEHIND_EARLIER_RUNS)
+
+    def _claim_point(self, handle: RunHandle) -> bool:
+        """Take the point lock of a queued study point (lock held); False when it cannot run
+        now: another client holds the point (it waits), or completed it (it ends as that run)."""
+        claim = self.claims.claim_point(handle)
+        if claim is True:
+            return True
+        if claim is False:
+            self._note_waiting(handle, POINT_ELSEWHERE)
+            return False
+        self._pending.remove(handle)
+        self._unsubscribe(handle)
+        self.claims.end_as(handle, claim)
+        handle.mark_done()
+        return False
 
     def _note_waiting(self, handle: RunHandle, reason: str) -> None:
         """Say why ``handle`` waits: on the handle and in its ``summary.json`` (written only
@@ -347,13 +389,23 @@ class RunMonitor:
     def _restart(self, handle: RunHandle) -> None:
         """The last start of ``handle`` drained: give its workers back and queue it again
         (first), from its newest complete checkpoint."""
-        latest = _faults.restart_point(_results.checkpoint_folder(self.out, handle.run_id), handle.config)
+        try:
+            latest = _faults.restart_point(_results.checkpoint_folder(self.out, handle.run_id), handle.config)
+        except (ValueError, OSError) as exc:  # a damaged checkpoint: fail, write nothing over it
+            with self._lock:
+                self._give_back(handle)
+                handle.drop_futures()
+            self._forget_rendezvous(handle)
+            handle.note_failure(None, None, _faults.WORKER_LEFT)
+            self.finish(handle, "failed", f"could not restart after {handle.restart_reasons[-1]}: {exc}")
+            return
         with self._lock:
             self._give_back(handle, keep_place=True)
+            handle.drop_futures()
             handle.prepare_restart(latest["iteration"] if latest else None)
             self._pending.insert(0, handle)
             self._restart_deadlines[handle.run_id] = time.monotonic() + handle.timeout_s
-        self._forget_rendezvous(handle)  # the old start's
+        self._forget_rendezvous(handle, run_ended=False)  # the old start's
         self._wake.set()
 
     def _expire_restarts(self) -> None:
@@ -388,6 +440,7 @@ class RunMonitor:
             if not handle.mark_released():
                 return
             self._give_back(handle)
+            handle.drop_futures()
         self._forget_rendezvous(handle)  # it would outlive the run on the scheduler
         self._wake.set()
 
@@ -413,11 +466,22 @@ class RunMonitor:
         except Exception as exc:
             logger.debug("could not release %s on the scheduler: %s", handle.run_id, exc)
 
-    def _forget_rendezvous(self, handle: RunHandle) -> None:
-        """Delete the start's rendezvous variable on the scheduler (best effort)."""
+    def _forget_rendezvous(self, handle: RunHandle, run_ended: bool = True) -> None:
+        """Delete the start's rendezvous variable on the scheduler and the event topics it
+        would keep for good: the Variable's and, once the run ended, the run's metrics
+        topic (best effort; the soak found both, one a run)."""
         try:
-            from distributed import Variable
+            _reservations.forget(self.client, variables=[rendezvous_name(handle.rendezvous_key)],
+                                 topics=[topic_for(handle.run_id)] if run_ended else [])
+        except Exception as exc:
+            logger.debug("could not forget the rendezvous of %s: %s", handle.run_id, exc)
 
-            Variable(rendezvous_name(handle.rendezvous_key), client=self.client).delete()
+    def _unsubscribe(self, handle: RunHandle) -> None:
+        """Stop the run's metrics events; Dask's ``unsubscribe_topic`` leaves the handler
+        (and so the handle with every row) in the client's table: drop it too."""
+        topic = topic_for(handle.run_id)
+        try:
+            self.client.unsubscribe_topic(topic)
         except Exception:
             pass
+        getattr(self.client, "_event_handlers", {}).pop(topic, None)

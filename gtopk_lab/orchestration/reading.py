@@ -7,7 +7,10 @@ folder layout and re-exports every public name here). How a folder is read:
    exists but cannot be read (truncated, not JSON/parquet, unreadable), a summary without
    a known status or without ``config.json``, or a finished run without its
    ``metrics.parquet`` raises :class:`DamagedRun` naming the file. A run without a
-   summary (killed before it wrote one) is not damaged: its status reads ``unknown``.
+   summary (killed before it wrote one) is not damaged: its status reads ``unknown``. A
+   live run's rows are its ``metrics.parquet`` and the parts streamed since, and a queued
+   or running run whose client's heartbeat stopped reads ``crashed``
+   (:mod:`~gtopk_lab.orchestration.run_stream`).
 2. **Many runs.** :func:`read_runs` reads every run folder (:func:`run_dirs`: not hidden,
    not ``*.damaged-*``) and skips each damaged one with one ``logging`` warning line
    ``skipping damaged run <path>: <file>: <reason>``; asked to, it first renames it to
@@ -22,7 +25,6 @@ Client side only (pandas/pyarrow); no torch, no Dask.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 
+from gtopk_lab.atomic_io import short_reason as _short
 from gtopk_lab.orchestration.run_files import (
     CONFIG_FILE,
     DAMAGED_MARK,
@@ -39,23 +42,17 @@ from gtopk_lab.orchestration.run_files import (
     STATUSES,
     SUMMARY_FILE,
     SUMMARY_KEYS,
+    DamagedRun,
+    CRASHED,
     config_hash,
+    read_json,
     rows_to_frame,
 )
+from gtopk_lab.orchestration.run_stream import crash_note, merge_rows, read_heartbeat, read_parts
 
 # The logger docs/training.md names for the damaged-run warnings (users filter on it), which
 # predates this module's split out of results.py.
 logger = logging.getLogger("gtopk_lab.orchestration.results")
-
-
-# ------------------------------------------------------------------------------------------
-class DamagedRun(ValueError):
-    """A run folder with a file that exists but cannot be read (or a finished run missing
-    its metrics). ``path`` is the run folder, ``file`` the file's name, ``reason`` short."""
-
-    def __init__(self, path: str | os.PathLike[str], file: str, reason: str) -> None:
-        self.path, self.file, self.reason = Path(path), file, reason
-        super().__init__(f"{self.path}: {file}: {reason}")
 
 
 @dataclass
@@ -77,6 +74,11 @@ class StoredRun:
         return str(self.summary["status"]) if self.summary is not None else "unknown"
 
     @property
+    def crashed(self) -> bool:
+        """Whether its client stopped without ending it (see :func:`read_run`)."""
+        return self.status == CRASHED
+
+    @property
     def source(self) -> str:
         """``"simulated"`` for a simulator run (on the cluster or in-process), else ``"real"``."""
         summary = self.summary or {}
@@ -92,32 +94,6 @@ class StoredRun:
         if self.config:
             return config_hash(self.config)
         return None
-
-
-def _short(exc: BaseException, path: Path | None = None) -> str:
-    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    if path is not None:  # the file's name instead of its whole path, before shortening
-        text = text.replace(f"'{path}'", path.name).replace(str(path), path.name)
-    return text if len(text) <= 160 else text[:157] + "..."
-
-
-def read_json(folder: Path, name: str) -> dict[str, Any] | None:
-    """``folder/name`` as a JSON object; None when missing; :class:`DamagedRun` otherwise."""
-    try:
-        data = (folder / name).read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise DamagedRun(folder, name, f"cannot be read: {exc.strerror or _short(exc)}") from exc
-    if not data.strip():
-        raise DamagedRun(folder, name, f"empty file ({len(data)} bytes)")
-    try:
-        value = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DamagedRun(folder, name, f"not valid JSON ({len(data)} bytes): {_short(exc)}") from exc
-    if not isinstance(value, dict):
-        raise DamagedRun(folder, name, f"expected a JSON object, found {type(value).__name__}")
-    return value
 
 
 def read_parquet(folder: Path, *, full: bool) -> pd.DataFrame | None:
@@ -141,11 +117,16 @@ def read_parquet(folder: Path, *, full: bool) -> pd.DataFrame | None:
 def read_run(path: str | os.PathLike[str], *, metrics: bool = True) -> StoredRun:
     """Read one run folder, or raise :class:`DamagedRun` naming the bad file.
 
-    Damaged: ``config.json`` or ``summary.json`` present but empty, not JSON or not an
-    object; a summary without a known ``status``; a summary but no ``config.json``
-    (writers write it first); ``metrics.parquet`` present but unreadable, or missing from
-    a finished run (its final summary is written after it). With ``metrics=False`` the
-    parquet file is only checked (footer) and ``StoredRun.metrics`` is None.
+    Damaged: ``config.json``, ``summary.json`` or ``heartbeat.json`` present but empty, not
+    JSON or not an object; a summary without a known ``status``; a summary but no
+    ``config.json`` (writers write it first); ``metrics.parquet`` or a part present but
+    unreadable, or ``metrics.parquet`` missing from a finished run (its final summary is
+    written after it). The rows are ``metrics.parquet`` overlaid by the parts a live (or
+    crashed) run streamed (:func:`~gtopk_lab.orchestration.run_stream.merge_rows`). A
+    queued or running run whose heartbeat is older than its timeout reads as ``crashed``
+    (``stored_status`` keeps what the file says, ``error`` says why). With
+    ``metrics=False`` the parquet files are only checked (footer) and
+    ``StoredRun.metrics`` is None.
     """
     folder = Path(path)
     config = read_json(folder, CONFIG_FILE)
@@ -156,11 +137,19 @@ def read_run(path: str | os.PathLike[str], *, metrics: bool = True) -> StoredRun
                                                    f"{', '.join(STATUSES)}")
         if config is None:
             raise DamagedRun(folder, CONFIG_FILE, "missing (summary.json is there)")
+        if summary["status"] not in FINAL_STATUSES:
+            note = crash_note(summary, read_heartbeat(folder))
+            if note is not None:
+                summary = {**summary, "status": CRASHED, "stored_status": summary["status"],
+                           "error": note}
+    # parts before metrics.parquet: a fold of the parts into it between the two reads then
+    # loses nothing (the new metrics.parquet holds them)
+    parts = read_parts(folder, full=metrics)
     frame = read_parquet(folder, full=metrics)
     if frame is None and summary is not None and summary["status"] in FINAL_STATUSES:
         raise DamagedRun(folder, METRICS_FILE, f"missing (summary.json says {summary['status']})")
-    if frame is None and metrics:
-        frame = rows_to_frame([])
+    if metrics:
+        frame = merge_rows([frame, *parts])
     return StoredRun(path=folder, config=config, summary=summary, metrics=frame if metrics else None)
 
 

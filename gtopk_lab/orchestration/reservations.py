@@ -22,7 +22,9 @@ all-or-nothing and atomic across clients.
    run is remembered as waiting, so workers that become free go to the oldest run first:
    nobody starves behind a stream of small runs.
 3. **Release** (``gtopk_lab_release``): a run's reservation and waiting entry are dropped
-   when it ends or is cancelled. A run that restarts (a worker was lost) releases with
+   when it ends or is cancelled; ``gtopk_lab_forget`` then deletes its rendezvous Variable
+   and drops that Variable's event topic and the run's metrics topic (Dask keeps every topic and its last events for the
+   scheduler's life: the soak found two topics, one holding the run's rows, per run). A run that restarts (a worker was lost) releases with
    ``keep_place``: its workers are freed, and it waits again under the arrival number it
    first asked with, so runs queued meanwhile by other clients do not overtake it.
 4. **Stale entries**: a client that disappears (closed, killed, network gone) loses its
@@ -150,6 +152,7 @@ class ReservationPlugin(SchedulerPlugin):
         scheduler.handlers["gtopk_lab_reserve"] = self.reserve
         scheduler.handlers["gtopk_lab_release"] = self.release
         scheduler.handlers["gtopk_lab_reservations"] = self.snapshot
+        scheduler.handlers["gtopk_lab_forget"] = self.forget
 
     def reserve(self, run_id: str, client: str, needed: int, candidates: list[str]) -> dict[str, Any]:
         workers = self.scheduler.workers
@@ -159,6 +162,23 @@ class ReservationPlugin(SchedulerPlugin):
 
     def release(self, run_id: str, client: str, keep_place: bool = False) -> list[str]:
         return self.table.release(run_id, client, keep_place=bool(keep_place))
+
+    async def forget(self, variables: list[str], topics: list[str]) -> int:
+        """Delete the Dask Variables ``variables`` and drop their event topics and ``topics``
+        that no client subscribes to any more, in this order, in one handler call (Dask
+        keeps every topic and its last events for the scheduler's life: ``Broker._topics``,
+        no public way out; a Variable's delete logs on the topic ``variable-<name>``)."""
+        extension = self.scheduler.extensions.get("variables")
+        for name in variables:
+            if extension is not None and name in getattr(extension, "variables", {}):
+                await extension.delete(name=name)
+        known = getattr(getattr(self.scheduler, "_broker", None), "_topics", None)
+        dropped = 0
+        for topic in [f"variable-{n}" for n in variables] + list(topics) if known is not None else ():
+            if topic in known and not known[topic].subscribers:
+                del known[topic]
+                dropped += 1
+        return dropped
 
     def snapshot(self) -> dict[str, Any]:
         return {"held": {a: list(v) for a, v in self.table.held.items()},
@@ -203,6 +223,13 @@ def release(client: Any, run_id: str, keep_place: bool = False) -> list[str]:
     run keeps its place in the cross-client queue)."""
     return client.sync(client.scheduler.gtopk_lab_release, run_id=run_id, client=client.id,
                        keep_place=bool(keep_place))
+
+
+def forget(client: Any, variables: list[str] = (), topics: list[str] = ()) -> int:
+    """Delete an ended start's rendezvous ``variables`` and drop their topics and ``topics``
+    (an ended run's metrics topic) on the scheduler, unless a client still subscribes to
+    them; how many topics were dropped."""
+    return client.sync(client.scheduler.gtopk_lab_forget, variables=list(variables), topics=list(topics))
 
 
 def snapshot(client: Any) -> dict[str, Any]:

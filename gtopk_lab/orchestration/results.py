@@ -6,6 +6,10 @@ Layout::
     <out>/<run_id>/metrics.parquet  every metric row of every rank (docs/architecture.md)
     <out>/<run_id>/summary.json     run summary (docs/architecture.md) + status, error,
                                     config_hash, started_at, finished_at, provenance
+    <out>/<run_id>/parts/           while it runs: the rows streamed so far (run_stream)
+    <out>/<run_id>/heartbeat.json   while it is queued or runs: its client is alive
+    <out>/<run_id>/.lock            held by the client writing the folder (locks)
+    <out>/.points/                  one lock (and record) per point of a study (locks)
 
 Every file is written to a temporary name in the same folder and moved into place
 with ``os.replace``, so a reader never sees a half-written file, and a crash leaves
@@ -20,8 +24,9 @@ Complete and damaged runs. Writers write ``config.json`` first and the final
 ``summary.json`` last (after ``metrics.parquet``), so a run is *finished* once its
 summary has a final status (``completed``, ``failed`` or ``cancelled``) and *completed*
 (skipped by a resumed sweep) only with ``status="completed"``. A process killed mid-run
-leaves ``queued``/``running`` or no summary at all (listed as ``unknown``), never a
-completed run with half its files. :func:`read_run` is the one reader of a run folder:
+leaves ``queued``/``running`` (listed as ``crashed`` once its heartbeat is older than its
+timeout) or no summary at all (listed as ``unknown``), never a completed run with half
+its files; the rows it streamed are in its parts. :func:`read_run` is the one reader of a run folder:
 a file that exists but cannot be read (truncated, not JSON/parquet, unreadable), or a
 finished run without its ``metrics.parquet``, raises :class:`DamagedRun`. The listings
 (:func:`load_summaries`, :func:`load_metrics`, :func:`load_runs`,
@@ -31,13 +36,14 @@ finished run without its ``metrics.parquet``, raises :class:`DamagedRun`. The li
 ``<run>.damaged-<UTC stamp>`` (nothing is deleted) and runs its point again. Folders
 named ``*.damaged-*`` are not runs.
 
-The store is three modules; this one is the writing side and the one place to import
-from (it re-exports the other two):
+The store is four modules; this one is the writing side and the one place to import
+from (it re-exports the other three):
 
 1. ``run_files``: file names, statuses, summary keys, ids and hashes, atomic writes,
    metric-row frames.
-2. ``reading``: :func:`read_run`, :class:`DamagedRun`, moving damaged runs aside, the listings.
-3. ``results`` (here): :class:`RunStore` (one run folder), :func:`run_summary` (the run
+2. ``run_stream``: a live run's parts and heartbeat, and when a reader calls it crashed.
+3. ``reading``: :func:`read_run`, :class:`DamagedRun`, moving damaged runs aside, the listings.
+4. ``results`` (here): :class:`RunStore` (one run folder), :func:`run_summary` (the run
    summary written to summary.json) and :func:`write_run` (all three files, summary last).
 
 Client side only (pandas/pyarrow); no torch, no Dask.
@@ -70,9 +76,14 @@ from gtopk_lab.orchestration.reading import (
 from gtopk_lab.orchestration.run_files import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
+    CRASHED,
     DAMAGED_MARK,
     FINAL_STATUSES,
+    HEARTBEAT_FILE,
+    LISTED_STATUSES,
+    LOCK_FILE,
     METRICS_FILE,
+    PARTS_DIR,
     STATUSES,
     SUMMARY_FILE,
     SUMMARY_KEYS,
@@ -82,18 +93,21 @@ from gtopk_lab.orchestration.run_files import (
     new_run_id,
     rows_before,
     rows_kept_on_resume,
+    rows_on_resume,
     rows_to_frame,
     utc_now,
     write_json_atomic,
     write_parquet_atomic,
 )
+from gtopk_lab.orchestration.run_stream import drop_heartbeat, drop_parts, merge_rows, read_parts
 from gtopk_lab.provenance import provenance
 
 __all__ = [
     # run_files
-    "CHECKPOINT_DIR", "CONFIG_FILE", "DAMAGED_MARK", "FINAL_STATUSES", "METRICS_FILE", "STATUSES",
+    "CHECKPOINT_DIR", "CONFIG_FILE", "CRASHED", "DAMAGED_MARK", "FINAL_STATUSES", "HEARTBEAT_FILE",
+    "LISTED_STATUSES", "LOCK_FILE", "METRICS_FILE", "PARTS_DIR", "STATUSES",
     "SUMMARY_FILE", "SUMMARY_KEYS", "checkpoint_folder", "config_hash", "new_run_id", "rows_before",
-    "rows_kept_on_resume", "rows_to_frame", "utc_now", "write_json_atomic", "write_parquet_atomic",
+    "rows_kept_on_resume", "rows_on_resume", "rows_to_frame", "utc_now", "write_json_atomic", "write_parquet_atomic",
     # reading
     "DamagedRun", "StoredRun", "completed_runs", "point_key", "load_metrics", "load_runs", "load_summaries",
     "move_aside", "read_run", "read_runs", "run_dirs",
@@ -144,9 +158,10 @@ class RunStore:
             return None
 
     def read_metrics(self) -> pd.DataFrame:
-        """metrics.parquet (an empty frame when missing); raises :class:`DamagedRun` when damaged."""
-        frame = read_parquet(self.path, full=True)
-        return rows_to_frame([]) if frame is None else frame
+        """The run's rows: metrics.parquet overlaid by the parts a live or crashed run
+        streamed (an empty frame when there are none); :class:`DamagedRun` when a file is damaged."""
+        parts = read_parts(self.path)
+        return merge_rows([read_parquet(self.path, full=True), *parts])
 
 
 def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, status: str,
@@ -182,11 +197,15 @@ def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, stat
 
 def write_run(out: str | os.PathLike[str], config: RunConfig, metrics: pd.DataFrame,
               summary: dict[str, Any]) -> Path:
-    """Write all three files of a finished run (metrics first, summary last)."""
+    """Write all three files of a finished run (metrics first, summary last), then delete
+    what its live run streamed (parts, heartbeat): ``metrics`` holds every row now."""
     if not config.run_id:
         raise ValueError("run_id=None is invalid: a stored run needs a run id")
     store = RunStore(out, config.run_id)
     store.write_config(config)
     store.write_metrics(metrics)
     store.write_summary(summary)
+    if summary.get("status") in FINAL_STATUSES:
+        drop_parts(store.path)
+        drop_heartbeat(store.path)
     return store.path

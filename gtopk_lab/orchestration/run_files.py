@@ -4,14 +4,17 @@ The lowest layer of the results store (``gtopk_lab.orchestration.results`` docum
 layout and re-exports every name here). Both the writers (``results.RunStore``,
 ``results.write_run``) and the readers (``gtopk_lab.orchestration.reading``) build on it:
 
-1. **Layout**: the three file names of ``<out>/<run_id>/``, the statuses a summary may
-   carry, the contract keys of a run summary and the checkpoint sub-folder.
+1. **Layout**: the file names of ``<out>/<run_id>/``, the statuses a summary may carry
+   (and the two only a reader shows: ``crashed``, ``unknown``), the contract keys of a run
+   summary and the checkpoint sub-folder; :class:`DamagedRun` and :func:`read_json`, the
+   checked read of a run's JSON file.
 2. **Identity**: :func:`config_hash` (a config without its run id, so a resumed sweep
    recognises a point it already ran), :func:`new_run_id`, :func:`utc_now`.
 3. **Atomic writes**: JSON (NaN/inf as null) and parquet go to a temporary name and are
    moved into place with ``os.replace`` (:mod:`gtopk_lab.atomic_io`).
 4. **Metric rows**: :func:`rows_to_frame` (the one frame order, by kind, rank, iteration)
-   and :func:`rows_before` / :func:`rows_kept_on_resume` (the rows a resumed run keeps).
+   and :func:`rows_on_resume` / :func:`rows_before` / :func:`rows_kept_on_resume` (the rows
+   a resumed run has, and those it keeps as they are).
 
 Client side only (pandas/pyarrow); no torch, no Dask.
 """
@@ -29,7 +32,7 @@ from typing import Any
 import pandas as pd
 
 from gtopk_lab.jsonsafe import json_safe as _jsonable  # the one sanitiser
-from gtopk_lab.atomic_io import atomic_path, atomic_write_bytes
+from gtopk_lab.atomic_io import DamagedFile, atomic_path, atomic_write_bytes, read_json_file
 from gtopk_lab.config import RunConfig, hashed_fields
 from gtopk_lab.network.model import portable_bandwidth
 
@@ -42,6 +45,15 @@ FINAL_STATUSES: tuple[str, ...] = ("completed", "failed", "cancelled")
 #: ``<run>.damaged-<stamp>``: where a resumed sweep moves a damaged run; never listed.
 DAMAGED_MARK = ".damaged-"
 CHECKPOINT_DIR = "checkpoints"
+#: A live run's metric rows, appended while it runs (``run_stream``), and its client's heartbeat.
+PARTS_DIR = "parts"
+HEARTBEAT_FILE = "heartbeat.json"
+#: The run folder's lock file (``locks``): held by the client that writes the folder.
+LOCK_FILE = ".lock"
+#: What a reader shows for a queued/running run whose client's heartbeat stopped.
+CRASHED = "crashed"
+#: Every status a listing may show: the stored ones, ``crashed`` and ``unknown`` (no summary).
+LISTED_STATUSES: tuple[str, ...] = STATUSES + (CRASHED, "unknown")
 
 #: Summary keys of docs/architecture.md, in order; load_runs() always has these columns.
 SUMMARY_KEYS: tuple[str, ...] = (
@@ -50,6 +62,24 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "virtual_time_s", "samples_per_s_wall", "samples_per_s_virtual",
     "bytes_sent_per_rank_per_iter", "time_breakdown_s", "status", "error",
 )
+
+
+# ------------------------------------------------------------------------------------------
+class DamagedRun(ValueError):
+    """A run folder with a file that exists but cannot be read (or a finished run missing
+    its metrics). ``path`` is the run folder, ``file`` the file's name, ``reason`` short."""
+
+    def __init__(self, path: str | os.PathLike[str], file: str, reason: str) -> None:
+        self.path, self.file, self.reason = Path(path), file, reason
+        super().__init__(f"{self.path}: {file}: {reason}")
+
+
+def read_json(folder: Path, name: str) -> dict[str, Any] | None:
+    """``folder/name`` as a JSON object; None when missing; :class:`DamagedRun` otherwise."""
+    try:
+        return read_json_file(Path(folder) / name)
+    except DamagedFile as exc:
+        raise DamagedRun(folder, name, exc.reason) from exc
 
 
 # ------------------------------------------------------------------------------------------
@@ -116,16 +146,15 @@ def checkpoint_folder(out: str | os.PathLike[str], run_id: str) -> str:
     return str((Path(out) / run_id / CHECKPOINT_DIR).resolve())
 
 
-def rows_kept_on_resume(metrics: pd.DataFrame, checkpoint_dir: str | os.PathLike[str] | None,
-                        latest: dict[str, int] | None) -> pd.DataFrame:
-    """The rows a run resumed from the checkpoint ``latest`` keeps: :func:`rows_before` of
+def rows_on_resume(metrics: pd.DataFrame, checkpoint_dir: str | os.PathLike[str] | None,
+                   latest: dict[str, int] | None) -> pd.DataFrame:
+    """Every row a run resumed from the checkpoint ``latest`` (None: from iteration 0) has:
     the stored ``metrics`` together with the rows its ranks saved beside that checkpoint
     (those since their previous one), where the store lacks them: rows that were still in
     flight when the run stopped (at most ``sink_every`` per rank) come back this way.
     Stored rows win where both have one (same kind, rank and iteration)."""
     from gtopk_lab.training.checkpoint import load_checkpoint_rows
 
-    iteration = latest["iteration"] if latest else 0
     saved = load_checkpoint_rows(checkpoint_dir, latest)
     if saved:
         have: set[tuple[Any, Any, Any]] = set()
@@ -134,7 +163,14 @@ def rows_kept_on_resume(metrics: pd.DataFrame, checkpoint_dir: str | os.PathLike
         missing = [r for r in saved if (r.get("kind"), r.get("rank"), r.get("iteration")) not in have]
         if missing:
             metrics = rows_to_frame(metrics.to_dict("records") + missing)
-    return rows_before(metrics, iteration)
+    return metrics
+
+
+def rows_kept_on_resume(metrics: pd.DataFrame, checkpoint_dir: str | os.PathLike[str] | None,
+                        latest: dict[str, int] | None) -> pd.DataFrame:
+    """The rows a run resumed from the checkpoint ``latest`` keeps as they are:
+    :func:`rows_before` its iteration of :func:`rows_on_resume`."""
+    return rows_before(rows_on_resume(metrics, checkpoint_dir, latest), latest["iteration"] if latest else 0)
 
 
 def rows_before(metrics: pd.DataFrame, iteration: int) -> pd.DataFrame:

@@ -171,19 +171,18 @@ class RunLife:
         self._drain_deadline = drain_deadline
 
     def prepare_restart(self, resume_iteration: int | None) -> None:
-        """Forget the last start (tasks, errors, lost workers) and keep only the rows before
-        ``resume_iteration`` (the checkpoint it continues from; None: from iteration 0).
+        """Forget the last start (tasks, errors, lost workers); the rows from
+        ``resume_iteration`` on (the checkpoint it continues from; None: from iteration 0)
+        become provisional, as a resumed run's stored rows do (``RunHandle.preload_rows``):
+        replaced as the next start recomputes them, so none is lost if it fails first.
         The handle is then queued again; its next start draws a new rendezvous key."""
         with self._lock:
             self.resume = resume_iteration is not None
             it = resume_iteration or 0
             self.summary_extra.setdefault("restart_iterations", []).append(it)
-            self._rows = [r for r in self._rows
-                          if (r.get("iteration", 0) <= it if r.get("kind") == "epoch"
-                              else r.get("iteration", 0) < it)]
-            self._seen_keys = {(r.get("kind"), r.get("rank"), r.get("iteration")) for r in self._rows}
-            self._frame_cache = None
-            self._undelivered = []
+            rows, self._rows = self._rows, []
+            self._reindex()
+            self.preload_rows(rows, redo_from=it)
         self._futures, self._errors, self._lost, self._lost_causes = [], {}, {}, {}
         self._first_error_at = None
         self._drain_deadline = None

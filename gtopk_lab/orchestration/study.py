@@ -6,7 +6,10 @@ a :class:`Study` at once (:mod:`~gtopk_lab.orchestration.study_grid` expands the
 
 1. **Resume.** Points whose run already completed in the Lab's results folder (same config
    hash and source) are not run again; their stored summaries join the study. A damaged
-   run folder is moved aside and its point runs again.
+   run folder is moved aside and its point runs again. Another client's study in the same
+   folder runs each point at most once between them: a point it runs waits, and one it
+   completed meanwhile joins as that run (``Lab.submit(skip_completed=True)``, the point
+   locks of :mod:`~gtopk_lab.orchestration.locks`).
 2. **Launch.** Every other point is submitted at once, baselines (dense P = 1) first: real
    points as P Dask-launched ranks, simulated points as one simulator task each on a free
    worker (``Lab.submit(simulate=True)``): the Lab's FIFO queue places them as workers
@@ -86,7 +89,8 @@ class Study:
         try:
             for point in self.points_list:
                 if point.key not in self.stored:
-                    handle = lab.submit(point.config, simulate=point.simulated, progress=False)
+                    handle = lab.submit(point.config, simulate=point.simulated, progress=False,
+                                        skip_completed=skip_completed)
                     self.handles[point.key] = handle
                     if hasattr(handle, "subscribe"):
                         handle.subscribe(lambda _rows: self._changed.set(), replay=False)

@@ -71,8 +71,9 @@ DEFAULT_FIELDS: dict[str, Any] = {"methods": ["dense", "topk", "gtopk"], "worker
 _DEFAULT_ALIASES = {"method": "methods", "densities": "density", "bandwidths": "bandwidth",
                     "latencies": "latency"}
 _STATUS_COLOR = {"completed": "#2e7d32", "running": "#1565c0", "queued": "#757575",
-                 "failed": "#b00020", "cancelled": "#e65100"}
-_STATUS_MARK = {"completed": "✓", "running": "▶", "queued": "…", "failed": "✗", "cancelled": "■"}
+                 "failed": "#b00020", "cancelled": "#e65100", "crashed": "#6a1b9a"}
+_STATUS_MARK = {"completed": "✓", "running": "▶", "queued": "…", "failed": "✗", "cancelled": "■",
+                "crashed": "⚠"}
 _CLOSED = "this panel's Lab is closed (lab.close() ran): start a new Lab and ControlPanel to launch studies"
 
 # Labs whose close at interpreter exit is registered (once per Lab, without keeping it alive).

@@ -205,7 +205,7 @@ def _runs_html(points: pd.DataFrame) -> str:
     shown = table.apply(lambda col: col.map(lambda v: html.escape("" if v is None or (isinstance(v, float)
                                                                                       and math.isnan(v)) else str(v))))
     shown["run"] = [f"<span class='id' title='{html.escape(full[r])}'>{html.escape(r)}</span>" for r in table["run"]]
-    shown["status"] = [f"<span class='bad'>{html.escape(v)}</span>" if v in ("failed", "cancelled") else html.escape(v)
+    shown["status"] = [f"<span class='bad'>{html.escape(v)}</span>" if v in ("failed", "cancelled", "crashed") else html.escape(v)
                        for v in table["status"].astype(str)]
     body = shown.to_html(index=False, border=0, classes="runs compact", na_rep="", escape=False)
     shared = constant_fields(points)

@@ -9,7 +9,12 @@ Layout of a checkpoint folder (the Dask rank task uses ``<out>/<run_id>/checkpoi
                                   rank 0 only after every rank saved epoch E
 
 Every file is written atomically (temp file in the same folder, fsync, ``os.replace``),
-so a crash leaves either the old or the new file, never a torn one. ``latest.json``
+so a crash leaves either the old or the new file, never a torn one. A file damaged
+otherwise (a full disk, a copy cut short, bit rot) is reported in one line naming it
+(:class:`~gtopk_lab.atomic_io.DamagedFile`, a ``ValueError``) and never written over: a
+damaged ``latest.json`` (:func:`read_latest`) or rank file (:func:`check_rank_files` on
+the client before a resume, :func:`load_rank_state` on a rank) stops the resume; damaged
+saved rows are left out with a warning (:func:`load_checkpoint_rows`). ``latest.json``
 names the newest *complete* epoch: a rank file of a newer epoch without a matching
 ``latest.json`` (crash between ranks) is ignored. After ``latest.json`` moves to epoch
 E, rank 0 deletes the rank files of older epochs. On a multi-host cluster the folder
@@ -33,18 +38,23 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gtopk_lab.atomic_io import atomic_write_bytes
+from gtopk_lab.atomic_io import DamagedFile, atomic_write_bytes, read_json_file, short_reason
 from gtopk_lab.jsonsafe import json_safe
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["LATEST_FILE", "rank_file", "rows_file", "save_rank_state", "load_rank_state", "save_rank_rows",
-           "load_checkpoint_rows", "write_latest", "read_latest", "resume_point", "prune_older"]
+           "load_checkpoint_rows", "write_latest", "read_latest", "resume_point", "check_rank_files",
+           "prune_older"]
 
 LATEST_FILE = "latest.json"
 _RANK_FILE = re.compile(r"^epoch(\d+)-rank(\d+)\.(pt|rows\.json)$")
@@ -83,28 +93,75 @@ def save_rank_rows(checkpoint_dir: str | os.PathLike[str], epoch: int, rank: int
 def load_checkpoint_rows(checkpoint_dir: str | os.PathLike[str] | None,
                          latest: dict[str, int] | None) -> list[dict[str, Any]]:
     """Every rank's rows saved with the checkpoint ``latest`` names (:func:`read_latest`):
-    the rows of the epoch before it, at least. A rank file that is missing or unreadable
-    (a checkpoint written before rows were saved) adds nothing."""
+    the rows of the epoch before it, at least. A missing rank file (a checkpoint written
+    before rows were saved) adds nothing; a damaged one adds nothing and says so in one
+    warning line naming it (the run's stored rows still hold most of them)."""
     if checkpoint_dir is None or latest is None:
         return []
     rows: list[dict[str, Any]] = []
     for rank in range(int(latest["workers"])):
+        path = rows_file(checkpoint_dir, latest["epoch"], rank)
         try:
-            saved = json.loads(rows_file(checkpoint_dir, latest["epoch"], rank).read_text())
-        except (OSError, ValueError):
+            saved = read_json_file(path, expect=list) or []
+            if not all(isinstance(r, dict) for r in saved):
+                raise DamagedFile(path, "expected a list of row objects")
+        except DamagedFile as exc:
+            logger.warning("checkpoint rows %s: %s; resuming without them", exc.path, exc.reason)
             continue
-        if isinstance(saved, list):
-            rows.extend(r for r in saved if isinstance(r, dict))
+        rows.extend(saved)
     return rows
 
 
 def load_rank_state(checkpoint_dir: str | os.PathLike[str], epoch: int, rank: int) -> dict[str, Any]:
-    """Read rank ``rank``'s file of ``epoch`` (``weights_only`` loading: no code runs)."""
+    """Read rank ``rank``'s file of ``epoch`` (``weights_only`` loading: no code runs);
+    :class:`~gtopk_lab.atomic_io.DamagedFile` when it is not a whole torch zip file or
+    cannot be loaded."""
+    path = _whole_rank_file(checkpoint_dir, epoch, rank, crc=False)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a member cut or changed inside a whole zip, a pickle it refuses
+        raise DamagedFile(path, f"cannot be loaded as a torch checkpoint: {type(exc).__name__}: "
+                                f"{short_reason(exc, path)}") from None
+    if not isinstance(state, dict):
+        raise DamagedFile(path, f"holds a {type(state).__name__}, not a rank's state")
+    return state
+
+
+def check_rank_files(checkpoint_dir: str | os.PathLike[str], latest: dict[str, int]) -> None:
+    """Before a resume, on the client: every rank file of the checkpoint ``latest`` is there
+    and whole (a zip from its first byte, as ``torch.save`` writes it, whose every member
+    passes its CRC check; nothing is unpickled); :class:`~gtopk_lab.atomic_io.DamagedFile`
+    (or ``FileNotFoundError``) names the first that is not. Cost: one read of every rank file."""
+    for rank in range(int(latest["workers"])):
+        _whole_rank_file(checkpoint_dir, latest["epoch"], rank, crc=True)
+
+
+def _whole_rank_file(checkpoint_dir: str | os.PathLike[str], epoch: int, rank: int, crc: bool) -> Path:
+    """The path of rank ``rank``'s file of ``epoch``, once it is there and a whole zip
+    (``crc``: every member checked too); ``FileNotFoundError`` / ``DamagedFile`` otherwise."""
     path = rank_file(checkpoint_dir, epoch, rank)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} is missing: latest.json names epoch {epoch} "
                                 f"but rank {rank} has no file for it")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    problem = _zip_problem(path, crc=crc)
+    if problem is not None:
+        raise DamagedFile(path, problem)
+    return path
+
+
+def _zip_problem(path: Path, crc: bool) -> str | None:
+    """What makes ``path`` no whole torch zip file (None: nothing found)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+        if magic != b"PK\x03\x04":  # torch.save's zip starts with its first member
+            return f"not a torch checkpoint ({size} bytes): it does not start as a zip file"
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip() if crc else None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        return f"not a whole torch checkpoint ({size} bytes): {short_reason(exc, path)}"
+    return None if bad is None else f"damaged torch checkpoint: member {bad!r} fails its CRC check"
 
 
 def write_latest(checkpoint_dir: str | os.PathLike[str], epoch: int, iteration: int,
@@ -115,17 +172,20 @@ def write_latest(checkpoint_dir: str | os.PathLike[str], epoch: int, iteration: 
 
 
 def read_latest(checkpoint_dir: str | os.PathLike[str] | None) -> dict[str, int] | None:
-    """``{"epoch", "iteration", "workers"}`` of the newest complete checkpoint, or None."""
+    """``{"epoch", "iteration", "workers"}`` of the newest complete checkpoint, or None when
+    there is none; :class:`~gtopk_lab.atomic_io.DamagedFile` when ``latest.json`` exists but
+    is not such an object (a resume must not start afresh and write over the checkpoint)."""
     if checkpoint_dir is None:
         return None
-    try:
-        data = json.loads((Path(checkpoint_dir) / LATEST_FILE).read_text())
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+    path = Path(checkpoint_dir) / LATEST_FILE
+    data = read_json_file(path)
+    if data is None:
         return None
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), int)
-                                             for k in ("epoch", "iteration", "workers")):
-        return None
-    return data
+    for key, low in (("epoch", 1), ("iteration", 0), ("workers", 1)):
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise DamagedFile(path, f"{key}={value!r} is invalid: expected an integer >= {low}")
+    return {key: data[key] for key in ("epoch", "iteration", "workers")}
 
 
 def resume_point(resume_from: str | os.PathLike[str] | None, workers: int) -> dict[str, int] | None:
