@@ -2,8 +2,8 @@
 
 Why itables (``itables.widget.ITable``, an anywidget over DataTables) rather than
 ipydatagrid: both sort and filter, but the same itables table also renders without a kernel
-(``itables.to_html_datatable`` with its offline DataTables bundle: exported notebooks, the
-HTML report), its widget builds on anywidget, which gtopk-lab already depends on (no extra
+(``itables.to_html_datatable`` with its offline DataTables bundle, in exported notebooks;
+the HTML report keeps plain ``DataFrame.to_html`` tables), its widget builds on anywidget, which gtopk-lab already depends on (no extra
 JupyterLab extension to install), and it is actively maintained (2.x releases through
 2026); ipydatagrid needs its own front-end extension and a live kernel to show anything.
 
