@@ -204,3 +204,17 @@ def test_the_module_map_lists_every_module_of_the_package() -> None:
         if path.name not in prose and path.stem not in prose:
             missing.append(rel)
     assert not missing, f"docs/architecture.md never mentions these modules: {missing}"
+
+
+def test_results_current_figures_are_short_and_each_table_names_its_machine_and_commit() -> None:
+    """benchmarks/RESULTS.md opens with at most 150 lines of current figures; every section
+    there names the machine it ran on and a commit (ratios differ between CPUs)."""
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    current = text.split("\n## Current figures\n", 1)[1].split("\n## History", 1)[0]
+    assert len(current.splitlines()) <= 150, f"current figures run {len(current.splitlines())} lines"
+    sections = re.split(r"^### ", current, flags=re.M)[1:]
+    assert sections, "no sections under Current figures"
+    for section in sections:
+        title = section.splitlines()[0]
+        assert re.search(r"2-core box|host|Xeon|EPYC", section), f"{title!r} names no machine"
+        assert re.search(r"commit|\b[0-9a-f]{7}\b", section), f"{title!r} names no commit"
