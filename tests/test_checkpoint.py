@@ -201,7 +201,7 @@ def test_simulator_checkpoint_resumes_as_a_real_gloo_run(tmp_path: Path) -> None
 
 @pytest.mark.timeout(120)
 def test_cli_resume_continues_a_failed_simulated_run_from_its_checkpoint(tmp_path: Path, capsys) -> None:
-    from gtopk_lab.cli.run import simulate_run
+    from gtopk_lab.orchestration.simulated_run import simulate_run
     from gtopk_lab.orchestration import results as store
 
     out = tmp_path / "res"
@@ -213,7 +213,7 @@ def test_cli_resume_continues_a_failed_simulated_run_from_its_checkpoint(tmp_pat
 
 @pytest.mark.timeout(60)
 def test_failed_simulated_run_keeps_the_rows_it_produced(tmp_path: Path, monkeypatch) -> None:
-    from gtopk_lab.cli.run import simulate_run
+    from gtopk_lab.orchestration.simulated_run import simulate_run
     from gtopk_lab.orchestration import results as store
     from gtopk_lab.training.step import RankStep
 

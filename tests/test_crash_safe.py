@@ -217,3 +217,46 @@ def test_a_sigkilled_run_client_leaves_a_crashed_run_with_its_rows_and_resume_co
     assert (both["train_loss_then"] == both["train_loss_now"]).all()
     assert sorted(p.name for p in folder.iterdir()) == [".lock", "checkpoints", "config.json",
                                                        "metrics.parquet", "summary.json"]
+
+
+SIM_EPOCHS = 60
+SIM_RUN = ["--simulate", "--method", "gtopk", "--workers", "2", "--density", "0.05", "--model", "mlp",
+           "--dataset", "synthetic", "--train-samples", "1024", "--test-samples", "64", "--batch-size", "16",
+           "--epochs", str(SIM_EPOCHS), "--sink-every", "5", "--checkpoint", "--timeout", "2"]
+
+
+@pytest.mark.timeout(300)
+def test_a_sigkilled_simulated_run_reads_crashed_with_its_streamed_rows_and_resume_completes_it(tmp_path):
+    """``run --simulate`` streams parts and a heartbeat like a Dask run (simulated_run.py)."""
+    out = tmp_path / "res"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    folder = out / "sim-victim"
+    client = subprocess.Popen(_cli("run", *SIM_RUN, "--out", str(out), "--run-id", "sim-victim"),
+                              env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    try:
+        _wait(lambda: client.poll() is not None or ((folder / "checkpoints" / "latest.json").exists()
+                                                    and part_files(folder)), 150, "no checkpoint and part")
+        assert client.poll() is None, client.stderr.read().decode()[-2000:]
+        os.kill(client.pid, signal.SIGKILL)
+        client.wait(10)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    streamed = store.RunStore(out, "sim-victim").read_metrics()
+    assert len(streamed) > 0
+    assert store.read_run(folder, metrics=False).status in ("running", "crashed")
+    _wait(lambda: store.load_summaries(out).set_index("run_id").loc["sim-victim", "status"] == "crashed",
+          30, "the simulated run never read as crashed")
+    resumed = subprocess.run(_cli("run", *SIM_RUN, "--resume", "sim-victim", "--out", str(out), "--json"),
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming sim-victim from epoch" in resumed.stderr
+    summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "completed" and summary["iterations"] == SIM_EPOCHS * 32
+    final = store.RunStore(out, "sim-victim").read_metrics()
+    iters = final[final["kind"] == "iter"]
+    assert sorted(set(iters["iteration"])) == list(range(SIM_EPOCHS * 32))
+    kept = streamed[streamed["kind"] == "iter"].merge(iters, on=["kind", "rank", "iteration"])
+    assert len(kept) == (streamed["kind"] == "iter").sum()  # every streamed row is still there
+    assert not part_files(folder) and not (folder / "heartbeat.json").exists()

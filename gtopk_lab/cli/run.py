@@ -140,43 +140,6 @@ def open_lab(args: argparse.Namespace, n_workers_needed: int, progress: bool) ->
         raise UsageError(str(exc)) from None
 
 
-def simulate_run(config: RunConfig, out: str, resume_at: dict[str, int] | None = None) -> dict[str, Any]:
-    """Run ``config`` with the single-process simulator and store it like a Dask run.
-
-    With ``config.checkpoint`` the simulator writes epoch checkpoints to
-    ``<out>/<run_id>/checkpoints``. ``resume_at`` (the ``latest.json`` there, from
-    :func:`_resume_point`) continues from that checkpoint and keeps the stored rows before
-    it. Rows produced before a failure are stored with the failed run.
-    """
-    import traceback
-
-    from gtopk_lab.orchestration import results as store
-    from gtopk_lab.training.simulator import simulate
-
-    if config.run_id is None:
-        config = config.replace(run_id=store.new_run_id(config))
-    run_store = store.RunStore(out, config.run_id)
-    folder = store.checkpoint_folder(out, config.run_id)
-    kept = (store.rows_kept_on_resume(run_store.read_metrics(), folder, resume_at).to_dict("records")
-            if resume_at is not None else [])
-    started = store.utc_now()
-    run_store.write_config(config)
-    produced: list[dict] = []
-    try:
-        result = simulate(config, sink=produced.extend,
-                          checkpoint_dir=folder if config.checkpoint else None,
-                          resume_from=folder if resume_at is not None else None)
-        rows, rank0, status, error = kept + list(result.rows), dict(result.summary), "completed", None
-    except Exception as exc:  # a failed simulation is a failed run, stored as such
-        rows, rank0, status = kept + produced, None, "failed"
-        error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-    summary = store.run_summary(config, rank0, status=status, error=error,
-                                extra={"started_at": started, "finished_at": store.utc_now(),
-                                       "simulated": True})
-    store.write_run(out, config, store.rows_to_frame(rows), summary)
-    return summary
-
-
 def print_summary(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(json_safe(summary), separators=(",", ":")))
@@ -249,10 +212,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--simulate runs in this process: drop --scheduler and the TLS flags")
         from gtopk_lab.orchestration.locks import lock_run
         from gtopk_lab.orchestration.results import new_run_id
+        from gtopk_lab.orchestration.simulated_run import simulate_run
 
         config = config if config.run_id else config.replace(run_id=new_run_id(config))
         with lock_run(Path(args.out) / str(config.run_id)):  # another client writes it: one line, exit 2
-            summary = simulate_run(config, args.out, resume_at)
+            summary = simulate_run(config, args.out, resume_at, timeout_s=args.timeout_s)
     else:
         validate_cluster_args(args)
         with open_lab(args, config.workers, progress=not args.no_progress) as lab:
