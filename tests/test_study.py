@@ -162,6 +162,37 @@ def test_cancelling_a_study_stops_its_runs(lab) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+def test_a_study_run_again_continues_its_cancelled_points_under_their_run_ids(lab) -> None:
+    from gtopk_lab.orchestration import results as store
+
+    slow = {**TINY, "max_iterations": 60, "epochs": 60, "latency": "20ms", "throttle": True,
+            "sink_every": 1, "seed": 7}
+    first = lab.study(methods=["gtopk"], workers=[2], base=slow)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not any(
+            h.status == "running" and len(h.metrics) for h in first.handles.values()):
+        time.sleep(0.2)
+    first.cancel()
+    assert first.wait(60)
+    cancelled = {key: h.run_id for key, h in first.handles.items() if h.status == "cancelled"}
+    assert cancelled, first.status()
+    deadline = time.monotonic() + 60  # the Lab winds the cancelled runs down
+    while time.monotonic() < deadline and any(lab.run_active(rid) for rid in cancelled.values()):
+        time.sleep(0.2)
+    kept = {key: len(store.RunStore(lab.out, rid).read_metrics()) for key, rid in cancelled.items()}
+    again = lab.study(methods=["gtopk"], workers=[2], base=slow)
+    assert again.wait(150)
+    assert (again.status()["status"] == "completed").all(), again.status()
+    for key, run_id in cancelled.items():  # the same run folder, resumed, not a new one
+        assert again.handles[key].run_id == run_id
+        final = store.RunStore(lab.out, run_id).read_metrics()
+        iters = final[final["kind"] == "iter"]
+        assert len(final) >= kept[key] and sorted(set(iters["iteration"])) == list(range(60))
+    assert not store.interrupted_runs(lab.out).keys() & cancelled.keys()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
 def test_target_cnn_on_10gbe_every_real_and_simulated_point_within_10_points_of_its_prediction(lab) -> None:
     """Issue 15's target: on 10GbE with the CNN, dense, Top-k and gTop-k at P = 1, 2 on real
     ranks and P = 16 simulated within 10 points of the alpha-beta prediction, none above 100%.

@@ -205,6 +205,11 @@ class Lab:
         """``{address: info}`` of all workers, fetched fresh from the scheduler."""
         return worker_info(self.client)
 
+    def run_active(self, run_id: str) -> bool:
+        """Whether this Lab has a queued or running run ``run_id`` (a cancelled one stays
+        active until its ranks have stopped)."""
+        return self._monitor.is_active(str(run_id))
+
     # --- submit ------------------------------------------------------------------------
     def submit(self, config: RunConfig | dict[str, Any], wait_for_workers: bool = False,
                timeout_s: float | None = None, progress: bool | None = None,

@@ -288,6 +288,27 @@ def point_key(digest: str, source: str = "real") -> str:
     return digest if source == "real" else f"{digest}:{source}"
 
 
+#: Statuses of a run that stopped before its end without failing: a study continues it.
+INTERRUPTED_STATUSES = ("crashed", "cancelled")
+
+
+def interrupted_runs(out: str | os.PathLike[str]) -> dict[str, str]:
+    """``{point_key(config_hash, source): run_id}`` of the runs under ``out`` that were
+    interrupted (:data:`INTERRUPTED_STATUSES`: their client died, or they were cancelled);
+    the newest run per point when there are several. A resumed study continues each one
+    (``Lab.submit(resume=True)``: from its last checkpoint, keeping its rows) instead of
+    starting its point again in a new folder."""
+    found: dict[str, tuple[str, str]] = {}
+    for run in read_runs(out, metrics=False):
+        if run.status not in INTERRUPTED_STATUSES or not run.config_hash:
+            continue
+        key = point_key(run.config_hash, run.source)
+        stamp = str((run.summary or {}).get("started_at") or (run.summary or {}).get("submitted_at") or "")
+        if key not in found or stamp >= found[key][0]:
+            found[key] = (stamp, run.path.name)
+    return {key: run_id for key, (_, run_id) in found.items()}
+
+
 def completed_runs(out: str | os.PathLike[str], move_damaged: bool = False) -> dict[str, str]:
     """``{point_key(config_hash, source): run_id}`` of the completed runs under ``out`` (for
     resumable sweeps and studies; a real run's key is its config hash).

@@ -9,7 +9,9 @@ a :class:`Study` at once (:mod:`~gtopk_lab.orchestration.study_grid` expands the
    run folder is moved aside and its point runs again. Another client's study in the same
    folder runs each point at most once between them: a point it runs waits, and one it
    completed meanwhile joins as that run (``Lab.submit(skip_completed=True)``, the point
-   locks of :mod:`~gtopk_lab.orchestration.locks`).
+   locks of :mod:`~gtopk_lab.orchestration.locks`). A point whose newest run there was
+   cancelled or crashed (its client died) continues that run (``Lab.submit(resume=True)``:
+   from its last checkpoint if it has one, keeping its rows) under its run id.
 2. **Launch.** Every other point is submitted at once, baselines (dense P = 1) first: real
    points as P Dask-launched ranks, simulated points as one simulator task each on a free
    worker (``Lab.submit(simulate=True)``): the Lab's FIFO queue places them as workers
@@ -75,6 +77,8 @@ class Study:
         self._counted: set[str] = set()
         show = getattr(lab, "progress", False) if progress is None else progress
         done = _results.completed_runs(lab.out, move_damaged=True) if skip_completed else {}
+        # a point whose earlier run was cancelled or lost its client continues that run
+        interrupted = _results.interrupted_runs(lab.out) if skip_completed else {}
         if show:
             from gtopk_lab.orchestration.progress import SweepProgress
 
@@ -89,8 +93,11 @@ class Study:
         try:
             for point in self.points_list:
                 if point.key not in self.stored:
-                    handle = lab.submit(point.config, simulate=point.simulated, progress=False,
-                                        skip_completed=skip_completed)
+                    # (a run this Lab still winds down, just cancelled, is not continued: a new run)
+                    resumed = point.key in interrupted and not lab.run_active(interrupted[point.key])
+                    config = point.config.replace(run_id=interrupted[point.key]) if resumed else point.config
+                    handle = lab.submit(config, simulate=point.simulated, progress=False,
+                                        skip_completed=skip_completed, **({"resume": True} if resumed else {}))
                     self.handles[point.key] = handle
                     if hasattr(handle, "subscribe"):
                         handle.subscribe(lambda _rows: self._changed.set(), replay=False)
