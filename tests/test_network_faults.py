@@ -298,3 +298,25 @@ def test_the_silent_worker_is_the_one_whose_heartbeats_stopped() -> None:
                            "no heartbeat for 12 s): rank 0 on tcp://10.77.0.2:4000 timed out after 10 s")
     two = faults.stopped_answering_line({1: (workers[1], 12.0), 2: (workers[2], 11.0)}, 0, workers[0], 10.0, "x")
     assert two.startswith("hosts 10.77.0.3, 10.77.0.4 stopped answering (rank 1, ")
+
+
+class _NoEvents:
+    """A Dask client whose scheduler logged nothing about the worker (no closing, no retirement)."""
+
+    def get_events(self, topic: str) -> list:
+        return []
+
+
+def test_a_worker_dropped_after_a_long_silence_stopped_answering_one_dropped_at_once_was_killed() -> None:
+    """The default collective timeout (60 s) outlasts Dask's TCP keepalive (30 s): the
+    scheduler drops a host that fell off the network first. Its last heartbeat is then
+    about 30 s old; a SIGKILLed worker's (sockets closed by the kernel) is within one."""
+    addr = "tcp://10.77.0.3:4000"
+    cause, detail = faults.lost_worker_cause(_NoEvents(), addr, {"last_seen": 970.0}, silent_for_s=30.4,
+                                             min_silence_s=faults.silence_threshold_s(60))
+    assert cause == "stopped answering"
+    assert detail.startswith("sent no heartbeat for 30 s, then the scheduler dropped it")
+    cause, detail = faults.lost_worker_cause(_NoEvents(), addr, {"last_seen": 999.6}, silent_for_s=0.6,
+                                             min_silence_s=faults.silence_threshold_s(60))
+    assert cause == "killed" and detail.startswith("left the cluster without closing: killed")
+    assert faults.lost_worker_cause(_NoEvents(), addr, None)[0] == "killed"  # nothing known: as before

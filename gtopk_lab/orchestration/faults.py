@@ -120,13 +120,20 @@ def _mib(n: Any) -> str:
     return f"{float(n) / 2**20:.0f} MiB"
 
 
-def lost_worker_cause(client: Any, address: str, last_info: dict[str, Any] | None
+def lost_worker_cause(client: Any, address: str, last_info: dict[str, Any] | None, *,
+                      silent_for_s: float | None = None, min_silence_s: float = 10.0
                       ) -> tuple[str, str]:
     """``(cause, detail)`` for a worker that left during a run (step 2 above).
 
-    ``cause`` is :data:`OUT_OF_MEMORY`, :data:`WORKER_LEFT` or :data:`WORKER_KILLED`;
-    ``detail`` completes "Dask worker ADDR ...". ``last_info`` is the worker's entry of
-    the last ``worker_info`` that still had it (its memory at that heartbeat).
+    ``cause`` is :data:`OUT_OF_MEMORY`, :data:`WORKER_LEFT`, :data:`STOPPED_ANSWERING` or
+    :data:`WORKER_KILLED`; ``detail`` completes "Dask worker ADDR ...". ``last_info`` is the
+    worker's entry of the last ``worker_info`` that still had it (its memory at that
+    heartbeat). ``silent_for_s``: how much older its last heartbeat was than the cluster's
+    newest when it was found gone. A killed process's sockets close at once, so the
+    scheduler drops it within a heartbeat; a host that fell off the network sends nothing,
+    and the scheduler drops it only when TCP's keepalive gives up on its connection
+    (``distributed.comm.timeouts.tcp``, 30 s): ``min_silence_s`` or more of silence without
+    a word of closing is :data:`STOPPED_ANSWERING`.
     """
     def events(topic: str) -> list[Any]:
         try:
@@ -148,6 +155,9 @@ def lost_worker_cause(client: Any, address: str, last_info: dict[str, Any] | Non
                                  f"(dask worker stopped, retired or shut down)")
         if msg.get("action") == "remove-worker" and msg.get("expected"):
             return WORKER_LEFT, "left the cluster: the scheduler retired it"
+    if silent_for_s is not None and silent_for_s >= min_silence_s:
+        return STOPPED_ANSWERING, (f"sent no heartbeat for {silent_for_s:.0f} s, then the scheduler dropped "
+                                   f"it: its network link or host is down, or it hung")
     detail = ("left the cluster without closing: killed (SIGKILL, e.g. by the kernel's OOM killer) "
               "or crashed")
     memory = ((last_info or {}).get("metrics") or {}).get("memory")

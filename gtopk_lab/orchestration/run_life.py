@@ -24,7 +24,7 @@ import traceback as _tb
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gtopk_lab.orchestration.faults import STOPPED_ANSWERING, stopped_answering_line
+from gtopk_lab.orchestration.faults import STOPPED_ANSWERING, stopped_answering_line, worker_host
 from gtopk_lab.worker.faults import PEER_TIMEOUT
 from gtopk_lab.worker.rank_task import RankFailed
 
@@ -123,7 +123,11 @@ class RunLife:
             for rank, addr in sorted(self._lost.items()):
                 cause, detail = self._lost_causes.get(
                     rank, ("killed", "left the cluster during the run (killed or crashed)"))
-                lines.append(f"rank {rank} lost: Dask worker {addr} {detail}")
+                if cause == STOPPED_ANSWERING:
+                    lines.append(f"host {worker_host(addr)} stopped answering (rank {rank} lost): "
+                                 f"Dask worker {addr} {detail}")
+                else:
+                    lines.append(f"rank {rank} lost: Dask worker {addr} {detail}")
             first_rank = min(self._lost)
             first_worker, first_cause = self._lost[first_rank], self._lost_causes.get(
                 first_rank, ("killed", ""))[0]
