@@ -19,6 +19,16 @@ outside a rank's code goes wrong (docs/deployment.md, "What happens when ..."):
    kernel's OOM killer, a crash); the memory it used at its last heartbeat is added.
 3. **Restarts** (:func:`restart_point`): a run with ``RunConfig.max_restarts`` left
    continues from its newest complete checkpoint, if any.
+4. **Silent hosts** (:func:`silent_workers`, once per run whose rank timed out in a
+   collective: cause ``peer timeout``, no message sent): gloo's timeout does not say which
+   peer stopped answering. A worker whose host dropped off the network (its link down, a
+   switch port dead) still counts as in the cluster for minutes (Dask's worker TTL), but it
+   sends the scheduler no heartbeats (every 0.5 s on small clusters). The run's workers
+   whose last heartbeat is at least ``min_silence_s`` older than the newest heartbeat of
+   the cluster (the reporting rank's own worker is among those, so scheduler time is
+   compared with scheduler time) are the ones named: ``host 10.77.0.3 stopped answering``
+   (:func:`stopped_answering_line`). Cost: O(workers) over the monitor's last
+   ``worker_info`` snapshot.
 """
 
 from __future__ import annotations
@@ -30,7 +40,8 @@ from typing import Any
 from gtopk_lab.config import RunConfig
 
 __all__ = ["SCHEDULER_GRACE_S", "SchedulerWatch", "unreachable_message", "lost_worker_cause",
-           "restart_point", "WORKER_LEFT", "WORKER_KILLED", "OUT_OF_MEMORY", "SCHEDULER_UNREACHABLE"]
+           "restart_point", "silent_workers", "silence_threshold_s", "stopped_answering_line", "WORKER_LEFT",
+           "WORKER_KILLED", "OUT_OF_MEMORY", "SCHEDULER_UNREACHABLE", "STOPPED_ANSWERING"]
 
 #: Longest the monitor waits for a client that is still reconnecting to its scheduler.
 SCHEDULER_GRACE_S = 30.0
@@ -39,6 +50,7 @@ WORKER_LEFT = "worker left"
 WORKER_KILLED = "killed"
 OUT_OF_MEMORY = "out of memory"
 SCHEDULER_UNREACHABLE = "scheduler unreachable"
+STOPPED_ANSWERING = "stopped answering"
 
 
 def scheduler_address(client: Any) -> str:
@@ -108,13 +120,20 @@ def _mib(n: Any) -> str:
     return f"{float(n) / 2**20:.0f} MiB"
 
 
-def lost_worker_cause(client: Any, address: str, last_info: dict[str, Any] | None
+def lost_worker_cause(client: Any, address: str, last_info: dict[str, Any] | None, *,
+                      silent_for_s: float | None = None, min_silence_s: float = 10.0
                       ) -> tuple[str, str]:
     """``(cause, detail)`` for a worker that left during a run (step 2 above).
 
-    ``cause`` is :data:`OUT_OF_MEMORY`, :data:`WORKER_LEFT` or :data:`WORKER_KILLED`;
-    ``detail`` completes "Dask worker ADDR ...". ``last_info`` is the worker's entry of
-    the last ``worker_info`` that still had it (its memory at that heartbeat).
+    ``cause`` is :data:`OUT_OF_MEMORY`, :data:`WORKER_LEFT`, :data:`STOPPED_ANSWERING` or
+    :data:`WORKER_KILLED`; ``detail`` completes "Dask worker ADDR ...". ``last_info`` is the
+    worker's entry of the last ``worker_info`` that still had it (its memory at that
+    heartbeat). ``silent_for_s``: how much older its last heartbeat was than the cluster's
+    newest when it was found gone. A killed process's sockets close at once, so the
+    scheduler drops it within a heartbeat; a host that fell off the network sends nothing,
+    and the scheduler drops it only when TCP's keepalive gives up on its connection
+    (``distributed.comm.timeouts.tcp``, 30 s): ``min_silence_s`` or more of silence without
+    a word of closing is :data:`STOPPED_ANSWERING`.
     """
     def events(topic: str) -> list[Any]:
         try:
@@ -136,6 +155,9 @@ def lost_worker_cause(client: Any, address: str, last_info: dict[str, Any] | Non
                                  f"(dask worker stopped, retired or shut down)")
         if msg.get("action") == "remove-worker" and msg.get("expected"):
             return WORKER_LEFT, "left the cluster: the scheduler retired it"
+    if silent_for_s is not None and silent_for_s >= min_silence_s:
+        return STOPPED_ANSWERING, (f"sent no heartbeat for {silent_for_s:.0f} s, then the scheduler dropped "
+                                   f"it: its network link or host is down, or it hung")
     detail = ("left the cluster without closing: killed (SIGKILL, e.g. by the kernel's OOM killer) "
               "or crashed")
     memory = ((last_info or {}).get("metrics") or {}).get("memory")
@@ -156,3 +178,45 @@ def restart_point(checkpoint_dir: str, config: RunConfig) -> dict[str, int] | No
         return None
     check_rank_files(checkpoint_dir, latest)
     return latest
+
+
+def silence_threshold_s(timeout_s: float) -> float:
+    """How much older than the cluster's newest heartbeat a worker's last one must be to
+    call it silent: half the collective timeout (a peer timed out after all of it), at
+    least 2 s (four missed heartbeats on a busy machine), at most 10 s."""
+    return max(2.0, min(float(timeout_s) / 2.0, 10.0))
+
+
+def silent_workers(workers: list[str], seen: dict[str, dict[str, Any]], *, newest_s: float | None,
+                   min_silence_s: float) -> dict[int, tuple[str, float]]:
+    """``{rank: (worker address, seconds of silence)}`` of a run's workers (``workers``, in
+    rank order) whose last heartbeat (``seen[address]["last_seen"]``, scheduler time) is
+    ``min_silence_s`` or more older than ``newest_s``, the newest heartbeat of the cluster
+    (step 4 of the module docstring). Workers without an entry are left out (a lost
+    worker is named by :func:`lost_worker_cause`)."""
+    if newest_s is None:
+        return {}
+    silent: dict[int, tuple[str, float]] = {}
+    for rank, address in enumerate(workers):
+        last = (seen.get(address) or {}).get("last_seen")
+        if isinstance(last, (int, float)) and newest_s - float(last) >= min_silence_s:
+            silent[rank] = (address, newest_s - float(last))
+    return silent
+
+
+def worker_host(address: str) -> str:
+    """``10.77.0.3`` of ``tcp://10.77.0.3:45751`` (the address as given when it has no host part)."""
+    hostport = address.split("://", 1)[-1]
+    return hostport.rsplit(":", 1)[0].strip("[]") or address
+
+
+def stopped_answering_line(silent: dict[int, tuple[str, float]], rank: int, worker: str,
+                           timeout_s: float, message: str) -> str:
+    """The one line of a run that failed because ``silent`` hosts stopped answering: the
+    hosts first, then the rank that timed out waiting for them and gloo's own words."""
+    hosts = ", ".join(dict.fromkeys(worker_host(addr) for addr, _ in silent.values()))
+    who = "; ".join(f"rank {r}, Dask worker {addr}, no heartbeat for {s:.0f} s"
+                    for r, (addr, s) in sorted(silent.items()))
+    noun = "host" if "," not in hosts else "hosts"
+    return (f"{noun} {hosts} stopped answering ({who}): rank {rank} on {worker} timed out after "
+            f"{timeout_s:g} s waiting for it in a collective ({message}); a link or host is down")

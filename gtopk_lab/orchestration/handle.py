@@ -141,6 +141,8 @@ class RunHandle(RunLife):
         self._progress: Any = None
         #: rank -> (cause, detail) of lost workers (gtopk_lab.orchestration.faults)
         self._lost_causes: dict[int, tuple[str, str]] = {}
+        #: rank -> (worker, seconds without a heartbeat) of peers that stopped answering
+        self._silent: dict[int, tuple[str, float]] = {}
         #: Restarts so far, and why each was needed (RunConfig.max_restarts).
         self.restarts = 0
         self.restart_reasons: list[str] = []

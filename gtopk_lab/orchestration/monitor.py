@@ -87,6 +87,8 @@ class RunMonitor:
         self._scheduler = _faults.SchedulerWatch(client, timeout_s=timeout_s)
         #: last worker_info entry of each reserved worker (its memory when it is lost)
         self._last_seen: dict[str, dict[str, Any]] = {}
+        #: the newest heartbeat (scheduler time) of any worker in that snapshot
+        self._newest_heartbeat: float | None = None
         #: monotonic deadline by which a restarted run must find enough eligible workers
         self._restart_deadlines: dict[str, float] = {}
         #: parts and heartbeats of this Lab's live runs (its own thread), and its folder claims
@@ -339,8 +341,14 @@ class RunMonitor:
     def _fail(self, handle: RunHandle) -> None:
         lost = handle.lost_ranks()
         if lost:  # say why each worker left (one event-log read each)
-            handle.explain_lost({rank: _faults.lost_worker_cause(self.client, addr, self._last_seen.get(addr))
-                                 for rank, addr in lost.items()})
+            threshold = _faults.silence_threshold_s(handle.timeout_s)
+            handle.explain_lost({rank: _faults.lost_worker_cause(
+                self.client, addr, self._last_seen.get(addr), silent_for_s=self._silence_s(addr),
+                min_silence_s=threshold) for rank, addr in lost.items()})
+        elif handle.timed_out():  # which peer stopped answering: the workers' heartbeats
+            handle.explain_silent(_faults.silent_workers(
+                handle.workers, self._last_seen, newest_s=self._newest_heartbeat,
+                min_silence_s=_faults.silence_threshold_s(handle.timeout_s)))
         if handle.can_restart():
             self._begin_restart(handle)
             return
@@ -373,6 +381,15 @@ class RunMonitor:
         with self._lock:
             reserved = set(self._reserved)
         self._last_seen = {a: workers.get(a, self._last_seen.get(a, {})) for a in reserved}
+        beats = [w.get("last_seen") for w in workers.values() if isinstance(w.get("last_seen"), (int, float))]
+        self._newest_heartbeat = max(beats) if beats else None
+
+    def _silence_s(self, address: str) -> float | None:
+        """How much older the worker's last heartbeat is than the cluster's newest."""
+        last = (self._last_seen.get(address) or {}).get("last_seen")
+        if self._newest_heartbeat is None or not isinstance(last, (int, float)):
+            return None
+        return self._newest_heartbeat - float(last)
 
     def _begin_restart(self, handle: RunHandle) -> None:
         """A worker of ``handle`` was lost and it may restart: cancel the lost rank tasks

@@ -7,8 +7,10 @@ Client side; mixed into :class:`~gtopk_lab.orchestration.handle.RunHandle` (whos
    step: ``fail`` (an error settled for :data:`FAILURE_SETTLE_S` so the earliest is
    reported, or a lost worker), ``complete``, ``cancel-timeout``, ``release`` (an ended
    run whose tasks drained) or ``restart`` (a restart whose survivors drained)
-2. :meth:`RunLife.failure_report` words a failure: a lost worker first, else the earliest
-   error with its traceback, then the others
+2. :meth:`RunLife.failure_report` words a failure: a lost worker first, else the hosts
+   that stopped answering when the earliest error is a collective's timeout (``peer
+   timeout``, :meth:`RunLife.explain_silent`), else the earliest error with its traceback,
+   then the others
 3. restarts (``RunConfig.max_restarts``): :meth:`RunLife.can_restart`,
    :meth:`RunLife.begin_restart`, :meth:`RunLife.prepare_restart`
 
@@ -22,6 +24,8 @@ import traceback as _tb
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gtopk_lab.orchestration.faults import STOPPED_ANSWERING, stopped_answering_line, worker_host
+from gtopk_lab.worker.faults import PEER_TIMEOUT
 from gtopk_lab.worker.rank_task import RankFailed
 
 __all__ = ["FAILURE_SETTLE_S", "SETTLED", "Step", "RankError", "rank_error", "RunLife"]
@@ -119,7 +123,11 @@ class RunLife:
             for rank, addr in sorted(self._lost.items()):
                 cause, detail = self._lost_causes.get(
                     rank, ("killed", "left the cluster during the run (killed or crashed)"))
-                lines.append(f"rank {rank} lost: Dask worker {addr} {detail}")
+                if cause == STOPPED_ANSWERING:
+                    lines.append(f"host {worker_host(addr)} stopped answering (rank {rank} lost): "
+                                 f"Dask worker {addr} {detail}")
+                else:
+                    lines.append(f"rank {rank} lost: Dask worker {addr} {detail}")
             first_rank = min(self._lost)
             first_worker, first_cause = self._lost[first_rank], self._lost_causes.get(
                 first_rank, ("killed", ""))[0]
@@ -128,12 +136,20 @@ class RunLife:
         else:
             ordered = sorted(self._errors.values(), key=lambda e: e.failed_at)
             first = ordered[0]
-            why = f" ({first.cause})" if first.cause not in ("error", "cancelled") else ""
-            lines.append(f"rank {first.rank} on {first.worker} failed{why}: {first.message}")
+            silent = {r: s for r, s in self._silent.items() if r != first.rank}
+            if first.cause == PEER_TIMEOUT and silent:
+                lines.append(stopped_answering_line(silent, first.rank, first.worker, self.timeout_s,
+                                                    first.message))
+            else:
+                why = f" ({first.cause})" if first.cause not in ("error", "cancelled") else ""
+                lines.append(f"rank {first.rank} on {first.worker} failed{why}: {first.message}")
             lines.append(first.traceback.rstrip())
             for err in ordered[1:]:
                 lines.append(f"rank {err.rank} on {err.worker} then failed: {err.message}")
             first_rank, first_worker, first_cause = first.rank, first.worker, first.cause
+            if first.cause == PEER_TIMEOUT and silent:
+                first_rank = min(silent)
+                first_worker, first_cause = silent[first_rank][0], STOPPED_ANSWERING
         status = "cancelled" if cancelled and not self._lost else "failed"
         if status == "failed":
             self.note_failure(first_rank, first_worker, first_cause)
@@ -149,6 +165,15 @@ class RunLife:
         by :meth:`failure_report`."""
         for rank, cause in causes.items():
             self._lost_causes.setdefault(rank, cause)
+
+    def timed_out(self) -> bool:
+        """Whether a rank of this start failed waiting for a peer (cause ``peer timeout``)."""
+        return any(e.cause == PEER_TIMEOUT for e in self._errors.values())
+
+    def explain_silent(self, silent: dict[int, tuple[str, float]]) -> None:
+        """``{rank: (worker, seconds without a heartbeat)}`` of this run's workers that
+        stopped answering (``faults.silent_workers``), used by :meth:`failure_report`."""
+        self._silent = dict(silent)
 
     def note_failure(self, rank: int | None, worker: str | None, cause: str) -> None:
         """Record which rank failed first and why, as ``summary["failure"]``."""
@@ -184,6 +209,7 @@ class RunLife:
             self._reindex()
             self.preload_rows(rows, redo_from=it)
         self._futures, self._errors, self._lost, self._lost_causes = [], {}, {}, {}
+        self._silent = {}
         self._first_error_at = None
         self._drain_deadline = None
         self._released = False

@@ -33,7 +33,12 @@ reads and an uncontended lock.
 
 **Failure causes.** :func:`failure_cause` names why a rank's code raised, in a few fixed
 words the client puts into the run summary (``"out of memory"``, ``"scheduler lost"``,
-``"worker closing"``, ``"peer lost"``, ``"cancelled"``, ``"error"``).
+``"worker closing"``, ``"peer lost"``, ``"peer timeout"``, ``"cancelled"``, ``"error"``).
+``"peer timeout"`` is gloo giving up on a peer that stopped answering without closing its
+sockets (its host's link went down, it hangs): ``Timed out waiting 10000ms for recv
+operation to complete`` after the collective timeout, or the kernel's ``Connection timed
+out``. Gloo does not say which peer; the client names it from the workers' heartbeats
+(:func:`gtopk_lab.orchestration.faults.silent_workers`).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from typing import Any
 
 __all__ = ["RankStopped", "SchedulerLost", "WorkerClosing", "SchedulerWatchdog",
            "scheduler_contact", "failure_cause", "OUT_OF_MEMORY", "SCHEDULER_LOST",
-           "WORKER_CLOSING", "PEER_LOST", "CANCELLED", "ERROR", "HARD_STOP_EXIT_CODE"]
+           "WORKER_CLOSING", "PEER_LOST", "PEER_TIMEOUT", "CANCELLED", "ERROR", "HARD_STOP_EXIT_CODE"]
 
 logger = logging.getLogger("gtopk_lab.worker")
 
@@ -56,6 +61,7 @@ OUT_OF_MEMORY = "out of memory"
 SCHEDULER_LOST = "scheduler lost"
 WORKER_CLOSING = "worker closing"
 PEER_LOST = "peer lost"
+PEER_TIMEOUT = "peer timeout"
 CANCELLED = "cancelled"
 ERROR = "error"
 
@@ -72,6 +78,9 @@ _RUNNING_STATES = ("running", "paused", "closing_gracefully")
 _OOM_TEXT = ("can't allocate memory", "Cannot allocate memory", "out of memory")
 #: Substrings of gloo errors a rank gets when a peer died or left.
 _PEER_TEXT = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+#: Substrings of gloo errors a rank gets when a peer stopped answering (a collective past
+#: its timeout: gloo/transport/tcp/unbound_buffer.cc; a socket past TCP's retransmissions).
+_TIMEOUT_TEXT = ("Timed out waiting", "Connection timed out")
 
 
 class RankStopped(RuntimeError):
@@ -219,4 +228,6 @@ def failure_cause(exc: BaseException) -> str:
         return OUT_OF_MEMORY
     if any(s in text for s in _PEER_TEXT):
         return PEER_LOST
+    if isinstance(exc, RuntimeError) and any(s in text for s in _TIMEOUT_TEXT):
+        return PEER_TIMEOUT
     return ERROR
