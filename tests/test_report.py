@@ -164,6 +164,16 @@ def test_report_of_a_study_with_seeds_sources_and_two_links(tmp_path: Path) -> N
     fig = efficiency_figure(table, predicted)
     measured = [t for t in fig.data if t.mode == "lines+markers"]
     assert measured and all(t.error_y.visible for t in measured)
+    # the bars are the 95% Student-t interval of the two seeds (scipy's, computed here)
+    from scipy import stats as scipy_stats
+    gtopk8 = table[(table.method == "gtopk") & (table.workers == 8) & (table.link == "1GbE")].iloc[0]
+    per_seed = point_efficiency_of(points, "gtopk", 8, "1GbE")
+    low, high = scipy_stats.t.interval(0.95, 1, loc=per_seed.mean(), scale=per_seed.std(ddof=1) / 2 ** 0.5)
+    assert gtopk8.efficiency_ci_low == pytest.approx(low) and gtopk8.efficiency_ci_high == pytest.approx(high)
+    bar = next(t for t in measured if t.name.startswith("gtopk") and t.xaxis == "x" and 8 in list(t.x))
+    at = list(bar.x).index(8)
+    assert bar.error_y.array[at] == pytest.approx(100 * (high - gtopk8.efficiency_mean))
+    assert "[" in efficiency_pivot(table)["P=8"].iloc[-1]  # mean [low, high] (n=2)
     paper = [t for t in fig.data if t.name and t.name.startswith("paper") and t.x[0] is not None]
     assert paper and {t.xaxis for t in paper} == {"x"}  # the first panel is the slowest link: 1GbE
     assert fig.layout.annotations[0].text == "1GbE"
@@ -187,11 +197,26 @@ def test_report_of_a_study_with_seeds_sources_and_two_links(tmp_path: Path) -> N
     assert pivot.link.iloc[0] == "1GbE" and "(n=2)" in pivot["P=8"].iloc[-1]
 
     text = write_report(tmp_path / "res", tmp_path / "r.html").read_text(encoding="utf-8")
-    assert "Runs (52 completed of 53)" in text and "error bars +- 1 std (up to n=2)" in text
+    assert "Runs (52 completed of 53)" in text
+    assert "95% Student-t confidence interval of the mean over seeds (n up to 2)" in text
     assert "every run: ρ 0.01 (sparse runs), model cnn, dataset mnist1d" in text
     assert "title='2026-1GbE-gtopk-p4-broken'" in text and "<span class='bad'>failed</span>" in text
     assert "Model check" in text and "Convergence vs iteration, 1GbE" in text
     assert text.index("id='scaling'") < text.index("id='convergence'") < text.index("id='runs'")
+
+
+def point_efficiency_of(points, method: str, workers: int, link: str):
+    """The per-seed efficiencies of one point: its runs' virtual throughput over the dense
+    P = 1 run of the same seed, link and source (the oracle of the interval test)."""
+    done = points[points.status == "completed"]
+    mine = done[(done.method == method) & (done.workers == workers) & (done.link == link)]
+    values = []
+    for _, run in mine.iterrows():
+        base = done[(done.method == "dense") & (done.workers == 1) & (done.link == link)
+                    & (done.seed == run.seed) & (done.source == run.source)].iloc[0]
+        values.append(run.samples_per_s_virtual / (workers * base.samples_per_s_virtual))
+    import numpy as np
+    return np.array(values)
 
 
 @pytest.mark.browser

@@ -47,6 +47,7 @@ import plotly
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from gtopk_lab.analysis.intervals import ONE_SEED_NOTE, interval_note
 from gtopk_lab.analysis.predict import predict_scaling
 from gtopk_lab.analysis.scaling import BASELINE_NONE, BASELINES, add_scaling_efficiency
 from gtopk_lab.methods import available_methods, get_method
@@ -228,7 +229,7 @@ def _scaling_html(points: pd.DataFrame) -> str:
     note = ("throughput(P) / (P x throughput of dense S-SGD at P=1) on the virtual clock (compute measured, "
             "communication modelled on each run's link); every point against the dense P=1 run of its own link, "
             "seed and source (real ranks / simulator). "
-            + (f"Mean over seeds, error bars +- 1 std (up to n={seeds}). " if seeds > 1 else "One seed per point. ")
+            + (f"Mean over seeds; {interval_note(seeds)}. " if seeds > 1 else f"One seed per point ({ONE_SEED_NOTE}). ")
             + "Thin dashed: the alpha-beta(-gamma) prediction from this folder's own dense P=1 compute. "
             + ("Open markers at P=32: the paper's measured values on 1 GbE (Shi et al., ICDCS'19)."
                if paper else "The paper's 32-worker values are for 1 GbE, which no run here used: not drawn."))
@@ -237,7 +238,7 @@ def _scaling_html(points: pd.DataFrame) -> str:
         f"<li class='{'bad' if 'do not trust' in line else 'ok'}'>{html.escape(line)}</li>" for line in lines)
         + "</ul>") if lines else ""
     return _section("Scaling efficiency", _figure_div(fig)
-                    + "<h3>Efficiency per method and P (percent; mean ± std (n) over seeds)</h3>"
+                    + "<h3>Efficiency per method and P (percent; mean [95% confidence interval] (n) over seeds)</h3>"
                     + _table(efficiency_pivot(table), classes="runs pivot")
                     + ("<h3>Model check (measured vs alpha-beta, 10-point tolerance)</h3>" + check_html
                        if check_html else ""),
@@ -268,7 +269,8 @@ def render_report(summaries: pd.DataFrame, metrics: pd.DataFrame, title: str = "
             "Convergence", body,
             "Train loss (mean over ranks) and test accuracy (rank 0) per point; colour = method, its shade = P "
             "(light: smallest P, dark: largest; marker symbol = P on the accuracy panel), dash = density."
-            + (" The seeds of a point are averaged, the band is +- 1 std." if seeds > 1 else ""),
+            + (f" The seeds of a point are averaged; {interval_note(seeds)}." if seeds > 1
+               else f" {ONE_SEED_NOTE[0].upper() + ONE_SEED_NOTE[1:]}."),
             anchor="convergence"))
     if len(completed):
         by_link = _by_link(completed)
