@@ -71,10 +71,10 @@ def test_report_is_self_contained_html(tmp_path: Path) -> None:
     # plotly.js inlined once, no CDN or other remote script
     assert text.count("plotly.js v") >= 1 and len(text) > 3_000_000
     assert not re.search(r"<script[^>]+src=", text)
-    # one div per figure: 2 convergence + scaling + breakdown + volume
-    assert text.count('class="plotly-graph-div"') == 5
+    # one div per figure: 2 convergence + scaling + breakdown + volume + time to accuracy + 2 Pareto
+    assert text.count('class="plotly-graph-div"') == 8
     for heading in ("Convergence", "Scaling efficiency", "Time per iteration", "Communication volume",
-                    "Paper: scaling efficiency at 32 workers"):
+                    "Time to accuracy", "Accuracy against cost (Pareto)", "Paper: scaling efficiency at 32 workers"):
         assert heading in text
     assert "Runs (9 completed of 10)" in text and "broken" in text
     assert "85.70%" in text  # the paper's ResNet-20 gTop-k point
@@ -254,5 +254,31 @@ def test_report_in_chromium_offline(tmp_path: Path) -> None:
         finally:
             browser.close()
     assert not aborted and not errors, (aborted, errors)  # self-contained: nothing to fetch
-    assert len(traces) == 8 and all(n > 0 for n in traces), traces
+    assert len(traces) == 11 and all(n > 0 for n in traces), traces
     assert width[0] <= width[1], f"horizontal scroll: {width}"
+
+
+@pytest.mark.timeout(180)
+def test_cli_report_writes_every_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--figures DIR``: one file per figure of the report (as many as the HTML has divs),
+    PNG by magic bytes, SVG by its root element; a bad target is one line, exit 2."""
+    import shutil
+
+    _write_results(tmp_path / "res")
+    if shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists():
+        pytest.skip("no chromium (apt-get install chromium)")
+    pytest.importorskip("kaleido")
+    assert main(["report", str(tmp_path / "res"), "-o", str(tmp_path / "r.html"),
+                 "--figures", str(tmp_path / "figs")]) == 0
+    divs = (tmp_path / "r.html").read_text(encoding="utf-8").count('class="plotly-graph-div"')
+    pngs = sorted((tmp_path / "figs").glob("*.png"))
+    assert len(pngs) == divs == 8
+    assert {p.stem for p in pngs} >= {"scaling_efficiency", "time_to_accuracy", "pareto_bytes", "pareto_time"}
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert main(["report", str(tmp_path / "res"), "-o", str(tmp_path / "r2.html"), "--figures",
+                 str(tmp_path / "svg"), "--figure-format", "svg"]) == 0
+    svg = (tmp_path / "svg" / "pareto_bytes.svg").read_text(encoding="utf-8")
+    assert svg.startswith("<svg") and 'xmlns="http://www.w3.org/2000/svg"' in svg
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "res"), "--target-accuracy", "90"]) == 2
+    assert "--target-accuracy=90.0 is invalid" in capsys.readouterr().err

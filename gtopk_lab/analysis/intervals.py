@@ -130,10 +130,13 @@ def interval_bounds(mean: pd.Series, low: pd.Series, high: pd.Series) -> tuple[n
     return up.to_numpy(dtype=float), down.to_numpy(dtype=float)
 
 
-def interval_note(n_max: int, confidence: float = CONFIDENCE) -> str:
-    """Step 4: "error bars: 95% Student-t confidence interval of the mean over seeds (n up to
-    3)", or :data:`ONE_SEED_NOTE` when no point has two seeds."""
+def interval_note(n_max: int, confidence: float = CONFIDENCE, short: bool = False) -> str:
+    """Step 4: "error bars and bands: 95% Student-t confidence interval of the mean over
+    seeds (n up to 3); ...", or :data:`ONE_SEED_NOTE` when no point has two seeds;
+    ``short``: "95% CI over seeds (Student t, n <= 3)", for a figure's subtitle."""
     if n_max < 2:
         return ONE_SEED_NOTE
+    if short:
+        return f"{100 * confidence:g}% CI over seeds (Student t, n ≤ {n_max})"
     return (f"error bars and bands: {100 * confidence:g}% Student-t confidence interval of the mean "
             f"over seeds (n up to {n_max}); a point with one seed has none")

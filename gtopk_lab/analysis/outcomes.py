@@ -16,6 +16,8 @@ and metric rows with ``run_id``.
    virtual time to the target over the seeds that reached it, with its Student-t
    interval (:func:`~gtopk_lab.analysis.intervals.t_interval`), ``reached`` and ``n``
    (seeds); a point whose seeds did not all get there says so in ``reached < n``
+4. :func:`auto_target_accuracy`: a target to ask for when none is given (90% of the worst
+   final accuracy of dense S-SGD at P > 1)
 
 Cost: O(rows log rows). Pure pandas.
 """
@@ -29,7 +31,7 @@ import pandas as pd
 
 from gtopk_lab.analysis.intervals import CONFIDENCE, t_interval
 
-__all__ = ["OUTCOME_KEYS", "run_outcomes", "time_to_accuracy", "time_to_accuracy_table"]
+__all__ = ["OUTCOME_KEYS", "run_outcomes", "time_to_accuracy", "time_to_accuracy_table", "auto_target_accuracy"]
 
 #: A point of a study: seeds of the same point are averaged over.
 OUTCOME_KEYS: tuple[str, ...] = ("method", "density", "workers", "link", "source")
@@ -120,3 +122,18 @@ def time_to_accuracy_table(summaries: pd.DataFrame, metrics: pd.DataFrame, targe
                      float(target)])
     table = pd.DataFrame(rows, columns=columns)
     return table.replace({np.inf: math.nan})
+
+
+def auto_target_accuracy(outcomes: pd.DataFrame, fraction: float = 0.9) -> float:
+    """A target most runs can reach: ``fraction`` of the worst final test accuracy of the
+    dense runs with P > 1 (any dense run, else any run, where there are none), rounded
+    down to a whole percent. NaN without a final accuracy."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction={fraction!r} is invalid: expected a fraction in (0, 1]")
+    acc = pd.to_numeric(outcomes.get("final_test_accuracy", pd.Series(dtype=float)), errors="coerce")
+    dense = outcomes["method"] == "dense" if "method" in outcomes.columns else acc.notna() & False
+    for pick in (dense & (outcomes.get("workers", 1) > 1), dense, acc.notna()):
+        chosen = acc[pick].dropna()
+        if len(chosen):
+            return max(0.01, math.floor(100 * fraction * float(chosen.min())) / 100)
+    return math.nan

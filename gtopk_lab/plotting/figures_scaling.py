@@ -117,7 +117,7 @@ def scaling_efficiency_figure(measured: pd.DataFrame, predicted: pd.DataFrame | 
     fig.update_xaxes(title_text="workers P", type="log", dtick=math.log10(2))
     fig.update_yaxes(title_text=f"scaling efficiency ({time_basis} time)", tickformat=".0%",
                      rangemode="tozero")
-    note = f"<br><sup>{interval_note(seeds)}</sup>" if seeds > 1 else ""
+    note = f"<br><sup>{interval_note(seeds, short=True)}</sup>" if seeds > 1 else ""
     fig.update_layout(title=(title or f"Scaling efficiency ({time_basis} time); dashed: alpha-beta model") + note,
                       template="plotly_white", height=450)
     return fig

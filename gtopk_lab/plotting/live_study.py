@@ -106,7 +106,7 @@ def scaling_study_figure(points: pd.DataFrame, time: str = "virtual") -> go.Figu
                                              line={"color": color, "dash": "dash", "width": 1}))
     title = f"Scaling efficiency ({time} clock; dense P=1 = 100%)"
     if seeds > 1:
-        title += f"<br><sup>{interval_note(seeds)}</sup>"
+        title += f"<br><sup>{interval_note(seeds, short=True)}</sup>"
     if provisional:
         title += f" - {provisional} provisional (hollow: still running)"
     fig.update_layout(title=title, template="plotly_white", height=420,
