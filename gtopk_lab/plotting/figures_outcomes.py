@@ -120,8 +120,10 @@ def pareto_figure(outcomes: pd.DataFrame, x: str = "bytes_sent_per_rank", y: str
                           "<extra></extra>"))
     front = frontier_points(runs, x, y, x_lower_better=True, y_higher_better=higher) if len(runs) else runs
     if len(front):
-        fig.add_trace(go.Scatter(x=front[x].to_numpy(), y=front[y].to_numpy(), mode="lines", name="Pareto frontier",
-                                 line={"color": "#222", "dash": "dash", "width": 1.5, "shape": "hv"},
+        fig.add_trace(go.Scatter(x=front[x].to_numpy(), y=front[y].to_numpy(), mode="lines+markers",
+                                 name="Pareto frontier", line={"color": "#222", "dash": "dash", "width": 1.5, "shape": "hv"},
+                                 # ringed, so that a frontier of one point (or of runs at one x) still shows
+                                 marker={"symbol": "circle-open", "size": 16, "color": "#222"},
                                  hoverinfo="skip"))
     symbols = ", ".join(f"P={p}: {_P_SYMBOLS[i % len(_P_SYMBOLS)]}" for i, p in enumerate(ps))
     fig.update_layout(title=(title or f"{y_title[0].upper() + y_title[1:]} vs {_SHORT_X[x]}, one point per run")
