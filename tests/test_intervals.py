@@ -151,13 +151,15 @@ def test_outcomes_and_time_to_accuracy_with_intervals() -> None:
     assert len(outcomes) == 6 and set(outcomes.bytes_sent_per_rank) == {30_000.0, 1_500.0}
     assert outcomes.density[outcomes.method == "dense"].isna().all() and (outcomes.final_loss == 0.3).all()
     hits = time_to_accuracy(metrics, 0.8).set_index("run_id")
-    assert hits.loc["dense-s1", "virtual_time_s"] == pytest.approx(20 * 0.11) and hits.loc["dense-s1", "iteration"] == 19
+    assert hits.loc["dense-s1", "virtual_time_s"] == pytest.approx(20 * 0.11)
+    assert hits.loc["dense-s1", "iteration"] == 19
     assert math.isnan(hits.loc["gtopk-s2", "virtual_time_s"])
     table = time_to_accuracy_table(summaries, metrics, 0.8).set_index("method")
     dense_times = [20 * (0.1 + 0.01 * s) for s in range(3)]
     low, high = stats.t.interval(0.95, 2, loc=statistics.fmean(dense_times),
                                  scale=statistics.stdev(dense_times) / math.sqrt(3))
-    assert table.loc["dense", "time_ci_low"] == pytest.approx(low) and table.loc["dense", "time_ci_high"] == pytest.approx(high)
+    assert table.loc["dense", "time_ci_low"] == pytest.approx(low)
+    assert table.loc["dense", "time_ci_high"] == pytest.approx(high)
     assert table.loc["gtopk", "reached"] == 2 and table.loc["gtopk", "n"] == 3
     with pytest.raises(ValueError, match="target=90"):
         time_to_accuracy(metrics, 90)

@@ -121,7 +121,8 @@ def pareto_figure(outcomes: pd.DataFrame, x: str = "bytes_sent_per_rank", y: str
     front = frontier_points(runs, x, y, x_lower_better=True, y_higher_better=higher) if len(runs) else runs
     if len(front):
         fig.add_trace(go.Scatter(x=front[x].to_numpy(), y=front[y].to_numpy(), mode="lines+markers",
-                                 name="Pareto frontier", line={"color": "#222", "dash": "dash", "width": 1.5, "shape": "hv"},
+                                 name="Pareto frontier",
+                                 line={"color": "#222", "dash": "dash", "width": 1.5, "shape": "hv"},
                                  # ringed, so that a frontier of one point (or of runs at one x) still shows
                                  marker={"symbol": "circle-open", "size": 16, "color": "#222"},
                                  hoverinfo="skip"))
