@@ -250,12 +250,16 @@ def test_report_in_chromium_offline(tmp_path: Path) -> None:
             traces = page.evaluate("""() => Array.from(document.querySelectorAll('.plotly-graph-div'))
                 .map(div => div.querySelectorAll('.main-svg .trace').length)""")
             width = page.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+            # two seeds: the 95% interval drawn as error bars (efficiency) and bands (convergence)
+            drawn = page.evaluate("""() => ({bars: document.querySelectorAll('.errorbar path.yerror').length,
+                bands: document.querySelectorAll('.js-fill').length})""")
             page.screenshot(path=str(artifacts / "report.png"), full_page=True)
         finally:
             browser.close()
     assert not aborted and not errors, (aborted, errors)  # self-contained: nothing to fetch
     assert len(traces) == 11 and all(n > 0 for n in traces), traces
     assert width[0] <= width[1], f"horizontal scroll: {width}"
+    assert drawn["bars"] > 0 and drawn["bands"] > 0, drawn
 
 
 @pytest.mark.timeout(180)
