@@ -193,7 +193,7 @@ n_workers = 4
 workers = 4
 methods = ["dense", "topk", "gtopk", "gaussiank"]
 densities = [0.01, 0.001]
-seeds = 1                 # runs per (method, density): seeds 0 .. seeds-1; tables give mean +- std
+seeds = 1                 # runs per (method, density): seeds 0 .. seeds-1; n >= 2: 95% confidence intervals
 model = "cnn"
 dataset = "mnist1d"
 epochs = 10
@@ -205,7 +205,11 @@ tolerance_pp = 2.0        # "nearly consistent" means within this many accuracy 
 target_accuracy = 0.90    # time to accuracy: the first evaluation at or above this
 out = "results/convergence"
 """),
-    code(SETUP),
+    code(SETUP + """
+from gtopk_lab.analysis.intervals import add_intervals, interval_note
+from gtopk_lab.analysis.outcomes import run_outcomes, time_to_accuracy_table
+from gtopk_lab.plotting.export import save_figure
+"""),
     md("""
 ## 1. The study
 A dense run has nothing to select, so the study runs it once (not once per density).
@@ -242,7 +246,13 @@ if len(dense):
     table["accuracy_gap_pp"] = 100 * (table.final_test_accuracy - ref.final_test_accuracy)
     table["loss_ratio"] = table.final_train_loss / ref.final_train_loss
     table["nearly_consistent"] = table.accuracy_gap_pp.abs() <= tolerance_pp
+# the 95% Student-t confidence interval of the mean final accuracy over seeds (NaN with one seed)
+ci = add_intervals(done.assign(density=done.density.fillna(-1)), ["method", "density"], "final_test_accuracy",
+                   prefix="accuracy")
+table = table.merge(ci[["method", "density", "accuracy_ci_low", "accuracy_ci_high"]].assign(
+    density=lambda f: f.density.where(f.density >= 0)), on=["method", "density"], how="left")
 display(table.sort_values(["method", "density"]))
+print(interval_note(int(table.n.max())))
 if len(dense):
     for rho, rows in table[table.method != "dense"].groupby("density"):
         worst = rows.loc[rows.accuracy_gap_pp.abs().idxmax()]
@@ -254,7 +264,8 @@ if len(dense):
 ## 3. Time to accuracy
 The same budget is not the same progress: when did each method first reach `target_accuracy`
 on the test set, in iterations and in virtual seconds on the modelled network? (NaN: not
-within this budget.)
+within this budget.) The figure shows the mean over the seeds that got there, with error bars
+of its 95% Student-t confidence interval when two or more did.
 """),
     code("""
 evals = metrics[(metrics.kind == "epoch") & metrics.test_accuracy.notna()]
@@ -264,6 +275,24 @@ tta = done.set_index("run_id")[["method", "density", "seed"]].join(reached)
 display(tta.groupby(["method", "density"], dropna=False)
            .agg(epoch=("epoch", "mean"), iterations=("iteration", "mean"), virtual_s=("virtual_time_s", "mean"),
                 reached=("iteration", "count"), n=("seed", "count")).reset_index())
+show(figures.time_to_accuracy_figure(time_to_accuracy_table(done, metrics, target_accuracy)))
+"""),
+    md("""
+## 4. Accuracy against cost (Pareto)
+One point per run: its final test accuracy against the bytes one rank sent over the whole run,
+and against the run's virtual time. The dashed staircase is the Pareto frontier: the runs that
+no other run beats on both axes at once (`gtopk_lab.analysis.pareto`). `save_figure` writes
+any figure as PNG, SVG or PDF (kaleido and a Chromium; the `export` extra).
+"""),
+    code("""
+outcomes = run_outcomes(done)
+pareto_bytes = figures.pareto_figure(outcomes, x="bytes_sent_per_rank")
+show(pareto_bytes)
+show(figures.pareto_figure(outcomes, x="virtual_time_s"))
+try:
+    print("saved", save_figure(pareto_bytes, os.path.join(out, "pareto_bytes.png"), width=900, height=450))
+except RuntimeError as exc:  # no kaleido or no Chromium here: the figure above is all there is
+    print(exc)
 """),
     md("""
 `benchmarks/time_to_accuracy.py` asks why gTop-k needs more epochs than dense here (MNIST-1D
@@ -317,7 +346,7 @@ both_ways = [4]                 # P run real *and* simulated: the simulator's fi
 methods = ["dense", "topk", "gtopk", "oktopk"]
 bandwidths = ["1GbE", "10GbE"]
 density = 0.001
-seeds = 1                       # n > 1: mean +- std over seeds 0 .. n-1 (error bars, table)
+seeds = 1                       # n > 1: mean and 95% Student-t interval over seeds 0 .. n-1 (error bars, table)
 model = "cnn"
 dataset = "mnist1d"
 max_iterations = 30
@@ -332,6 +361,9 @@ from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.plotting.live_study import live_convergence_study, live_scaling
 from gtopk_lab.plotting.report_figures import efficiency_figure
 from gtopk_lab.plotting.report_tables import check_lines, efficiency_pivot, with_links
+from gtopk_lab.analysis.intervals import interval_note
+from gtopk_lab.analysis.outcomes import run_outcomes
+from gtopk_lab.plotting.export import save_figure
 """),
     md("## 1. Launch the study (returns at once)"),
     code("""
@@ -362,7 +394,9 @@ print(f"{status.status.str.startswith('completed').sum()} of {len(status)} point
 """),
     md("""
 ## 3. The table, and which points to trust
-Per method and P (percent; `mean ± std (n)` when there are several seeds). Each point is checked
+Per method and P (percent; `mean [low, high] (n)` when there are several seeds: the 95% Student-t
+confidence interval of the mean, columns `efficiency_ci_low` / `efficiency_ci_high`; one seed has
+none). Each point is checked
 against the alpha-beta prediction; a point more than 10 points away (or above 100% beyond
 noise) grew compute with P (contention, stragglers) or has a formula that does not hold.
 """),
@@ -372,6 +406,9 @@ efficiency = with_links(study.efficiency(), points)
 table = efficiency_pivot(efficiency)
 display(table.set_index([c for c in table.columns if not c.startswith("P=")]))
 print(baseline_note(["dense P=1"]), "Seeds and sources (real / simulated) have their own baseline.")
+print(interval_note(int(efficiency.n.max())))
+display(efficiency[["link", "method", "workers", "source", "efficiency_mean", "efficiency_ci_low",
+                    "efficiency_ci_high", "n"]].round(4))
 checked = with_links(study.check(), points)
 for line in check_lines(checked):
     print("check:", line)
@@ -382,7 +419,12 @@ The same points as the HTML report draws them (`gtopk-lab report`): one panel pe
 bars over seeds, and the paper's 32-worker values as open markers on 1 GbE, where they apply.
 """),
     code("""
-show(efficiency_figure(efficiency, with_links(study.predicted(), points)))
+scaling_fig = efficiency_figure(efficiency, with_links(study.predicted(), points))
+show(scaling_fig)
+try:  # PNG / SVG / PDF through kaleido and the system's Chromium (the `export` extra)
+    print("saved", save_figure(scaling_fig, os.path.join(out, "efficiency.svg")))
+except RuntimeError as exc:
+    print(exc)
 """),
     md("## 4. Where the time goes, and the bytes"),
     code("""
@@ -391,6 +433,17 @@ runs = runs[runs.status == "completed"]
 show(figures.time_breakdown_figure(runs[runs.network.astype(str).str.startswith(bandwidths[0])],
                                    title=f"Time per iteration by phase, {bandwidths[0]}"))
 show(figures.comm_volume_figure(runs))
+"""),
+    md("""
+What each run achieved against what it cost, one point per run: final loss (test, else train)
+against the bytes one rank sent, and against the virtual time; the dashed staircase is the
+Pareto frontier (no other run is better on both).
+"""),
+    code("""
+outcomes = run_outcomes(runs.assign(link=runs.network.astype(str)))
+y = "final_test_accuracy" if outcomes.final_test_accuracy.notna().any() else "final_loss"
+show(figures.pareto_figure(outcomes, x="bytes_sent_per_rank", y=y))
+show(figures.pareto_figure(outcomes, x="virtual_time_s", y=y))
 """),
     md("""
 ## The paper's 32-worker 1 GbE table, side by side with the model

@@ -62,7 +62,8 @@ out = "results/modern"
         code(setup + """
 from gtopk_lab.analysis.reprice import (auto_target_loss, comparison_pivot, method_comparison,
                                         reprice_metrics, reprice_summaries)
-from gtopk_lab.plotting.figures import loss_vs_time_figure, time_to_target_figure
+from gtopk_lab.analysis.outcomes import run_outcomes
+from gtopk_lab.plotting.figures import loss_vs_time_figure, pareto_figure, time_to_target_figure
 from gtopk_lab.plotting.live_study import live_convergence_study, live_scaling, scaling_study_figure
 """),
         md("""
@@ -114,6 +115,8 @@ over 5 iterations) first reaches the target (NaN: not within the budget);
 `bytes_per_rank_per_iter`: what a rank sends per iteration (a local-steps method's
 synchronisation divided by H); `final_loss`: the last validation loss (nats per byte for
 the GPT); `efficiency`: the project's one rule, dense P = 1 of the same seed and source = 100%.
+With two or more seeds the time to target carries its 95% Student-t confidence interval
+(`time_to_target_ci_low` / `_high`, error bars in the figure); with one seed there is none.
 """),
         code("""
 tables, repriced = {}, {}
@@ -135,6 +138,17 @@ for name, (target, table) in tables.items():
     largest = int(table["workers"].max())
     show(loss_vs_time_figure(reprice_metrics(metrics, networks[-1]), workers=largest, target_loss=target,
                              title=f"{name}: training loss on the virtual clock, P = {largest}, {networks[-1]}"))
+"""),
+        md("""
+Accuracy against cost, one point per run of the recorded network: final validation loss
+against the bytes one rank sent over the run, and against its virtual time. The dashed
+staircase is the Pareto frontier: the runs no other run beats on both axes at once.
+"""),
+        code("""
+for name, (summaries, metrics) in repriced.items():
+    outcomes = run_outcomes(summaries)
+    for x in ("bytes_sent_per_rank", "virtual_time_s"):
+        show(pareto_figure(outcomes, x=x, y="final_loss", title=f"{name}: final loss vs {x.replace('_', ' ')}"))
 """),
         md("""
 Scaling efficiency on the other networks from the same runs (the one efficiency rule on the

@@ -71,10 +71,10 @@ def test_report_is_self_contained_html(tmp_path: Path) -> None:
     # plotly.js inlined once, no CDN or other remote script
     assert text.count("plotly.js v") >= 1 and len(text) > 3_000_000
     assert not re.search(r"<script[^>]+src=", text)
-    # one div per figure: 2 convergence + scaling + breakdown + volume
-    assert text.count('class="plotly-graph-div"') == 5
+    # one div per figure: 2 convergence + scaling + breakdown + volume + time to accuracy + 2 Pareto
+    assert text.count('class="plotly-graph-div"') == 8
     for heading in ("Convergence", "Scaling efficiency", "Time per iteration", "Communication volume",
-                    "Paper: scaling efficiency at 32 workers"):
+                    "Time to accuracy", "Accuracy against cost (Pareto)", "Paper: scaling efficiency at 32 workers"):
         assert heading in text
     assert "Runs (9 completed of 10)" in text and "broken" in text
     assert "85.70%" in text  # the paper's ResNet-20 gTop-k point
@@ -164,6 +164,16 @@ def test_report_of_a_study_with_seeds_sources_and_two_links(tmp_path: Path) -> N
     fig = efficiency_figure(table, predicted)
     measured = [t for t in fig.data if t.mode == "lines+markers"]
     assert measured and all(t.error_y.visible for t in measured)
+    # the bars are the 95% Student-t interval of the two seeds (scipy's, computed here)
+    from scipy import stats as scipy_stats
+    gtopk8 = table[(table.method == "gtopk") & (table.workers == 8) & (table.link == "1GbE")].iloc[0]
+    per_seed = point_efficiency_of(points, "gtopk", 8, "1GbE")
+    low, high = scipy_stats.t.interval(0.95, 1, loc=per_seed.mean(), scale=per_seed.std(ddof=1) / 2 ** 0.5)
+    assert gtopk8.efficiency_ci_low == pytest.approx(low) and gtopk8.efficiency_ci_high == pytest.approx(high)
+    bar = next(t for t in measured if t.name.startswith("gtopk") and t.xaxis == "x" and 8 in list(t.x))
+    at = list(bar.x).index(8)
+    assert bar.error_y.array[at] == pytest.approx(100 * (high - gtopk8.efficiency_mean))
+    assert "[" in efficiency_pivot(table)["P=8"].iloc[-1]  # mean [low, high] (n=2)
     paper = [t for t in fig.data if t.name and t.name.startswith("paper") and t.x[0] is not None]
     assert paper and {t.xaxis for t in paper} == {"x"}  # the first panel is the slowest link: 1GbE
     assert fig.layout.annotations[0].text == "1GbE"
@@ -187,11 +197,26 @@ def test_report_of_a_study_with_seeds_sources_and_two_links(tmp_path: Path) -> N
     assert pivot.link.iloc[0] == "1GbE" and "(n=2)" in pivot["P=8"].iloc[-1]
 
     text = write_report(tmp_path / "res", tmp_path / "r.html").read_text(encoding="utf-8")
-    assert "Runs (52 completed of 53)" in text and "error bars +- 1 std (up to n=2)" in text
+    assert "Runs (52 completed of 53)" in text
+    assert "95% Student-t confidence interval of the mean over seeds (n up to 2)" in text
     assert "every run: ρ 0.01 (sparse runs), model cnn, dataset mnist1d" in text
     assert "title='2026-1GbE-gtopk-p4-broken'" in text and "<span class='bad'>failed</span>" in text
     assert "Model check" in text and "Convergence vs iteration, 1GbE" in text
     assert text.index("id='scaling'") < text.index("id='convergence'") < text.index("id='runs'")
+
+
+def point_efficiency_of(points, method: str, workers: int, link: str):
+    """The per-seed efficiencies of one point: its runs' virtual throughput over the dense
+    P = 1 run of the same seed, link and source (the oracle of the interval test)."""
+    done = points[points.status == "completed"]
+    mine = done[(done.method == method) & (done.workers == workers) & (done.link == link)]
+    values = []
+    for _, run in mine.iterrows():
+        base = done[(done.method == "dense") & (done.workers == 1) & (done.link == link)
+                    & (done.seed == run.seed) & (done.source == run.source)].iloc[0]
+        values.append(run.samples_per_s_virtual / (workers * base.samples_per_s_virtual))
+    import numpy as np
+    return np.array(values)
 
 
 @pytest.mark.browser
@@ -225,9 +250,39 @@ def test_report_in_chromium_offline(tmp_path: Path) -> None:
             traces = page.evaluate("""() => Array.from(document.querySelectorAll('.plotly-graph-div'))
                 .map(div => div.querySelectorAll('.main-svg .trace').length)""")
             width = page.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+            # two seeds: the 95% interval drawn as error bars (efficiency) and bands (convergence)
+            drawn = page.evaluate("""() => ({bars: document.querySelectorAll('.errorbar path.yerror').length,
+                bands: document.querySelectorAll('.js-fill').length})""")
             page.screenshot(path=str(artifacts / "report.png"), full_page=True)
         finally:
             browser.close()
     assert not aborted and not errors, (aborted, errors)  # self-contained: nothing to fetch
-    assert len(traces) == 8 and all(n > 0 for n in traces), traces
+    assert len(traces) == 11 and all(n > 0 for n in traces), traces
     assert width[0] <= width[1], f"horizontal scroll: {width}"
+    assert drawn["bars"] > 0 and drawn["bands"] > 0, drawn
+
+
+@pytest.mark.timeout(180)
+def test_cli_report_writes_every_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--figures DIR``: one file per figure of the report (as many as the HTML has divs),
+    PNG by magic bytes, SVG by its root element; a bad target is one line, exit 2."""
+    import shutil
+
+    _write_results(tmp_path / "res")
+    if shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists():
+        pytest.skip("no chromium (apt-get install chromium)")
+    pytest.importorskip("kaleido")
+    assert main(["report", str(tmp_path / "res"), "-o", str(tmp_path / "r.html"),
+                 "--figures", str(tmp_path / "figs")]) == 0
+    divs = (tmp_path / "r.html").read_text(encoding="utf-8").count('class="plotly-graph-div"')
+    pngs = sorted((tmp_path / "figs").glob("*.png"))
+    assert len(pngs) == divs == 8
+    assert {p.stem for p in pngs} >= {"scaling_efficiency", "time_to_accuracy", "pareto_bytes", "pareto_time"}
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert main(["report", str(tmp_path / "res"), "-o", str(tmp_path / "r2.html"), "--figures",
+                 str(tmp_path / "svg"), "--figure-format", "svg"]) == 0
+    svg = (tmp_path / "svg" / "pareto_bytes.svg").read_text(encoding="utf-8")
+    assert svg.startswith("<svg") and 'xmlns="http://www.w3.org/2000/svg"' in svg
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "res"), "--target-accuracy", "90"]) == 2
+    assert "--target-accuracy=90.0 is invalid" in capsys.readouterr().err

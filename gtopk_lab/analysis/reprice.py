@@ -41,6 +41,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from gtopk_lab.analysis.intervals import t_interval
 from gtopk_lab.analysis.study_tables import point_efficiency
 from gtopk_lab.network.model import NetworkModel, network_model
 from gtopk_lab.training.rows import steady_seconds_per_iteration
@@ -199,7 +200,9 @@ def auto_target_loss(metrics: pd.DataFrame, summaries: pd.DataFrame, *, slack: f
 def method_comparison(summaries: pd.DataFrame, metrics: pd.DataFrame, networks: Sequence[str | NetworkModel],
                       target_loss: float, *, window: int = 5) -> pd.DataFrame:
     """One row per (network, method, P, source), seeds averaged: ``time_to_target_s`` (mean
-    over the ``reached`` seeds that got there; NaN when none did), ``bytes_per_rank_per_iter``,
+    over the ``reached`` seeds that got there; NaN when none did) with its 95% Student-t
+    interval ``time_to_target_ci_low`` / ``_high`` (NaN below two seeds that reached it),
+    ``bytes_per_rank_per_iter``,
     ``final_loss`` (the last validation loss, else training), ``efficiency`` (dense P = 1 of
     the same seed and source = 1), ``baseline`` and ``n`` (seeds)."""
     done = summaries[summaries["status"] == "completed"]
@@ -219,7 +222,10 @@ def method_comparison(summaries: pd.DataFrame, metrics: pd.DataFrame, networks: 
     table = table.assign(density=table["density"].where(table["method"] != "dense"))
     keys = ["network", "method", "workers", "source"]
     return (table.groupby(keys, sort=False, dropna=False)
-            .agg(time_to_target_s=("time_to_target_s", "mean"), reached=("time_to_target_s", "count"),
+            .agg(time_to_target_s=("time_to_target_s", "mean"),
+                 time_to_target_ci_low=("time_to_target_s", lambda v: t_interval(v).low),
+                 time_to_target_ci_high=("time_to_target_s", lambda v: t_interval(v).high),
+                 reached=("time_to_target_s", "count"),
                  bytes_per_rank_per_iter=("bytes_sent_per_rank_per_iter", "mean"),
                  final_loss=("final_loss", "mean"), efficiency=("efficiency_virtual", "mean"),
                  baseline=("baseline", "first"), n=("run_id", "count"))

@@ -35,6 +35,7 @@ Example::
     eff = scaling_efficiency(simulate(cfg.replace(workers=1)), simulate(cfg.replace(workers=32)))
     table = scaling_table(results)        # rows: method (or model, method); columns: P
     runs = add_scaling_efficiency(summaries)  # + efficiency_virtual/_wall, baseline columns
+    efficiency_intervals(runs)            # per point: mean, efficiency_ci_low/_high over seeds
     times = measure_iteration_times(cfg)  # {"compute_time_s": ..., "selection_time_s": ...}
     simulate(cfg.replace(workers=32), compute_time_s=times["compute_time_s"],
              selection_time_s=times["selection_time_s"])
@@ -47,6 +48,7 @@ import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from gtopk_lab.analysis.intervals import CONFIDENCE, add_intervals
 from gtopk_lab.methods.dense import BASELINE_METHOD
 
 TIMES: tuple[str, ...] = ("virtual", "wall")
@@ -274,3 +276,35 @@ def scaling_table(runs: Iterable[Any], time: str = "virtual", baseline: str = "d
     table.columns.name = "workers"
     table.attrs["baseline"] = labels.to_dict()
     return table
+
+
+#: What makes one point of :func:`efficiency_intervals` (seeds are averaged over).
+INTERVAL_KEYS: tuple[str, ...] = ("method", "workers", "density", "bandwidth_bps", "latency_s")
+
+
+def efficiency_intervals(runs: Any, time: str = "virtual", by: Sequence[str] = INTERVAL_KEYS,
+                         confidence: float = CONFIDENCE) -> Any:
+    """Mean efficiency per point over its seeds with a Student-t confidence interval.
+
+    1. ``runs`` without ``efficiency_<time>`` get it from :func:`add_scaling_efficiency`,
+       the baseline group extended by ``seed`` when there is one (each seed divides by
+       the dense P = 1 run of its own seed)
+    2. per group of the ``by`` columns present: ``efficiency_mean``, ``efficiency_std``,
+       ``efficiency_ci_low``, ``efficiency_ci_high`` (NaN with one seed) and ``n``
+       (:func:`~gtopk_lab.analysis.intervals.add_intervals`)
+
+    O(runs)."""
+    import pandas as pd
+
+    _check_time(time)
+    if not isinstance(runs, pd.DataFrame):
+        raise TypeError(f"runs has type {type(runs).__name__}: expected a pandas DataFrame of run summaries")
+    col = f"efficiency_{time}"
+    frame = runs
+    if col not in frame.columns:
+        group = BASELINE_GROUP + (("seed",) if "seed" in frame.columns else ())
+        frame = add_scaling_efficiency(frame, times=time, group=group)
+    keys = [c for c in by if c in frame.columns]
+    if not keys:
+        raise ValueError(f"runs has none of the columns {list(by)}: expected run summaries")
+    return add_intervals(frame, keys, col, prefix="efficiency", confidence=confidence)

@@ -10,8 +10,10 @@ summary, or a running run's provisional estimate) with the point's ``seed``, ``s
    (:func:`~gtopk_lab.analysis.scaling.add_scaling_efficiency`) with the baseline group
    extended by ``seed`` and ``source``: a point divides by the dense P = 1 run of its own
    seed, measured the same way (a simulated point by a simulated baseline)
-2. :func:`aggregate_seeds`: mean, std and n over seeds per (method, P, density, pattern,
-   network, source); ``provisional`` when any run or baseline behind it is not final
+2. :func:`aggregate_seeds`: mean, std, n and the 95% Student-t interval
+   (``efficiency_ci_low`` / ``efficiency_ci_high``, :mod:`~gtopk_lab.analysis.intervals`;
+   NaN with one seed) over seeds per (method, P, density, pattern, network, source);
+   ``provisional`` when any run or baseline behind it is not final
 3. :func:`predicted_efficiency`: what the alpha-beta-gamma model expects of each point,
    from the compute its dense P = 1 run measured, the method's P = 1 selection cost, the
    registry's collective formula and the merge CPU measured (see the function)
@@ -28,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 
+from gtopk_lab.analysis.intervals import CONFIDENCE, t_interval
 from gtopk_lab.analysis.scaling import BASELINE_GROUP, add_scaling_efficiency
 from gtopk_lab.methods import get_method
 from gtopk_lab.methods.registry import available_methods
@@ -73,11 +76,13 @@ def point_efficiency(points: pd.DataFrame, time: str = "virtual") -> pd.DataFram
     return frame
 
 
-def aggregate_seeds(efficiency: pd.DataFrame, time: str = "virtual") -> pd.DataFrame:
-    """Step 2: one row per point: ``efficiency_mean``, ``efficiency_std`` (NaN for n = 1),
-    ``n``, ``provisional``."""
+def aggregate_seeds(efficiency: pd.DataFrame, time: str = "virtual", confidence: float = CONFIDENCE
+                    ) -> pd.DataFrame:
+    """Step 2: one row per point: ``efficiency_mean``, ``efficiency_std``,
+    ``efficiency_ci_low``, ``efficiency_ci_high`` (NaN for n = 1), ``n``, ``provisional``."""
     col = f"efficiency_{time}"
-    columns = list(POINT_COLUMNS) + ["efficiency_mean", "efficiency_std", "n", "provisional"]
+    columns = list(POINT_COLUMNS) + ["efficiency_mean", "efficiency_std", "efficiency_ci_low",
+                                     "efficiency_ci_high", "n", "provisional"]
     if efficiency.empty or col not in efficiency.columns:
         return pd.DataFrame(columns=columns)
     frame = efficiency.copy()
@@ -88,6 +93,7 @@ def aggregate_seeds(efficiency: pd.DataFrame, time: str = "virtual") -> pd.DataF
     rows = []
     for key, group in frame.groupby(keys, dropna=False, sort=True):
         values = pd.to_numeric(group[col], errors="coerce").dropna()
+        ci = t_interval(values, confidence)
         method, workers, density, algorithm, bw, lat, source = key
         rows.append({"method": method, "workers": int(workers),
                      "density": math.nan if density < 0 else density,
@@ -95,6 +101,7 @@ def aggregate_seeds(efficiency: pd.DataFrame, time: str = "virtual") -> pd.DataF
                      "latency_s": lat, "source": source,
                      "efficiency_mean": float(values.mean()) if len(values) else math.nan,
                      "efficiency_std": float(values.std(ddof=1)) if len(values) > 1 else math.nan,
+                     "efficiency_ci_low": ci.low, "efficiency_ci_high": ci.high,
                      "n": int(len(values)), "provisional": bool(group["_provisional"].any())})
     return pd.DataFrame(rows, columns=columns)
 

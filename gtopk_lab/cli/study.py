@@ -121,15 +121,19 @@ def embedded_workers(args: argparse.Namespace, largest_p: int) -> int:
 
 
 def format_efficiency(table: pd.DataFrame) -> str:
-    """Method x P rows with ``mean +- std (n)`` efficiencies in percent."""
+    """Method x P rows with ``mean +- std [95% CI] (n)`` efficiencies in percent (no
+    interval with one seed)."""
     if table.empty:
         return "(no completed points)"
     shown = table.copy()
+    nan = pd.Series(float("nan"), index=shown.index)
     shown["efficiency"] = [
-        ("" if pd.isna(m) else f"{m:.1%}") + ("" if pd.isna(s) else f" +- {s:.1%}") + f" (n={n})"
+        ("" if pd.isna(m) else f"{m:.1%}") + ("" if pd.isna(s) else f" +- {s:.1%}")
+        + ("" if pd.isna(lo) or pd.isna(hi) else f" [{lo:.1%}, {hi:.1%}]") + f" (n={n})"
         + (" provisional" if p else "")
-        for m, s, n, p in zip(shown["efficiency_mean"], shown["efficiency_std"], shown["n"],
-                              shown["provisional"])]
+        for m, s, lo, hi, n, p in zip(shown["efficiency_mean"], shown["efficiency_std"],
+                                      shown.get("efficiency_ci_low", nan), shown.get("efficiency_ci_high", nan),
+                                      shown["n"], shown["provisional"])]
     shown["density"] = shown["density"].map(lambda d: "-" if pd.isna(d) else f"{d:g}")
     shown["link"] = shown["bandwidth_bps"].map(lambda b: "unthrottled" if b == float("inf") else format_bandwidth(b))
     return shown[["method", "density", "link", "source", "workers", "efficiency"]].to_string(index=False)

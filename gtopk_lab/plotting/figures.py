@@ -24,7 +24,8 @@ Where the builders live (this module re-exports them, so ``figures.<name>`` keep
 - :mod:`.figures_convergence`  train loss / test accuracy against iteration, epoch or time;
 - :mod:`.figures_scaling`      scaling efficiency, time per phase, bytes per rank, the paper's numbers;
 - :mod:`.figures_topk`         gradient histogram, Top-k error, GaussianK's count;
-- :mod:`.figures_methods`      time to a target loss per network, loss against the virtual clock.
+- :mod:`.figures_methods`      time to a target loss per network, loss against the virtual clock;
+- :mod:`.figures_outcomes`     time to a target accuracy with confidence intervals, Pareto figures.
 
 Example::
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 from gtopk_lab.plotting.figures_base import METHOD_COLORS, X_AXES, run_label
 from gtopk_lab.plotting.figures_convergence import convergence_figure, convergence_frames
 from gtopk_lab.plotting.figures_methods import loss_vs_time_figure, time_to_target_figure
+from gtopk_lab.plotting.figures_outcomes import pareto_figure, time_to_accuracy_figure
 from gtopk_lab.plotting.figures_scaling import (
     PAPER_BREAKDOWN_GTOPK_32_1GBE_S, PAPER_SCALING_EFFICIENCY_32_1GBE, comm_bytes_per_rank_formula,
     comm_volume_figure, paper_scaling_table, scaling_efficiency_figure, time_breakdown_figure,
@@ -65,4 +67,6 @@ __all__ = [
     "paper_scaling_table",
     "time_to_target_figure",
     "loss_vs_time_figure",
+    "time_to_accuracy_figure",
+    "pareto_figure",
 ]

@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from gtopk_lab.analysis.intervals import interval_bounds
 from gtopk_lab.plotting.figures_base import method_color, require_frame
 
 __all__ = ["time_to_target_figure", "loss_vs_time_figure"]
@@ -24,7 +25,9 @@ def time_to_target_figure(table: pd.DataFrame, *, target_loss: float | None = No
                           title: str | None = None) -> go.Figure:
     """One panel per network: bars of time to the target loss (virtual clock, log axis)
     per method in its colour, one bar per P (darker: larger P); the methods that never
-    reached it are listed in the panel's title. O(rows)."""
+    reached it are listed in the panel's title. With ``time_to_target_ci_low`` / ``_high``
+    columns (:func:`~gtopk_lab.analysis.reprice.method_comparison`, two seeds or more) each
+    bar carries its 95% Student-t interval as an error bar. O(rows)."""
     require_frame("table", table, ("network", "method", "workers", "time_to_target_s"))
     networks = list(dict.fromkeys(table["network"]))
     methods = list(dict.fromkeys(table["method"]))
@@ -39,13 +42,20 @@ def time_to_target_figure(table: pd.DataFrame, *, target_loss: float | None = No
     series = sorted({(int(p), str(src)) for p, src in zip(frame["workers"], frame["source"])})
     several = {p for p, _ in series if sum(q == p for q, _ in series) > 1}
     shown: set[str] = set()
+    has_ci = {"time_to_target_ci_low", "time_to_target_ci_high"} <= set(frame.columns)
     for col, network in enumerate(networks, start=1):
         panel = frame[frame["network"] == network]
         for i, (p, source) in enumerate(series):
-            rows = (panel[(panel["workers"] == p) & (panel["source"] == source)]
-                    .groupby("method", sort=False)["time_to_target_s"].mean().reindex(methods))
+            cell = panel[(panel["workers"] == p) & (panel["source"] == source)].groupby("method", sort=False)
+            rows = cell["time_to_target_s"].mean().reindex(methods)
+            error = None
+            if has_ci:
+                up, down = interval_bounds(rows, cell["time_to_target_ci_low"].mean().reindex(methods),
+                                           cell["time_to_target_ci_high"].mean().reindex(methods))
+                error = {"type": "data", "symmetric": False, "array": up, "arrayminus": down,
+                         "visible": bool((up > 0).any())}
             label = f"P={p} {source}" if p in several else f"P={p}"
-            fig.add_trace(go.Bar(x=methods, y=rows.to_numpy(), name=label, legendgroup=label,
+            fig.add_trace(go.Bar(x=methods, y=rows.to_numpy(), name=label, legendgroup=label, error_y=error,
                                  showlegend=label not in shown, offsetgroup=label,
                                  marker={"color": [method_color(m) for m in methods],
                                          "opacity": 0.35 + 0.65 * (i + 1) / len(series)},

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
+from gtopk_lab.analysis.intervals import add_intervals, interval_bounds, interval_note
 from gtopk_lab.methods import get_method
 from gtopk_lab.plotting.figures_base import METHOD_ORDER, method_color, require_frame
 
@@ -67,7 +68,11 @@ def scaling_efficiency_figure(measured: pd.DataFrame, predicted: pd.DataFrame | 
     """Scaling efficiency ``throughput(P) / (P * throughput(1))`` vs P, per method.
 
     ``measured``: columns ``method, workers, scaling_efficiency`` (+ optional
-    ``bandwidth``), solid lines with markers. ``predicted``: the alpha-beta model's
+    ``bandwidth``), solid lines with markers; several rows of one (method, P, bandwidth), e.g.
+    one per seed, are averaged and drawn with error bars of their 95% Student-t confidence
+    interval (:func:`~gtopk_lab.analysis.intervals.add_intervals`; columns
+    ``scaling_efficiency_ci_low`` / ``_high`` given with the rows are drawn as they are).
+    ``predicted``: the alpha-beta model's
     prediction in the same schema, dashed lines in the method's colour. ``paper_models``
     adds the paper's 32-worker 1 GbE points (:data:`PAPER_SCALING_EFFICIENCY_32_1GBE`)
     as open reference markers. ``time_basis`` ("virtual" | "wall") only labels the axis:
@@ -83,6 +88,7 @@ def scaling_efficiency_figure(measured: pd.DataFrame, predicted: pd.DataFrame | 
         raise ValueError(f"paper_models={unknown!r} is invalid: expected names from "
                          f"{', '.join(PAPER_SCALING_EFFICIENCY_32_1GBE)}")
     fig = go.Figure()
+    seeds = 1
     for frame, kind in ((measured, "measured"), (predicted, "model")):
         if frame is None or not len(frame):
             continue
@@ -91,11 +97,13 @@ def scaling_efficiency_figure(measured: pd.DataFrame, predicted: pd.DataFrame | 
             key = key if isinstance(key, tuple) else (key,)
             method = str(key[0])
             name = f"{method} ({kind}{', ' + str(key[1]) if len(key) > 1 else ''})"
-            rows = rows.sort_values("workers")
+            rows, error = _with_intervals(rows.sort_values("workers")) if kind == "measured" else (rows, None)
+            if error is not None:
+                seeds = max(seeds, int(rows["n"].max()))
             fig.add_trace(go.Scatter(
                 x=rows["workers"].to_numpy(), y=rows["scaling_efficiency"].to_numpy(),
                 mode="lines+markers" if kind == "measured" else "lines", name=name,
-                legendgroup=method,
+                legendgroup=method, error_y=error,
                 line=dict(color=method_color(method), dash="solid" if kind == "measured" else "dash"),
                 hovertemplate=f"{name}<br>P=%{{x}}<br>efficiency=%{{y:.1%}}<extra></extra>"))
     symbols = ("circle-open", "square-open", "diamond-open", "triangle-up-open", "x-open")
@@ -109,9 +117,25 @@ def scaling_efficiency_figure(measured: pd.DataFrame, predicted: pd.DataFrame | 
     fig.update_xaxes(title_text="workers P", type="log", dtick=math.log10(2))
     fig.update_yaxes(title_text=f"scaling efficiency ({time_basis} time)", tickformat=".0%",
                      rangemode="tozero")
-    fig.update_layout(title=title or f"Scaling efficiency ({time_basis} time); dashed: alpha-beta model",
+    note = f"<br><sup>{interval_note(seeds, short=True)}</sup>" if seeds > 1 else ""
+    fig.update_layout(title=(title or f"Scaling efficiency ({time_basis} time); dashed: alpha-beta model") + note,
                       template="plotly_white", height=450)
     return fig
+
+
+def _with_intervals(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict | None]:
+    """One row per P (the mean over its rows) and plotly's ``error_y`` of the interval, or
+    None when no P has two rows and none came with an interval."""
+    if {"scaling_efficiency_ci_low", "scaling_efficiency_ci_high"} <= set(rows.columns):
+        table = rows.assign(n=rows["n"] if "n" in rows.columns else 2)
+    elif rows["workers"].duplicated().any():
+        table = add_intervals(rows, ["workers"], "scaling_efficiency").rename(
+            columns={"scaling_efficiency_mean": "scaling_efficiency"})
+    else:
+        return rows, None
+    up, down = interval_bounds(table["scaling_efficiency"], table["scaling_efficiency_ci_low"],
+                               table["scaling_efficiency_ci_high"])
+    return table, {"type": "data", "symmetric": False, "array": up, "arrayminus": down, "visible": True}
 
 
 # --- time breakdown ----------------------------------------------------------------------

@@ -5,7 +5,8 @@ that fills in while the cluster runs, and convergence faceted by method and P.
 
 1. one line per method (and per network / density / source when the study has several),
    efficiency on the virtual clock by the paper's definition (dense P = 1 of the same
-   network, seed and source is the baseline), mean over seeds with +- std error bars
+   network, seed and source is the baseline), mean over seeds with error bars of its 95%
+   Student-t confidence interval (:mod:`~gtopk_lab.analysis.intervals`; none with one seed)
 2. the alpha-beta(-gamma) prediction of the same points dashed
    (:func:`~gtopk_lab.analysis.study_tables.predicted_efficiency`)
 3. a point appears as soon as its run's throughput is stable (after warm-up) and moves
@@ -18,7 +19,8 @@ that fills in while the cluster runs, and convergence faceted by method and P.
    a headless figure does not subscribe, so it costs the running study nothing
 
 ``live_convergence_study(study)``: train loss per iteration, one panel per method, one line
-per P (mean over seeds with a +- std band when there are several seeds).
+per P (mean over seeds with a band of its 95% Student-t confidence interval when there are
+several seeds).
 
 Cost per refresh: the study's tables (O(points)) and one figure rebuild.
 """
@@ -33,6 +35,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from gtopk_lab.analysis.intervals import CONFIDENCE, interval_bounds, interval_columns, interval_note
 from gtopk_lab.analysis.study_tables import point_efficiency, predicted_efficiency, aggregate_seeds
 from gtopk_lab.network.model import format_bandwidth
 from gtopk_lab.plotting.figures_base import method_color
@@ -64,6 +67,7 @@ def scaling_study_figure(points: pd.DataFrame, time: str = "virtual") -> go.Figu
     predicted = predicted_efficiency(points) if len(points) else pd.DataFrame()
     fig = go.Figure()
     provisional = int(table["provisional"].sum()) if len(table) else 0
+    seeds = int(table["n"].max()) if len(table) else 0
     if len(table):
         table = table[table["efficiency_mean"].notna()]
         several = {"density": table["density"].nunique() > 1,
@@ -76,15 +80,20 @@ def scaling_study_figure(points: pd.DataFrame, time: str = "virtual") -> go.Figu
             label = _series_label(row, several)
             color = method_color(str(row.method))
             dash = "dot" if row.source == "simulated" else "solid"
+            up, down = interval_bounds(group["efficiency_mean"], group["efficiency_ci_low"],
+                                       group["efficiency_ci_high"])
             fig.add_trace(go.Scatter(
                 x=group["workers"], y=group["efficiency_mean"] * 100, mode="lines+markers", name=label,
                 line={"color": color, "dash": dash},
                 marker={"symbol": ["circle-open" if p else "circle" for p in group["provisional"]],
                         "size": 9},
-                error_y={"type": "data", "array": (group["efficiency_std"].fillna(0) * 100).tolist(),
-                         "visible": bool(group["n"].max() > 1)},
-                customdata=group[["n", "provisional"]].to_numpy(),
-                hovertemplate="P=%{x}<br>%{y:.1f}%<br>n=%{customdata[0]}<br>provisional=%{customdata[1]}"))
+                error_y={"type": "data", "symmetric": False, "array": (up * 100).tolist(),
+                         "arrayminus": (down * 100).tolist(), "visible": bool(group["n"].max() > 1)},
+                customdata=list(zip(group["n"], group["provisional"], group["efficiency_ci_low"] * 100,
+                                    group["efficiency_ci_high"] * 100)),
+                hovertemplate="P=%{x}<br>%{y:.1f}%"
+                              + (" [%{customdata[2]:.1f}, %{customdata[3]:.1f}]" if seeds > 1 else "")
+                              + "<br>n=%{customdata[0]}<br>provisional=%{customdata[1]}"))
             if len(predicted):
                 pred = predicted[(predicted["method"] == row.method) & (predicted["source"] == row.source)
                                  & (predicted["bandwidth_bps"] == row.bandwidth_bps)]
@@ -96,6 +105,8 @@ def scaling_study_figure(points: pd.DataFrame, time: str = "virtual") -> go.Figu
                                              name=f"{label} (alpha-beta)", showlegend=False,
                                              line={"color": color, "dash": "dash", "width": 1}))
     title = f"Scaling efficiency ({time} clock; dense P=1 = 100%)"
+    if seeds > 1:
+        title += f"<br><sup>{interval_note(seeds, short=True)}</sup>"
     if provisional:
         title += f" - {provisional} provisional (hollow: still running)"
     fig.update_layout(title=title, template="plotly_white", height=420,
@@ -117,6 +128,7 @@ def convergence_study_figure(metrics: pd.DataFrame) -> go.Figure:
     n_rows = max(1, math.ceil(len(methods) / cols))
     fig = make_subplots(rows=n_rows, cols=cols, subplot_titles=methods, shared_yaxes=True,
                         vertical_spacing=0.3 / n_rows if n_rows > 1 else 0.0)
+    seeds = 1
     for i, method in enumerate(methods):
         row, col = divmod(i, cols)
         row += 1
@@ -124,17 +136,21 @@ def convergence_study_figure(metrics: pd.DataFrame) -> go.Figure:
         sub = rows[rows["method"] == method]
         for p, by_p in sub.groupby("workers"):
             stats = by_p.groupby("iteration")["train_loss"].agg(["mean", "std", "count"]).reset_index()
+            seeds = max(seeds, int(stats["count"].max()))
             color = method_color(method)
             fig.add_trace(go.Scatter(x=stats["iteration"], y=stats["mean"], mode="lines",
                                      name=f"{method} P={p}", line={"color": color,
                                                                     "width": 1 + math.log2(max(p, 1)) / 2}),
                           row=row, col=col)
             if stats["count"].max() > 1:
-                upper, lower = stats["mean"] + stats["std"].fillna(0), stats["mean"] - stats["std"].fillna(0)
+                lower, upper = interval_columns(stats["mean"], stats["std"], stats["count"])
+                lower, upper = lower.fillna(stats["mean"]), upper.fillna(stats["mean"])
                 fig.add_trace(go.Scatter(x=list(stats["iteration"]) + list(stats["iteration"][::-1]),
                                          y=list(upper) + list(lower[::-1]), fill="toself", mode="none",
                                          fillcolor=color, opacity=0.15, showlegend=False), row=row, col=col)
-    fig.update_layout(title="Convergence (train loss, rank 0; mean +- std over seeds)",
+    band = (f"mean over seeds, band: {100 * CONFIDENCE:g}% Student-t confidence interval" if seeds > 1
+            else "one seed: no confidence interval")
+    fig.update_layout(title=f"Convergence (train loss, rank 0; {band})",
                       template="plotly_white", height=380 + 260 * (n_rows - 1))
     fig.update_xaxes(title_text="iteration", row=n_rows)
     fig.update_yaxes(title_text="train loss", col=1)

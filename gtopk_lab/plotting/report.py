@@ -20,7 +20,13 @@ Sections, after a one-line overview and links to each:
 4. runs: at most a dozen narrow columns with short run ids (the full id on hover), the
    fields every run shares said once above, a folded detail view (full ids, sizes,
    timings, errors)
-5. the paper's 32-worker 1 GbE table
+5. time to a target accuracy with confidence intervals, and the Pareto figures (final
+   accuracy against bytes sent per rank and against virtual time, one point per run, the
+   frontier drawn): :mod:`~gtopk_lab.plotting.report_outcomes`
+6. the paper's 32-worker 1 GbE table
+
+``write_report(..., figures_dir=DIR)`` (``gtopk-lab report --figures DIR``) also writes each
+figure as a file (PNG by default; :func:`~gtopk_lab.plotting.export.save_figures`).
 
 :func:`measured_scaling_table` / :func:`predicted_scaling_table` stay for callers of the
 sweep-era tables (one baseline per network, no seeds or sources).
@@ -47,6 +53,7 @@ import plotly
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from gtopk_lab.analysis.intervals import ONE_SEED_NOTE, interval_note
 from gtopk_lab.analysis.predict import predict_scaling
 from gtopk_lab.analysis.scaling import BASELINE_NONE, BASELINES, add_scaling_efficiency
 from gtopk_lab.methods import available_methods, get_method
@@ -54,7 +61,9 @@ from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.model import format_bandwidth, format_latency
 from gtopk_lab.orchestration.results import load_runs
 from gtopk_lab.plotting import figures
+from gtopk_lab.plotting.export import save_figures
 from gtopk_lab.plotting.report_figures import efficiency_figure, paper_applies, point_convergence_figure
+from gtopk_lab.plotting.report_outcomes import outcome_sections
 from gtopk_lab.plotting.report_tables import (check_lines, constant_fields, efficiency_pivot, run_details,
                                               runs_table, study_tables, with_points)
 
@@ -176,7 +185,10 @@ def _mean_part(summaries: pd.DataFrame, parts: tuple[str, ...]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _figure_div(fig: go.Figure) -> str:
+def _figure_div(fig: go.Figure, sink: list[tuple[str, go.Figure]] | None = None, stem: str = "figure") -> str:
+    """The figure's ``<div>``; ``sink`` (the report's list of figures to write) gets it too."""
+    if sink is not None:
+        sink.append((stem, fig))
     return fig.to_html(full_html=False, include_plotlyjs=False, config={"responsive": True})
 
 
@@ -216,7 +228,7 @@ def _runs_html(points: pd.DataFrame) -> str:
     return head + body + folded
 
 
-def _scaling_html(points: pd.DataFrame) -> str:
+def _scaling_html(points: pd.DataFrame, sink: list[tuple[str, go.Figure]] | None = None) -> str:
     """Figure (error bars over seeds, model dashed, paper markers), the method x P table
     and the model check, from the seed- and source-aware study tables."""
     table, predicted, check = study_tables(points, "virtual")
@@ -228,7 +240,7 @@ def _scaling_html(points: pd.DataFrame) -> str:
     note = ("throughput(P) / (P x throughput of dense S-SGD at P=1) on the virtual clock (compute measured, "
             "communication modelled on each run's link); every point against the dense P=1 run of its own link, "
             "seed and source (real ranks / simulator). "
-            + (f"Mean over seeds, error bars +- 1 std (up to n={seeds}). " if seeds > 1 else "One seed per point. ")
+            + (f"Mean over seeds; {interval_note(seeds)}. " if seeds > 1 else f"One seed per point ({ONE_SEED_NOTE}). ")
             + "Thin dashed: the alpha-beta(-gamma) prediction from this folder's own dense P=1 compute. "
             + ("Open markers at P=32: the paper's measured values on 1 GbE (Shi et al., ICDCS'19)."
                if paper else "The paper's 32-worker values are for 1 GbE, which no run here used: not drawn."))
@@ -236,20 +248,24 @@ def _scaling_html(points: pd.DataFrame) -> str:
     check_html = ("<ul class='check'>" + "".join(
         f"<li class='{'bad' if 'do not trust' in line else 'ok'}'>{html.escape(line)}</li>" for line in lines)
         + "</ul>") if lines else ""
-    return _section("Scaling efficiency", _figure_div(fig)
-                    + "<h3>Efficiency per method and P (percent; mean ± std (n) over seeds)</h3>"
+    return _section("Scaling efficiency", _figure_div(fig, sink, "scaling_efficiency")
+                    + "<h3>Efficiency per method and P (percent; mean [95% confidence interval] (n) over seeds)</h3>"
                     + _table(efficiency_pivot(table), classes="runs pivot")
                     + ("<h3>Model check (measured vs alpha-beta, 10-point tolerance)</h3>" + check_html
                        if check_html else ""),
                     note, anchor="scaling")
 
 
-def render_report(summaries: pd.DataFrame, metrics: pd.DataFrame, title: str = "gtopk-lab report") -> str:
-    """The report's HTML text from ``(summaries, metrics)`` frames (see :func:`write_report`)."""
+def render_report(summaries: pd.DataFrame, metrics: pd.DataFrame, title: str = "gtopk-lab report", *,
+                  target_accuracy: float | None = None,
+                  figures_out: list[tuple[str, go.Figure]] | None = None) -> str:
+    """The report's HTML text from ``(summaries, metrics)`` frames (see :func:`write_report`);
+    ``figures_out`` receives every figure as ``(file stem, figure)``."""
     parts: list[str] = []
+    sink = figures_out
     points = with_points(summaries) if len(summaries) else summaries
     completed = _completed(points)
-    parts.append(_scaling_html(completed) if len(completed) else "")
+    parts.append(_scaling_html(completed, sink) if len(completed) else "")
     done_ids = set(completed["run_id"]) if "run_id" in completed.columns else set()
     m = metrics[metrics["run_id"].isin(done_ids)] if "run_id" in metrics.columns else metrics
     if len(m) and "kind" in m.columns:
@@ -263,12 +279,15 @@ def render_report(summaries: pd.DataFrame, metrics: pd.DataFrame, title: str = "
             for x, name in (("iteration", "iteration"), ("virtual_time_s", "virtual time (s)")):
                 if x not in m.columns:  # rows written without a clock column: iterations only
                     continue
-                body += _figure_div(point_convergence_figure(m, runs, x=x, title=f"Convergence vs {name}{suffix}"))
+                stem = "convergence_" + ("iteration" if x == "iteration" else "time") + _stem(link, len(by_link))
+                body += _figure_div(point_convergence_figure(m, runs, x=x, title=f"Convergence vs {name}{suffix}"),
+                                    sink, stem)
         parts.append(_section(
             "Convergence", body,
             "Train loss (mean over ranks) and test accuracy (rank 0) per point; colour = method, its shade = P "
             "(light: smallest P, dark: largest; marker symbol = P on the accuracy panel), dash = density."
-            + (" The seeds of a point are averaged, the band is +- 1 std." if seeds > 1 else ""),
+            + (f" The seeds of a point are averaged; {interval_note(seeds)}." if seeds > 1
+               else f" {ONE_SEED_NOTE[0].upper() + ONE_SEED_NOTE[1:]}."),
             anchor="convergence"))
     if len(completed):
         by_link = _by_link(completed)
@@ -276,7 +295,8 @@ def render_report(summaries: pd.DataFrame, metrics: pd.DataFrame, title: str = "
         for link, runs in by_link:
             try:
                 figs += _figure_div(figures.time_breakdown_figure(
-                    runs, title=f"Time per iteration by phase{', ' + str(link) if len(by_link) > 1 else ''}"))
+                    runs, title=f"Time per iteration by phase{', ' + str(link) if len(by_link) > 1 else ''}"),
+                    sink, "time_breakdown" + _stem(link, len(by_link)))
             except ValueError:  # runs without a breakdown (e.g. written by an older version)
                 pass
         if figs:
@@ -284,8 +304,10 @@ def render_report(summaries: pd.DataFrame, metrics: pd.DataFrame, title: str = "
                                   "averaged over the runs (seeds, sources) of a method and P.", anchor="time"))
         if "bytes_sent_per_rank_per_iter" in completed.columns and completed["bytes_sent_per_rank_per_iter"].notna().any():
             vol = completed[completed["bytes_sent_per_rank_per_iter"].notna()]
-            parts.append(_section("Communication volume", _figure_div(figures.comm_volume_figure(vol)),
-                                  anchor="volume"))
+            parts.append(_section("Communication volume", _figure_div(figures.comm_volume_figure(vol), sink,
+                                                                      "communication_volume"), anchor="volume"))
+        parts.append(outcome_sections(completed, m, lambda stem, fig: _figure_div(fig, sink, stem), _section,
+                                      target_accuracy))
     parts.append(_section(f"Runs ({len(completed)} completed of {len(summaries)})",
                           _runs_html(points) if len(summaries) else "<p>No runs in this folder.</p>",
                           anchor="runs"))
@@ -300,7 +322,8 @@ def render_report(summaries: pd.DataFrame, metrics: pd.DataFrame, title: str = "
             f"<style>{_CSS}</style>")
     toc = " · ".join(f"<a href='#{a}'>{t}</a>" for a, t in (
         ("scaling", "scaling efficiency"), ("convergence", "convergence"), ("time", "time per iteration"),
-        ("volume", "communication volume"), ("runs", "runs"), ("paper", "paper"))
+        ("volume", "communication volume"), ("tta", "time to accuracy"), ("pareto", "Pareto"), ("runs", "runs"),
+        ("paper", "paper"))
         if f"id='{a}'" in "".join(parts))
     return (f"<!DOCTYPE html>\n<html><head>{head}</head><body>\n<h1>{html.escape(title)}</h1>\n"
             f"<p class='note'>{html.escape(_overview(summaries, points))} · generated {stamp} with plotly "
@@ -350,18 +373,37 @@ def _overview(summaries: pd.DataFrame, points: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
-def write_report(results_dir: str | os.PathLike[str], html_path: str | os.PathLike[str]) -> Path:
+def _stem(link: str, links: int) -> str:
+    """``_1GbE`` for a figure of one link among several (a safe file name), else nothing."""
+    return "" if links <= 1 else "_" + "".join(c if c.isalnum() or c in "-." else "_" for c in str(link))
+
+
+def write_report(results_dir: str | os.PathLike[str], html_path: str | os.PathLike[str], *,
+                 figures_dir: str | os.PathLike[str] | None = None, figure_format: str = "png",
+                 target_accuracy: float | None = None) -> Path:
     """Write the self-contained HTML report of every run under ``results_dir``.
 
     Raises ``ValueError`` when ``results_dir`` is not a directory. Returns the path written
-    (atomically: a temporary file in the same folder, then ``os.replace``).
+    (atomically: a temporary file in the same folder, then ``os.replace``). With
+    ``figures_dir``, every figure of the report is also written there as
+    ``<stem>.<figure_format>`` ("png", "svg", "pdf" or "html"; PNG/SVG/PDF need kaleido
+    and a Chromium, a ``RuntimeError`` in one line otherwise), before the report is.
+    ``target_accuracy``: the time-to-accuracy figure's target (default: 90% of dense's
+    worst final accuracy at P > 1).
     """
+    if figure_format not in ("png", "svg", "pdf", "html"):
+        raise ValueError(f"figure_format={figure_format!r} is invalid: expected png, svg, pdf or html")
     root = Path(results_dir)
     if not root.is_dir():
         raise ValueError(f"results_dir={str(results_dir)!r} is invalid: no such directory "
                          "(expected a folder of runs written by gtopk-lab run/sweep)")
     summaries, metrics = load_runs(root)
-    text = render_report(summaries, metrics, title=f"gtopk-lab report: {root.resolve().name}")
+    collected: list[tuple[str, go.Figure]] = []
+    text = render_report(summaries, metrics, title=f"gtopk-lab report: {root.resolve().name}",
+                         target_accuracy=target_accuracy, figures_out=collected)
+    if figures_dir is not None:
+        folder = Path(figures_dir)
+        save_figures([(fig, folder / f"{stem}.{figure_format}") for stem, fig in collected])
     out = Path(html_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")

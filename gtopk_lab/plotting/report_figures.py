@@ -1,14 +1,15 @@
 """Figures of the HTML report (:mod:`gtopk_lab.plotting.report`) that tell points apart:
-one shade of the method's colour per P, mean +- std over seeds, the paper's markers.
+one shade of the method's colour per P, mean over seeds with its 95% Student-t confidence
+interval (:mod:`~gtopk_lab.analysis.intervals`), the paper's markers.
 
 1. :func:`point_convergence_figure`: train loss and test accuracy per *point* (method,
-   density, P, link, source), the seeds of a point averaged (a +- std band when there are
-   several). Colour = method, its shade = P (light for the smallest P, dark for the
+   density, P, link, source), the seeds of a point averaged (a band of the confidence
+   interval when there are several). Colour = method, its shade = P (light for the smallest P, dark for the
    largest), dash = density, marker symbol = P on the accuracy panel, so that P = 2 and
    P = 16 of one method never look alike
 2. :func:`efficiency_figure`: scaling efficiency vs P from
-   :func:`~gtopk_lab.plotting.report_tables.study_tables` (mean over seeds with +- std
-   error bars when n > 1; simulated points dotted), the alpha-beta(-gamma) prediction as a
+   :func:`~gtopk_lab.plotting.report_tables.study_tables` (mean over seeds with error
+   bars of the confidence interval, ``efficiency_ci_low`` / ``_high``, when n > 1; simulated points dotted), the alpha-beta(-gamma) prediction as a
    thin dashed line per series, and the paper's 32-worker 1 GbE values
    (:data:`~gtopk_lab.plotting.figures_scaling.PAPER_SCALING_EFFICIENCY_32_1GBE`) as
    open markers where they apply: for the methods the paper ran, when a series is on a
@@ -26,6 +27,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from gtopk_lab.analysis.intervals import interval_bounds, interval_columns
 from gtopk_lab.plotting.figures_base import METHOD_ORDER, density_dash, method_color
 from gtopk_lab.plotting.figures_scaling import PAPER_SCALING_EFFICIENCY_32_1GBE
 
@@ -135,8 +137,8 @@ def point_convergence_figure(metrics: pd.DataFrame, points: pd.DataFrame, x: str
                                                f"{' (mean of ' + str(seeds) + ' seeds)' if seeds > 1 else ''}"
                                                "<extra></extra>"), row=1, col=1)
         if seeds > 1:
-            upper = (stats["loss"] + stats["std"].fillna(0)).to_numpy()
-            lower = (stats["loss"] - stats["std"].fillna(0)).to_numpy()
+            low, high = interval_columns(stats["loss"], stats["std"], stats["n"])
+            upper, lower = high.fillna(stats["loss"]).to_numpy(), low.fillna(stats["loss"]).to_numpy()
             fig.add_trace(go.Scatter(x=list(xs) + list(xs[::-1]), y=list(upper) + list(lower[::-1]),
                                      fill="toself", mode="none", fillcolor=color, opacity=0.18,
                                      legendgroup=label, showlegend=False, hoverinfo="skip"), row=1, col=1)
@@ -209,7 +211,12 @@ def efficiency_figure(table: pd.DataFrame, predicted: pd.DataFrame | None = None
         label = " ".join([str(method)] + ([f"ρ={density:g}"] if several["density"] and density >= 0 else [])
                          + ([str(source)] if several["source"] else []))
         color = method_color(str(method))
-        std = (rows["efficiency_std"].fillna(0) * 100).to_numpy()
+        if "efficiency_ci_low" in rows.columns:
+            up, down = interval_bounds(rows["efficiency_mean"], rows["efficiency_ci_low"],
+                                       rows["efficiency_ci_high"])
+        else:  # a table from before the intervals: no bars rather than the wrong ones
+            up = down = rows["efficiency_mean"].to_numpy() * 0.0
+        up, down = up * 100, down * 100
         seeds = int(rows["n"].max())
         name = f"{label} ({link})" if panels else label
         fig.add_trace(go.Scatter(
@@ -217,10 +224,12 @@ def efficiency_figure(table: pd.DataFrame, predicted: pd.DataFrame | None = None
             name=label, legendgroup=label, showlegend=label not in seen,
             line={"color": color, "dash": "dot" if source == "simulated" else "solid", "width": 2.5},
             marker={"size": 9, "symbol": "circle" if source == "real" else "diamond"},
-            error_y={"type": "data", "array": std, "visible": seeds > 1, "thickness": 1.5, "width": 6},
-            customdata=list(zip(rows["n"].astype(int), std)),
+            error_y={"type": "data", "symmetric": False, "array": up, "arrayminus": down,
+                     "visible": seeds > 1, "thickness": 1.5, "width": 6},
+            customdata=list(zip(rows["n"].astype(int), up)),
             hovertemplate=f"{name}<br>P=%{{x}}<br>%{{y:.1f}}%"
-                          + (" ± %{customdata[1]:.1f}" if seeds > 1 else "") + " (n=%{customdata[0]})<extra></extra>"),
+                          + (" ± %{customdata[1]:.1f} (95% CI)" if seeds > 1 else "")
+                          + " (n=%{customdata[0]})<extra></extra>"),
             **where(link))
         seen.add(label)
         if predicted is not None and len(predicted):

@@ -1,5 +1,5 @@
-"""Tables of the HTML report and notebook 02: runs, scaling efficiency (mean +- std over
-seeds), the model check. Pandas and the standard library only (no plotly).
+"""Tables of the HTML report and notebook 02: runs, scaling efficiency (mean over seeds with
+its 95% Student-t confidence interval), the model check. Pandas and the standard library only (no plotly).
 
 1. :func:`with_points` adds to stored run summaries what a study's tables need and
    :func:`~gtopk_lab.orchestration.reading.load_runs` does not give: ``seed`` (from each
@@ -7,10 +7,12 @@ seeds), the model check. Pandas and the standard library only (no plotly).
    ``link`` label ("1GbE", "10GbE 5ms"), so that
    :func:`~gtopk_lab.analysis.study_tables.point_efficiency` divides every point by the
    dense P = 1 run of its own seed and source
-2. :func:`study_tables` turns them into the efficiency per point (mean, std, n over seeds),
+2. :func:`study_tables` turns them into the efficiency per point (mean, std, confidence
+   interval ``efficiency_ci_low`` / ``efficiency_ci_high``, n over seeds),
    the alpha-beta(-gamma) prediction and the check (measured vs predicted)
 3. :func:`efficiency_pivot`: one row per (link, source, method, density), one column per P,
-   cells ``"63.7% +- 2.1 (n=3)"``: the paper's method x P table
+   cells ``"63.7% [61.0, 66.4] (n=3)"`` (mean [95% confidence interval] over n seeds; one
+   seed: the mean alone): the paper's method x P table
 4. :func:`runs_table`: the runs in at most a dozen narrow columns (short run ids, human
    numbers, columns that are the same for every run left out and stated once, see
    :func:`constant_fields`) and :func:`run_details`, the rest (full ids, timings, errors)
@@ -124,7 +126,8 @@ def study_tables(points: pd.DataFrame, time: str = "virtual", tolerance: float =
         if f"samples_per_s_{time}" in done.columns else done.iloc[:0]
     if done.empty:
         empty = pd.DataFrame(columns=["method", "workers", "density", "algorithm", "bandwidth_bps",
-                                      "latency_s", "source", "efficiency_mean", "efficiency_std", "n",
+                                      "latency_s", "source", "efficiency_mean", "efficiency_std",
+                                      "efficiency_ci_low", "efficiency_ci_high", "n",
                                       "provisional", "link"])
         return empty, pd.DataFrame(), empty.assign(predicted=[], error=[], trusted=[])
     names = _link_names(done)
@@ -136,18 +139,18 @@ def study_tables(points: pd.DataFrame, time: str = "virtual", tolerance: float =
     return table, predicted, check
 
 
-def _cell(mean: float, std: float, n: int) -> str:
+def _cell(mean: float, low: float, high: float, n: int) -> str:
     if pd.isna(mean):
         return ""
     text = f"{100 * mean:.1f}%"
     if n > 1:
-        text += f" ± {100 * std:.1f}" if pd.notna(std) else ""
+        text += f" [{100 * low:.1f}, {100 * high:.1f}]" if pd.notna(low) and pd.notna(high) else ""
         text += f" (n={n})"
     return text
 
 
 def efficiency_pivot(table: pd.DataFrame, points: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Step 3: method x P, cells "mean ± std (n)" in percent; a row per link, source,
+    """Step 3: method x P, cells "mean [95% CI] (n)" in percent; a row per link, source,
     method and density (columns that take one value in the whole table are left out).
 
     ``table``: :func:`study_tables`' efficiency or ``Study.efficiency()``; links are named
@@ -157,8 +160,10 @@ def efficiency_pivot(table: pd.DataFrame, points: pd.DataFrame | None = None) ->
         return pd.DataFrame()
     shown = with_links(table, points)
     shown["density"] = shown["density"].map(lambda d: "-" if pd.isna(d) else f"{d:g}")
-    shown["cell"] = [_cell(m, s, int(n)) for m, s, n in
-                     zip(shown["efficiency_mean"], shown["efficiency_std"], shown["n"])]
+    nan = pd.Series(math.nan, index=shown.index)
+    shown["cell"] = [_cell(m, lo, hi, int(n)) for m, lo, hi, n in
+                     zip(shown["efficiency_mean"], shown.get("efficiency_ci_low", nan),
+                         shown.get("efficiency_ci_high", nan), shown["n"])]
     index = [c for c in ("link", "source", "method", "density") if shown[c].nunique() > 1 or c == "method"]
     order = {m: i for i, m in enumerate(("dense", "topk", "gtopk", "gaussiank", "oktopk"))}
     speed = shown.groupby("link")["bandwidth_bps"].min().to_dict()  # slowest link first
