@@ -128,8 +128,11 @@ def predicted_scaling_table(summaries: pd.DataFrame, workers: list[int] | None =
     For each (method, density, network) of the completed runs: compute time per
     iteration from the single-worker runs' breakdown (compute + update), selection time
     from the method's runs, then ``gtopk_lab.analysis.predict.predict_scaling`` over
-    ``workers`` (default 1, 2, 4, ... up to max(32, largest P)). GaussianK travels as
-    ``topk`` (an allgather of about k pairs). Columns as :func:`measured_scaling_table` (without the throughputs).
+    ``workers`` (default 1, 2, 4, ... up to max(32, largest P)): each method's own
+    ``Method.predicted_time_s`` (its exact-k and pattern), as ``gtopk-lab model`` and the
+    study's check price it. A method whose formula needs more than a summary holds
+    (PowerSGD's parameter layout) gets no prediction. Columns as
+    :func:`measured_scaling_table` (without the throughputs).
     """
     done = _completed(summaries)
     if not len(done) or "time_breakdown_s" not in done.columns:
@@ -156,11 +159,13 @@ def predicted_scaling_table(summaries: pd.DataFrame, workers: list[int] | None =
         if entry.comm.algorithms:
             algorithm = str(group["algorithm"].iloc[0]) if "algorithm" in group.columns and \
                 pd.notna(group["algorithm"].iloc[0]) else entry.comm.algorithms[0]
-        collective = method
         net = NetworkModel(latency_s=float(lat), bandwidth_bps=float(bw))
-        for row in predict_scaling(int(numel), float(density), compute_s, net, grid,
-                                   selection_s=selection_s or 0.0,
-                                   methods=[(method, collective, algorithm)]):
+        try:
+            predicted = predict_scaling(int(numel), float(density), compute_s, net, grid,
+                                        selection_s=selection_s or 0.0, methods=[(method, method, algorithm)])
+        except ValueError:  # a formula that needs what a summary lacks (PowerSGD's layout)
+            continue
+        for row in predicted:
             rows.append({"method": method, "workers": row["workers"], "density": float(density),
                          "bandwidth": network_label(float(bw), float(lat)),
                          "scaling_efficiency": row["scaling_efficiency"]})
