@@ -70,7 +70,7 @@ def test_simulator_hook_takes_max_compute_plus_max_model() -> None:
     results = sim_gtopk_allreduce([v for v, _ in pairs], [i for _, i in pairs], numel, k, "butterfly")
     before = clock.synced_time_s
     after = clock.simulate_collective([0.0] * 6, results)
-    assert after - before == pytest.approx(collective_time_s(net, "gtopk", numel, k, 6, "butterfly"), rel=1e-12)
+    assert after - before == pytest.approx(collective_time_s(net, "gtopk_allreduce", numel, k, 6, "butterfly"), rel=1e-12)
     with pytest.raises(TypeError, match="stats"):
         clock.simulate_collective([0.1], [42])
 
@@ -177,7 +177,7 @@ def test_virtual_time_is_compute_plus_modelled_comm_on_4_gloo_ranks() -> None:
     world, numel, k, iters, compute_s = 4, 1_000_000, 50_000, 3, 0.04
     out = run_gloo(_virtual_rank, world, numel, k, iters, compute_s, timeout_s=120)
     net = NetworkModel.from_strings("1Gbps")
-    model_per_iter = collective_time_s(net, "gtopk", numel, k, world, "butterfly")
+    model_per_iter = collective_time_s(net, "gtopk_allreduce", numel, k, world, "butterfly")
     assert model_per_iter == pytest.approx(max(net.steps_time_s(r["steps"]) for r in out), rel=1e-12)
     for run in ("1", "2"):
         # independent expectation: per iteration the slowest rank's CPU time, then the model

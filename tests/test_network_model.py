@@ -142,7 +142,7 @@ def test_gtopk_formula_equals_schedule(world: int, algorithm: str) -> None:
     k, numel = 1000, 100_000
     per_rank = _schedule_steps(algorithm, world, k)
     expected = max(net.steps_time_s(s) for s in per_rank)
-    assert collective_time_s(net, "gtopk", numel, k, world, algorithm) == pytest.approx(expected, rel=1e-12)
+    assert collective_time_s(net, "gtopk_allreduce", numel, k, world, algorithm) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 8])
@@ -155,7 +155,7 @@ def test_ring_formulas_equal_schedules(world: int) -> None:
     assert collective_time_s(net, "dense", numel, k, world) == pytest.approx(dense, rel=1e-12)
     topk = net.steps_time_s(ring_allgather_steps(SPARSE_HEADER_BYTES, world)
                             + ring_allgather_steps(8 * k, world))
-    assert collective_time_s(net, "topk", numel, k, world) == pytest.approx(topk, rel=1e-12)
+    assert collective_time_s(net, "topk_allgather", numel, k, world) == pytest.approx(topk, rel=1e-12)
 
 
 def test_textbook_formulas_and_orderings() -> None:
@@ -171,14 +171,14 @@ def test_textbook_formulas_and_orderings() -> None:
     assert collective_time_s(net, "lower_bound", d, k, p) == pytest.approx(2 * k * (p - 1) / p * 8 * b)
     # gamma adds merge compute on the critical path: log2(P) merges of 2k for the butterfly
     g = 1e-9
-    extra = collective_time_s(net, "gtopk", d, k, p, "butterfly", g) - collective_time_s(net, "gtopk", d, k, p)
+    extra = collective_time_s(net, "gtopk_allreduce", d, k, p, "butterfly", g) - collective_time_s(net, "gtopk_allreduce", d, k, p)
     assert extra == pytest.approx(3 * 2 * k * g)
     # the target: butterfly gTop-k >= 30x faster than dense at 25M/0.001/P=8 on 1 Gbps
     gbps = NetworkModel.from_strings("1Gbps")
-    assert collective_time_s(gbps, "dense", d, k, 8) >= 30 * collective_time_s(gbps, "gtopk", d, k, 8)
+    assert collective_time_s(gbps, "dense", d, k, 8) >= 30 * collective_time_s(gbps, "gtopk_allreduce", d, k, 8)
     for w in (2, 4, 8, 16):
-        assert (collective_time_s(net, "lower_bound", d, k, w) <= collective_time_s(net, "gtopk", d, k, w)
-                <= collective_time_s(net, "gtopk", d, k, w, "tree"))
+        assert (collective_time_s(net, "lower_bound", d, k, w) <= collective_time_s(net, "gtopk_allreduce", d, k, w)
+                <= collective_time_s(net, "gtopk_allreduce", d, k, w, "tree"))
 
 
 def test_collective_time_rejects_bad_input() -> None:
@@ -186,9 +186,9 @@ def test_collective_time_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="collective="):
         collective_time_s(net, "allreduce-ish", 10, 1, 2)
     with pytest.raises(ValueError, match="algorithm="):
-        collective_time_s(net, "gtopk", 10, 1, 2, "ring")
+        collective_time_s(net, "gtopk_allreduce", 10, 1, 2, "ring")
     with pytest.raises(ValueError, match="k="):
-        collective_time_s(net, "gtopk", 10, 11, 2)
+        collective_time_s(net, "gtopk_allreduce", 10, 11, 2)
     with pytest.raises(ValueError, match="workers="):
         collective_time_s(net, "dense", 10, 1, 0)
 
@@ -219,8 +219,9 @@ def test_formulas_match_measured_steps_on_gloo() -> None:
     world, numel, k = 3, 6000, 200  # P = 3 exercises fold/unfold and a partial tree
     per_rank = run_gloo(_measure_steps, world, numel, k, timeout_s=60)
     net = NetworkModel.from_strings("1GbE")
-    for name, collective, algorithm in (("dense", "dense", None), ("topk", "topk", None),
-                                        ("butterfly", "gtopk", "butterfly"), ("tree", "gtopk", "tree")):
+    for name, collective, algorithm in (("dense", "dense", None), ("topk", "topk_allgather", None),
+                                        ("butterfly", "gtopk_allreduce", "butterfly"),
+                                        ("tree", "gtopk_allreduce", "tree")):
         measured = max(net.steps_time_s(r[name]) for r in per_rank)
         assert collective_time_s(net, collective, numel, k, world, algorithm) == pytest.approx(measured, rel=1e-12), name
 
@@ -305,6 +306,7 @@ def test_host_cores_time_share_concurrent_merges_only() -> None:
     merge = g * 2 * k
 
     def t(coll: str, p: int, algo: str | None = None, cores: int | None = None) -> float:
+        coll = {"gtopk": "gtopk_allreduce", "topk": "topk_allgather"}.get(coll, coll)  # counted calls
         return collective_time_s(net, coll, d, k, p, algo, g, host_cores=cores)
 
     # butterfly: every rank merges in each of log2 P rounds
@@ -325,11 +327,11 @@ def test_exact_k_drops_headers_and_the_count_allgather() -> None:
     net = NetworkModel(latency_s=1e-4, bandwidth_bps=1e9)
     d, k, p = 1_000_000, 1000, 8
     a, b = net.latency_s, net.beta_s_per_byte
-    assert (collective_time_s(net, "topk", d, k, p) - collective_time_s(net, "topk", d, k, p, exact_k=True)
+    assert (collective_time_s(net, "topk_allgather", d, k, p) - collective_time_s(net, "topk_allgather", d, k, p, exact_k=True)
             == pytest.approx((p - 1) * (a + 8 * b)))
     for algo, msgs in (("butterfly", 3), ("tree", 6)):
-        assert (collective_time_s(net, "gtopk", d, k, p, algo) - collective_time_s(net, "gtopk", d, k, p, algo,
+        assert (collective_time_s(net, "gtopk_allreduce", d, k, p, algo) - collective_time_s(net, "gtopk_allreduce", d, k, p, algo,
                                                                                         exact_k=True)
                 == pytest.approx(msgs * 8 * b))
     with pytest.raises(TypeError, match="exact_k"):
-        collective_time_s(net, "gtopk", d, k, p, exact_k=1)
+        collective_time_s(net, "gtopk_allreduce", d, k, p, exact_k=1)

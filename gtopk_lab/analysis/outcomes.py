@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from gtopk_lab.analysis.intervals import CONFIDENCE, t_interval
+from gtopk_lab.methods import BASELINE_METHOD, is_dense
 
 __all__ = ["OUTCOME_KEYS", "run_outcomes", "time_to_accuracy", "time_to_accuracy_table", "auto_target_accuracy"]
 
@@ -53,7 +54,7 @@ def run_outcomes(summaries: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(index=done.index)
     out["run_id"] = done["run_id"] if "run_id" in done.columns else done.index.astype(str)
     out["method"] = done["method"].astype(str)
-    dense = out["method"] == "dense"
+    dense = out["method"].map(is_dense).astype(bool)  # density does not apply to it
     density = pd.to_numeric(done.get("density", pd.Series(math.nan, index=done.index)), errors="coerce")
     out["density"] = density.where(~dense)
     out["workers"] = pd.to_numeric(done["workers"], errors="coerce").astype("Int64")
@@ -131,7 +132,8 @@ def auto_target_accuracy(outcomes: pd.DataFrame, fraction: float = 0.9) -> float
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction={fraction!r} is invalid: expected a fraction in (0, 1]")
     acc = pd.to_numeric(outcomes.get("final_test_accuracy", pd.Series(dtype=float)), errors="coerce")
-    dense = outcomes["method"] == "dense" if "method" in outcomes.columns else acc.notna() & False
+    dense = (outcomes["method"].astype(str) == BASELINE_METHOD if "method" in outcomes.columns
+             else acc.notna() & False)
     for pick in (dense & (outcomes.get("workers", 1) > 1), dense, acc.notna()):
         chosen = acc[pick].dropna()
         if len(chosen):

@@ -5,16 +5,21 @@ compute time ``t_c`` (forward + backward of one mini-batch) and selection time `
 (sparse methods only), the iteration time on P workers with no overlap of compute and
 communication is::
 
-    t(P) = t_c + [t_s if sparse and P > 1] + T_collective(P)        t(1) = t_c
+    t(P) = t_c + [t_s if sparse and P > 1] + T_collective(P) / H        t(1) = t_c
 
-and, since every worker processes one mini-batch per iteration,
+(H: the method's ``sync_every``, 1 but for local-steps methods) and, since every worker
+processes one mini-batch per iteration,
 ``scaling_efficiency(P) = throughput(P) / (P * throughput(1)) = t(1) / t(P)``.
 
 The baseline ``t(1)`` is plain single-worker SGD (no selection, no communication), as in
-Shi et al. Each method's collective time comes from the method registry
-(:mod:`gtopk_lab.methods`: every collective carries its alpha-beta(-gamma) formula); the
-Ok-Topk paper bound and the sparse lower bound are extra rows for orientation.
-Used by ``gtopk-lab model scaling``, the report and the notebooks.
+Shi et al. There is one prediction path: a method's collective time is
+``Method.predicted_time_s`` (:mod:`gtopk_lab.methods`: the method's or its collective's
+alpha-beta(-gamma) formula, with the method's exact-k and pattern), which
+:func:`collective_time_s` calls for a method's name and the study's check
+(:mod:`gtopk_lab.analysis.study_tables`) calls directly. The rows are the registry's
+methods (:func:`scaling_rows`); the Ok-Topk paper bound and the sparse lower bound are
+extra rows for orientation. Used by ``gtopk-lab model scaling``, the report, the benchmark
+tables and the notebooks.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ from typing import Any
 
 from gtopk_lab import counts
 from gtopk_lab.methods import formulas as F
-from gtopk_lab.methods.registry import available_methods, get_collective, get_method
+from gtopk_lab.methods.registry import available_methods, display_order, get_collective, get_method
 from gtopk_lab.network.formulas import check_sizes
 from gtopk_lab.network.model import NetworkModel
 
-__all__ = ["SCALING_METHODS", "BOUNDS", "collective_time_s", "predict_scaling", "parse_count", "parse_workers"]
+__all__ = ["BOUNDS", "BOUND_ROWS", "collective_time_s", "scaling_rows", "predict_scaling", "parse_count",
+           "parse_workers"]
 
 #: Reference bounds that are no method's collective: name -> formula (net, numel, k, workers).
 BOUNDS = {
@@ -41,20 +47,23 @@ BOUNDS = {
 
 def collective_time_s(net: NetworkModel, name: str, numel: int, k: int, workers: int,
                       algorithm: str | None = None, gamma_s_per_element: float | None = None,
-                      host_cores: float | None = None, exact_k: bool = False) -> float:
+                      host_cores: float | None = None, exact_k: bool | None = None) -> float:
     """Predicted duration of one collective on ``net`` (max over ranks), from the registry.
 
-    ``name``: a method (``"gtopk"``, ``"gaussiank"``, a plugin's), a collective or alias
-    (``"allreduce"``, ``"dense_allreduce"``, ``"topk_allgather"``, ...), or a bound of
-    :data:`BOUNDS`. ``algorithm``: the collective's pattern (gTop-k: butterfly (default) or
-    tree; ``"ring"`` or None for the library collectives). ``gamma_s_per_element``
+    ``name``: a registered method (``"gtopk"``, ``"gaussiank"``, a plugin's): then this is
+    :meth:`Method.predicted_time_s <gtopk_lab.methods.base.Method.predicted_time_s>`, the one
+    prediction path (the method's own formula, pattern and exact-k); a collective or alias that
+    is no method (``"allreduce"``, ``"dense_allreduce"``, ``"topk_allgather"``, ...): its
+    formula; or a bound of :data:`BOUNDS`. ``algorithm``: the pattern (gTop-k: butterfly
+    (default) or tree; ``"ring"`` or None for the library collectives). ``gamma_s_per_element``
     (default: the network's) charges merge compute on the critical path; ``host_cores``: the
-    ranks share this many cores, fractional when other jobs take part of them (a merge phase that m ranks run at once lasts
-    ``max(1, m / cores)`` times longer); ``exact_k=True``: header-free exact-k rounds and no
-    count allgather. The formulas are in :mod:`gtopk_lab.methods.formulas`.
+    ranks share this many cores, fractional when other jobs take part of them (a merge phase
+    that m ranks run at once lasts ``max(1, m / cores)`` times longer); ``exact_k``: header-free
+    exact-k rounds and no count allgather, None = the method's own (its selector promises
+    exactly k), False for a bare collective. The formulas are in :mod:`gtopk_lab.methods.formulas`.
     """
-    if not isinstance(exact_k, bool):
-        raise TypeError(f"exact_k={exact_k!r} has type {type(exact_k).__name__}: expected bool")
+    if exact_k is not None and not isinstance(exact_k, bool):
+        raise TypeError(f"exact_k={exact_k!r} has type {type(exact_k).__name__}: expected bool or None")
     if host_cores is not None and (isinstance(host_cores, bool) or not isinstance(host_cores, (int, float))
                                    or not 0 < host_cores < float("inf")):
         raise ValueError(f"host_cores={host_cores!r} is invalid: expected a number of cores > 0 or None")
@@ -62,28 +71,50 @@ def collective_time_s(net: NetworkModel, name: str, numel: int, k: int, workers:
     if name in BOUNDS:
         check_sizes(numel, k, workers)
         return BOUNDS[name](net, numel, k, workers, gamma)
+    method = get_method(name) if name in available_methods() else None
     try:
-        collective = get_method(name).comm if name in available_methods() else get_collective(name)
+        collective = method.comm if method is not None else get_collective(name)
     except ValueError:
         known = sorted(set(available_methods()) | set(BOUNDS))
         raise ValueError(f"collective={name!r} is invalid: expected a method, a collective or a bound: "
                          f"{', '.join(known)}") from None
     if not collective.algorithms and algorithm not in (None, "ring"):
         raise ValueError(f"algorithm={algorithm!r} is invalid for {name}: expected ring or None")
+    options: dict[str, Any] = {"gamma_s_per_element": gamma, "host_cores": host_cores}
+    if method is not None:
+        if exact_k is not None:
+            options["exact_k"] = exact_k
+        return method.predicted_time_s(net, numel, k, workers, algorithm=algorithm, **options)
     return collective.time_s(net, numel, k, workers, algorithm=collective.algorithm_for(
-        algorithm if collective.algorithms else None), gamma_s_per_element=gamma, host_cores=host_cores,
-        exact_k=exact_k)
+        algorithm if collective.algorithms else None), exact_k=bool(exact_k), **options)
 
-#: (method label, collective, algorithm) rows of a scaling table.
-SCALING_METHODS: tuple[tuple[str, str, str | None], ...] = (
-    ("dense", "dense", None),
-    ("topk", "topk", None),
-    ("gtopk-butterfly", "gtopk", "butterfly"),
-    ("gtopk-tree", "gtopk", "tree"),
-    ("oktopk", "oktopk", None),
-    ("lower-bound", "lower_bound", None),
-)
 
+#: The bound rows every default scaling table ends with: (label, bound, algorithm).
+BOUND_ROWS: tuple[tuple[str, str, str | None], ...] = (("lower-bound", "lower_bound", None),)
+
+
+def scaling_rows(methods: Sequence[str] | None = None) -> list[tuple[str, str, str | None]]:
+    """The rows of a scaling table: ``(label, method or bound, pattern)``.
+
+    1. the methods: ``methods`` (names of registered methods or bounds), default every
+       registered method, in display order (:func:`gtopk_lab.methods.display_order`);
+    2. a method that lets a run choose among several patterns gets one row per pattern,
+       labelled ``name-pattern`` (``gtopk-butterfly``, ``gtopk-tree``); others one row;
+    3. a bound is one row under its name; without ``methods``, :data:`BOUND_ROWS` end the list.
+    ``ValueError`` naming an unknown name. O(registered methods)."""
+    names = list(methods) if methods is not None else sorted(available_methods(), key=display_order)
+    rows: list[tuple[str, str, str | None]] = []
+    for name in names:
+        if name in BOUNDS:
+            rows.append((name, name, None))
+            continue
+        method = get_method(name)  # ValueError listing the known
+        patterns = method.patterns
+        if len(patterns) > 1:
+            rows.extend((f"{name}-{pattern}", name, pattern) for pattern in patterns)
+        else:
+            rows.append((name, name, None))
+    return rows if methods is not None else rows + list(BOUND_ROWS)
 
 def parse_count(text: str, field_name: str = "model_size") -> int:
     """A model size as typed ("25M" -> 25_000_000): :func:`gtopk_lab.counts.parse_count`."""
@@ -123,13 +154,24 @@ def parse_workers(text: str) -> list[int]:
 def predict_scaling(numel: int, density: float, compute_s: float, network: NetworkModel,
                     workers: Sequence[int], selection_s: float = 0.0,
                     gamma_s_per_element: float | None = None,
-                    methods: Sequence[tuple[str, str, str | None]] = SCALING_METHODS,
+                    methods: Sequence[tuple[str, str, str | None]] | None = None,
                     selection_at_one: bool = False) -> list[dict[str, Any]]:
     """One row per (method, P): predicted times and scaling efficiency (see module doc).
 
-    A sparse method pays ``selection_s`` at P > 1 (the paper: one worker compresses
-    nothing); ``selection_at_one=True`` charges it at P = 1 too, for runs that select there
-    (gtopk-lab's do, so a study's check predicts what it measures).
+    ``methods``: ``(label, method or bound, pattern)`` rows, default :func:`scaling_rows`
+    (every registered method, one row per pattern it may choose, then the lower bound); a
+    default row whose formula needs what these arguments lack (PowerSGD's parameter layout)
+    is left out, a row asked for raises its ``ValueError``.
+
+    1. ``k = max(1, floor(density numel))``;
+    2. per row and P: ``comm_s`` = :func:`collective_time_s` (for a method: its
+       ``Method.predicted_time_s``, so its own exact-k and pattern) divided by the method's
+       ``sync_every`` (a local-steps method synchronises every H iterations), 0 at P = 1;
+    3. a method that selects (``Method.sparse``; every bound) pays ``selection_s`` at P > 1
+       (the paper: one worker compresses nothing); ``selection_at_one=True`` charges it at
+       P = 1 too, for runs that select there (gtopk-lab's do, so a study's check predicts what
+       it measures);
+    4. ``iteration_s = compute_s + selection + comm_s``, ``efficiency = compute_s / iteration_s``.
 
     Row keys: ``method, workers, numel, k, density, compute_s, selection_s, comm_s,
     iteration_s, throughput_ratio`` (t(1)/t(P) * P: speed-up over one worker),
@@ -147,10 +189,18 @@ def predict_scaling(numel: int, density: float, compute_s: float, network: Netwo
         raise ValueError(f"workers={list(workers)!r} is invalid: expected integers >= 1")
     k = max(1, int(math.floor(density * numel)))
     rows: list[dict[str, Any]] = []
-    for label, collective, algorithm in methods:
-        sparse = collective != "dense"
-        for p in workers:
-            comm_s = collective_time_s(network, collective, numel, k, p, algorithm, gamma_s_per_element)
+    for label, name, algorithm in (scaling_rows() if methods is None else methods):
+        method = None if name in BOUNDS else get_method(name)
+        sparse = method is None or method.sparse
+        sync_every = 1 if method is None else method.sync_every
+        try:
+            comm = [collective_time_s(network, name, numel, k, p, algorithm, gamma_s_per_element) / sync_every
+                    if p > 1 else 0.0 for p in workers]
+        except ValueError:
+            if methods is not None:
+                raise
+            continue  # a default row whose formula needs more than a model size (PowerSGD's layout)
+        for p, comm_s in zip(workers, comm):
             sel_s = selection_s if (sparse and (p > 1 or selection_at_one)) else 0.0
             iteration_s = compute_s + sel_s + comm_s
             efficiency = compute_s / iteration_s

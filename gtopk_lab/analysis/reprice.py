@@ -43,6 +43,7 @@ import pandas as pd
 
 from gtopk_lab.analysis.intervals import t_interval
 from gtopk_lab.analysis.study_tables import point_efficiency
+from gtopk_lab.methods import BASELINE_METHOD, is_dense
 from gtopk_lab.network.model import NetworkModel, network_model
 from gtopk_lab.training.rows import steady_seconds_per_iteration
 
@@ -190,8 +191,9 @@ def time_to_target_s(metrics: pd.DataFrame, target_loss: float, *, window: int =
 def auto_target_loss(metrics: pd.DataFrame, summaries: pd.DataFrame, *, slack: float = 0.05,
                      window: int = 5) -> float:
     """A target every reasonable method can reach: the worst final smoothed training loss of
-    the dense runs with P > 1, raised by ``slack`` (relative). NaN without such a run."""
-    dense = set(summaries[(summaries["method"] == "dense") & (summaries["workers"] > 1)]["run_id"])
+    the baseline's (dense S-SGD's) runs with P > 1, raised by ``slack`` (relative). NaN without
+    such a run."""
+    dense = set(summaries[(summaries["method"] == BASELINE_METHOD) & (summaries["workers"] > 1)]["run_id"])
     per = _smoothed_losses(metrics[metrics["run_id"].isin(dense)], window)
     finals = per.groupby("run_id")["smooth"].last()
     return float(finals.max() * (1.0 + slack)) if len(finals) else math.nan
@@ -219,7 +221,7 @@ def method_comparison(summaries: pd.DataFrame, metrics: pd.DataFrame, networks: 
         frames.append(efficiency.assign(network=str(network), time_to_target_s=efficiency["run_id"].map(reached),
                                         final_loss=final))
     table = pd.concat(frames, ignore_index=True)
-    table = table.assign(density=table["density"].where(table["method"] != "dense"))
+    table = table.assign(density=table["density"].where(~table["method"].map(lambda m: is_dense(str(m)))))
     keys = ["network", "method", "workers", "source"]
     return (table.groupby(keys, sort=False, dropna=False)
             .agg(time_to_target_s=("time_to_target_s", "mean"),

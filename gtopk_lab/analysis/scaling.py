@@ -206,8 +206,9 @@ def add_scaling_efficiency(runs: Any, times: str | Sequence[str] = TIMES, baseli
     for label in frame.index:
         g = key(label, group_cols)
         dense, own = dense_base.get(g), own_base.get(g + key(label, method_cols))
-        base = (dense if dense is not None else own) if baseline == "dense" else \
-            (own if own is not None else dense)
+        # baseline is one of BASELINES (checked above): "own" is the explicit opt-out
+        base = (own if own is not None else dense) if baseline == "own" else \
+            (dense if dense is not None else own)
         bases.append(base)
         if base is None:
             kinds.append(BASELINE_NONE)

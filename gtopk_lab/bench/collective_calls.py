@@ -164,8 +164,10 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
     exactly k entries, so, as in training, gTop-k runs with ``exact_k=True`` (no count
     header) and the allgather with ``exact_count=k`` (no count allgather).
     With ``bandwidth`` each row also has ``model_s`` (alpha-beta time of the steps this
-    rank really sent) and ``model_abg_s`` (the closed-form alpha-beta-gamma time of
-    :meth:`NetworkModel.collective_time_s`, merges on the critical path included, with
+    rank really sent) and ``model_abg_s`` (the closed-form alpha-beta-gamma time of the
+    collective, :func:`gtopk_lab.analysis.predict.collective_time_s` with ``exact_k=True`` as the
+    calls run: the same formula ``Method.predicted_time_s`` gives the topk, gtopk and dense
+    methods, merges on the critical path included, with
     ``host_cores`` = this machine's cores: when more ranks merge at once than there are
     cores, the merges time-share; ``model_abg_core_per_rank_s`` is the same without). When
     ``gamma_s_per_element`` is None, gamma is *calibrated in the collective*: before its

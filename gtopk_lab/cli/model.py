@@ -1,4 +1,9 @@
-"""``gtopk-lab model scaling``: predicted iteration time and scaling efficiency per method."""
+"""``gtopk-lab model scaling``: predicted iteration time and scaling efficiency per method.
+
+The rows are the registry's methods (every registered one by default, ``--methods`` to
+choose; one row per pattern a method may choose) and the sparse lower bound, priced by
+``analysis.predict.predict_scaling``, i.e. by each method's ``Method.predicted_time_s``.
+"""
 
 from __future__ import annotations
 
@@ -24,11 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth", default="1GbE", help="rate, preset or calibration JSON (default 1GbE)")
     parser.add_argument("--latency", default=None, help="per-message latency, e.g. 0.5ms (default: preset's)")
     parser.add_argument("--workers", default="1,2,4,...,1024", help="P values; '...' doubles (default 1,2,4,...,1024)")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated methods or bounds (lower_bound, oktopk_paper_bound); default every "
+                             "registered method whose formula needs no more than these flags, and lower_bound")
     parser.add_argument("--json", action="store_true", help="print rows as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    from gtopk_lab.analysis.predict import parse_count, parse_workers, predict_scaling
+    from gtopk_lab.analysis.predict import parse_count, parse_workers, predict_scaling, scaling_rows
     from gtopk_lab.network.model import network_model
 
     net = network_model(args.bandwidth, args.latency)
@@ -38,22 +46,47 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--density={args.density} is invalid: expected a number in (0, 1]")
     if not args.compute_time > 0:
         raise UsageError(f"--compute-time={args.compute_time} is invalid: expected seconds > 0")
-    rows = predict_scaling(numel, args.density, args.compute_time, net, workers,
-                           selection_s=args.selection_time, gamma_s_per_element=args.gamma)
+    methods = None
+    if args.methods is not None:
+        names = [m.strip() for m in args.methods.split(",") if m.strip()]
+        if not names:
+            raise UsageError(f"--methods={args.methods!r} is invalid: expected comma-separated method names")
+        try:
+            methods = scaling_rows(names)
+        except ValueError as exc:
+            raise UsageError(f"--methods: {str(exc).splitlines()[0]}") from None
+    try:
+        rows = predict_scaling(numel, args.density, args.compute_time, net, workers,
+                               selection_s=args.selection_time, gamma_s_per_element=args.gamma, methods=methods)
+    except ValueError as exc:  # a method asked for whose formula needs more (PowerSGD's layout)
+        raise UsageError(str(exc).splitlines()[0]) from None
     if args.json:
         print(json.dumps({"network": net.to_dict(), "rows": rows}, indent=2))
         return 0
     print(f"network {net}; d = {numel:,}, k = {rows[0]['k']:,} (density {args.density:g}), "
           f"compute {args.compute_time:g} s, selection {args.selection_time:g} s")
+    print(format_scaling(rows, workers))
+    if methods is None:
+        shown = {r["method"] for r in rows}
+        left = [label for label, _, _ in scaling_rows() if label not in shown]
+        if left:
+            print(f"not predicted (the formula needs more than a model size, e.g. the parameter layout): "
+                  f"{', '.join(left)}")
+    return 0
+
+
+def format_scaling(rows: list[dict], workers: list[int]) -> str:
+    """Two tables, one row per method and a column per P: iteration time (ms), then scaling
+    efficiency (%). O(rows)."""
     methods = list(dict.fromkeys(r["method"] for r in rows))
     by = {(r["method"], r["workers"]): r for r in rows}
     width = max(len(m) for m in methods) + 2
-    print("iteration time (ms) / scaling efficiency (%)")
-    print(f"{'P':>6}" + "".join(f"{m:>{width + 8}}" for m in methods))
-    for p in workers:
-        cells = []
-        for m in methods:
-            r = by[(m, p)]
-            cells.append(f"{r['iteration_s'] * 1e3:>{width}.1f} {r['scaling_efficiency']:>6.1%}")
-        print(f"{p:>6}" + "".join(cells))
-    return 0
+    cell = max(8, max(len(str(p)) for p in workers) + 3)
+    head = f"{'':<{width}}" + "".join(f"{'P=' + str(p):>{cell}}" for p in workers)
+    lines = ["iteration time (ms)", head]
+    lines += [f"{m:<{width}}" + "".join(f"{by[(m, p)]['iteration_s'] * 1e3:>{cell}.1f}" for p in workers)
+              for m in methods]
+    lines += ["", "scaling efficiency (%)", head]
+    lines += [f"{m:<{width}}" + "".join(f"{by[(m, p)]['scaling_efficiency'] * 100:>{cell}.1f}" for p in workers)
+              for m in methods]
+    return "\n".join(lines)

@@ -27,7 +27,7 @@ from gtopk_lab.cli import run as run_cmd
 from gtopk_lab.config import RunConfig
 from gtopk_lab.config_flags import add_config_flags, config_kwargs
 from gtopk_lab.jsonsafe import json_safe
-from gtopk_lab.methods import BASELINE_METHOD, get_method
+from gtopk_lab.methods import BASELINE_METHOD, display_order, get_method, patterns_of
 from gtopk_lab.network.model import bandwidth_label
 from gtopk_lab.analysis.scaling import add_scaling_efficiency, baseline_note
 
@@ -135,8 +135,7 @@ def sweep_table(summaries: pd.DataFrame) -> pd.DataFrame:
     shown = ["method", "density", "bandwidth", "algorithm"]
     frame[shown] = frame[shown].astype(str)
     frame["bandwidth"] = frame["bandwidth"].map(bandwidth_label)  # calibrated: its name
-    order = {m: i for i, m in enumerate(("dense", "topk", "gtopk", "gaussiank", "oktopk"))}
-    frame["_m"] = frame["method"].map(order).fillna(99)
+    frame["_m"] = frame["method"].map(lambda m: display_order(m)[0])
     frame = frame.sort_values(["bandwidth", "density", "_m", "algorithm", "workers"])
     return frame[columns].reset_index(drop=True)
 
@@ -155,8 +154,8 @@ def format_table(table: pd.DataFrame) -> str:
                                   "samples/s_virt", "efficiency_virtual": "eff_virt",
                                   "samples_per_s_wall": "samples/s_wall", "efficiency_wall": "eff_wall",
                                   "final_test_accuracy": "test_acc"})
-    # The gTop-k pattern means nothing for the other methods.
-    shown["algorithm"] = shown["algorithm"].where(shown["method"] == "gtopk", "-")
+    # The pattern means nothing for a method without a choice of patterns (the registry says).
+    shown["algorithm"] = shown["algorithm"].where(shown["method"].map(lambda m: bool(patterns_of(m))), "-")
     text = shown.drop(columns=["status"]).to_string(index=False)
     return "\n".join((text, baseline_note(table["baseline"]),
                       clock_note(int(pd.to_numeric(table["workers"]).max()))))

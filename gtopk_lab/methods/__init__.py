@@ -20,10 +20,11 @@ from gtopk_lab.methods.base import Collective, CommCall, Contribution, Method, S
 from gtopk_lab.methods.dense import BASELINE_METHOD
 from gtopk_lab.methods.programs import program_collective
 from gtopk_lab.methods.registry import (
-    available_collectives, available_methods, get_collective, get_method, load_plugins, register_collective,
-    register_method, unregister_method,
+    available_collectives, available_methods, display_color, display_order, family_of, get_collective, get_method,
+    is_dense, load_plugins, patterns_of, register_collective, register_method, unregister_method,
 )
 
 __all__ = ["Method", "Collective", "CommCall", "Contribution", "Selector", "register_method", "get_method",
            "available_methods", "unregister_method", "register_collective", "get_collective",
-           "available_collectives", "program_collective", "load_plugins", "BASELINE_METHOD"]
+           "available_collectives", "program_collective", "load_plugins", "BASELINE_METHOD", "display_order",
+           "display_color", "family_of", "is_dense", "patterns_of"]

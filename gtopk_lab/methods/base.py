@@ -26,7 +26,8 @@ import torch
 
 from gtopk_lab.comm.stats import CollectiveResult
 
-__all__ = ["Selector", "Contribution", "CommCall", "Collective", "Method", "INPUTS", "MEMORIES", "OPTION_TYPES"]
+__all__ = ["Selector", "Contribution", "CommCall", "Collective", "Method", "INPUTS", "MEMORIES", "OPTION_TYPES",
+           "KINDS"]
 
 #: ``selector(x, k) -> (values, indices)``: the local selection S_i of k entries of x.
 Selector = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
@@ -34,6 +35,9 @@ Selector = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 INPUTS: tuple[str, ...] = ("sparse", "dense")
 #: Named residual memories; a method may also pass None (no memory) or a factory.
 MEMORIES: tuple[str, ...] = ("residual",)
+#: What a method is for the tables and figures: ``"sparse"`` (the run's density sets what it sends,
+#: k = rho d) or ``"dense"`` (density does not apply: the whole buffer, or a compression of its own).
+KINDS: tuple[str, ...] = ("sparse", "dense")
 #: Types a method's option default may have (``Method.options``); a run's value must match it.
 OPTION_TYPES: tuple[type, ...] = (bool, int, float, str)
 
@@ -130,6 +134,10 @@ class Collective:
         return algorithm
 
 
+def _is_hex_color(text: str) -> bool:
+    return len(text) == 7 and text[0] == "#" and all(c in "0123456789abcdefABCDEF" for c in text[1:])
+
+
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} is invalid: expected an integer >= 1")
@@ -189,6 +197,18 @@ class Method:
       platform key of ``extra`` (``"optimizer": "adamw"``). Local-steps methods always have
       ``sync_every`` (default: the field ``sync_every``), so a run may set H with
       ``extra={"sync_every": H}``.
+
+    Display facts (every table, figure and listing reads them from the registered entry;
+    :func:`~gtopk_lab.methods.registry.register_method` fills in the ones left unset):
+
+    - ``family``: the family a variant belongs to (``"oktopk"`` for ``oktopk-balanced``);
+      default the method's name.
+    - ``color``: ``#rrggbb`` of the method in every figure; default a shade of its family's
+      colour for a variant, else the next colour of a fixed cycle.
+    - ``order``: position in tables and legends (smaller first; ties in registration
+      order); default after every method registered before it.
+    - ``kind``: ``"sparse"`` (the run's density sets what it sends) or ``"dense"`` (density
+      does not apply); default ``"sparse"`` when the collective takes a selection.
     """
 
     name: str
@@ -208,6 +228,10 @@ class Method:
     paper_selector: str | None = None
     config_defaults: Mapping[str, Any] = field(default_factory=dict, compare=False)
     departures: tuple[str, ...] = ()
+    family: str = field(default="", compare=False)
+    color: str = field(default="", compare=False)
+    order: int | None = field(default=None, compare=False)
+    kind: str = field(default="", compare=False)
     #: filled in by register_method: the resolved collective and selector
     resolved: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -259,6 +283,20 @@ class Method:
         if isinstance(self.departures, str) or not all(isinstance(d, str) for d in self.departures):
             raise TypeError(f"departures={self.departures!r} is invalid: expected a tuple of str")
         object.__setattr__(self, "departures", tuple(self.departures))
+        self._check_display()
+
+    def _check_display(self) -> None:
+        """The display facts' types and forms (``ValueError`` / ``TypeError`` naming the field)."""
+        for fname in ("family", "color", "kind"):
+            if not isinstance(getattr(self, fname), str):
+                raise TypeError(f"{fname}={getattr(self, fname)!r} has type "
+                                f"{type(getattr(self, fname)).__name__}: expected str")
+        if self.color and not _is_hex_color(self.color):
+            raise ValueError(f"color={self.color!r} is invalid: expected '#rrggbb' or '' (the registry picks one)")
+        if self.kind and self.kind not in KINDS:
+            raise ValueError(f"kind={self.kind!r} is invalid: expected one of {', '.join(KINDS)} or ''")
+        if self.order is not None and (isinstance(self.order, bool) or not isinstance(self.order, int)):
+            raise TypeError(f"order={self.order!r} has type {type(self.order).__name__}: expected int or None")
 
     # --- the resolved parts (valid after register_method) ------------------------------------
     @property
@@ -280,6 +318,16 @@ class Method:
     def sparse(self) -> bool:
         """True when the collective takes a selection (so there is something to select)."""
         return self.comm.input == "sparse"
+
+    @property
+    def dense(self) -> bool:
+        """True when density does not apply to the method (``kind == "dense"``; tables show "-")."""
+        return (self.kind or ("sparse" if self.sparse else "dense")) == "dense"
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """The message patterns a run of this method may choose (() when it fixes its own)."""
+        return () if self.algorithm is not None else self.comm.algorithms
 
     @property
     def local_steps(self) -> bool:

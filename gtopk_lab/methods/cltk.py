@@ -144,6 +144,8 @@ def cltk_bytes_per_rank(numel: int, k: int, workers: int, pair_bytes: int = 8,
 
 CLTK = register_method(Method(
     name="clt-k", selector=None, memory=LowPassMemory, options={"lowpass_beta": DEFAULT_LOWPASS_BETA},
+    # the leader's top-k of k = rho d: the run's density applies although it takes the whole buffer
+    color="#19D3F3", kind="sparse",
     collective=register_collective(program_collective(
         "cltk", cltk_program, input="dense", lossless=True, time_s=cltk_time_s, bytes_per_rank=cltk_bytes_per_rank,
         description="CLT-k: the leader's top-k indices broadcast, then a k-long ring allreduce")),

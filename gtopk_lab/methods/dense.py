@@ -37,5 +37,5 @@ ALLREDUCE = register_collective(Collective(
     time_s=_dense_time_s, bytes_per_rank=F.dense_bytes_per_rank,
     description="dense ring allreduce of the whole buffer (library call)"))
 
-register_method(Method(name=BASELINE_METHOD, selector=None, collective="allreduce", memory=None,
+register_method(Method(name=BASELINE_METHOD, selector=None, collective="allreduce", memory=None, color="#636EFA",
                        description="S-SGD: dense allreduce of the gradient"))

@@ -51,7 +51,7 @@ def nesterov_outer_optimizer(params: list[torch.nn.Parameter], config: Any) -> t
 
 
 DILOCO = register_method(Method(
-    name="diloco", selector=None, collective="allreduce", memory=None,
+    name="diloco", selector=None, collective="allreduce", memory=None, color="#FF6692",
     sync_every=DILOCO_OPTIONS["sync_every"], outer_optimizer=nesterov_outer_optimizer, options=DILOCO_OPTIONS,
     description="DiLoCo (Douillard et al. 2023): H local AdamW steps, outer Nesterov on the mean pseudo-gradient",
     departures=(f"H = {DILOCO_OPTIONS['sync_every']} by default (the paper: 500 on its large models)",)))

@@ -101,22 +101,22 @@ EF21_DEPARTURES: tuple[str, ...] = ("g_i and S start at 0 (the first round sends
 
 def ef21_method(name: str, *, collective: str | Collective = "allgather", selector: str = "topk",
                 momentum: float | None = None, description: str = "",
-                departures: tuple[str, ...] = EF21_DEPARTURES) -> Method:
+                departures: tuple[str, ...] = EF21_DEPARTURES, **display: Any) -> Method:
     """An EF21 :class:`Method` (not registered): ``momentum`` = EF21-SGDM's eta (None: plain EF21).
 
     The optimiser takes the papers' plain step (``config_defaults``: SGD momentum 0 unless
     the run gives one). ``register_method`` refuses it with a lossy ``collective``
-    (``requires_lossless``).
+    (``requires_lossless``). ``display``: its display facts (``family``, ``color``, ...).
     """
     options = {} if momentum is None else {"ef21_momentum": float(momentum)}
     return Method(name=name, selector=selector, collective=collective, memory=EF21Memory,
                   requires_lossless=True, options=options, description=description,
-                  config_defaults={"momentum": 0.0}, departures=departures)
+                  config_defaults={"momentum": 0.0}, departures=departures, **display)
 
 
 EF21 = register_method(ef21_method(
-    "ef21", description="EF21 (Richtarik et al., NeurIPS'21): Top-k of grad - g_i, exact allgather"))
+    "ef21", color="#B6E880", description="EF21 (Richtarik et al., NeurIPS'21): Top-k of grad - g_i, exact allgather"))
 EF21_SGDM = register_method(ef21_method(
-    "ef21-sgdm", momentum=DEFAULT_EF21_MOMENTUM,
+    "ef21-sgdm", momentum=DEFAULT_EF21_MOMENTUM, family="ef21", color="#637939",
     description="EF21-SGDM (Fatkhullin et al., NeurIPS'23): EF21 on a momentum estimate",
     departures=EF21_DEPARTURES + (f"eta = {DEFAULT_EF21_MOMENTUM} is this project's choice",)))

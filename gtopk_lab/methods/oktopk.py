@@ -155,7 +155,7 @@ OKTOPK_DEPARTURES: tuple[str, ...] = (
     "no dense warm-up outside preset='paper' (under it the reference's 512 calls, 128 for language models)",
     "the tau / tau_r schedule counts from the end of the warm-up",
 )
-register_method(Method(name="oktopk", selector=OKTOPK_SELECTOR, collective="oktopk", algorithm="plain",
+register_method(Method(name="oktopk", selector=OKTOPK_SELECTOR, collective="oktopk", algorithm="plain", color="#FFA15A",
                        preset_options=oktopk_preset_options, config_defaults={"residual_rule": "paper"},
                        description="Ok-Topk (Li & Hoefler, PPoPP'22) as its reference code runs it: thresholds "
                                    "exact every 32 calls, reused between with the VGG script's factors (the LSTM "
@@ -164,10 +164,11 @@ register_method(Method(name="oktopk", selector=OKTOPK_SELECTOR, collective="okto
                                    "mass-conserving)",
                        departures=OKTOPK_DEPARTURES))
 register_method(Method(name="oktopk-balanced", selector=OKTOPK_SELECTOR, collective="oktopk", algorithm="balanced",
+                       family="oktopk",
                        preset_options=oktopk_preset_options, config_defaults={"residual_rule": "paper"},
                        description="Ok-Topk as oktopk (reference rule and factors), with the paper's balanced "
                                    "allgather", departures=OKTOPK_DEPARTURES))
-register_method(Method(name="oktopk-exact", selector="topk", collective="oktopk-exact",
+register_method(Method(name="oktopk-exact", selector="topk", collective="oktopk-exact", family="oktopk",
                        description="Ok-Topk-style, exact global top-k every call (the project's earlier oktopk)",
                        departures=("exact global top-k every call and histogram-balanced regions (the paper "
                                    "estimates thresholds and balances by selection quantiles)",)))

@@ -296,7 +296,7 @@ POWERSGD = register_collective(Collective(
     description="PowerSGD: per-layer rank-r P/Q allreduces (needs the parameter layout)"))
 
 register_method(Method(
-    name="powersgd", selector=None, collective="powersgd", memory=LowRankErrorFeedback,
+    name="powersgd", selector=None, collective="powersgd", memory=LowRankErrorFeedback, color="#FECB52",
     check_options=powersgd_options,
     description="PowerSGD (Vogels et al., NeurIPS'19): rank-r per layer, error feedback, warm start",
     departures=("rank 1 by default (torch's hook; the paper's image runs mostly use 2)",

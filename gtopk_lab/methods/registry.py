@@ -2,7 +2,12 @@
 
 Every consumer (the training step, the simulator, the DDP hook, wait-free overlap, the
 network predictions, the figures' byte formulas, ``RunConfig`` validation, the CLI and the
-ControlPanel) reads methods from here and nothing else.
+ControlPanel) reads methods from here and nothing else. That includes how a method is shown:
+its display order, family, colour and kind (sparse or dense) are fields of its entry, filled
+in here when the method leaves them unset (:func:`register_method`), and read through
+:func:`display_order`, :func:`display_color`, :func:`family_of`, :func:`is_dense` and
+:func:`patterns_of`, which also answer for a name no longer registered (a stored run of a
+plugin that is not loaded), so no consumer keeps a list of method names.
 
 Plugins: the modules named in the environment variable ``GTOPK_LAB_METHODS``
 (comma-separated) and those of the entry-point group ``gtopk_lab.methods`` are imported on
@@ -13,12 +18,14 @@ everywhere. A plugin that fails to import raises ``ValueError`` naming the modul
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
 import logging
 import os
 import sys
+import zlib
 from collections.abc import Iterable
 
 from gtopk_lab.compression.selection import available_selectors, get_selector, selects_exactly_k
@@ -26,7 +33,8 @@ from gtopk_lab.methods.base import Collective, Method
 
 __all__ = ["register_collective", "get_collective", "available_collectives", "register_method", "selector_for",
            "get_method", "available_methods", "unregister_method", "load_plugins", "plugin_modules",
-           "PLUGINS_ENV", "ENTRY_POINT_GROUP"]
+           "PLUGINS_ENV", "ENTRY_POINT_GROUP", "display_order", "display_color", "family_of", "is_dense",
+           "patterns_of", "FALLBACK_COLORS"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +49,13 @@ _loading = False
 #: entry points are read from the installed distributions once per process (a scan of every
 #: package's metadata: too slow for each registry read, which hooks and configs do often)
 _entry_points_done = False
+#: the display order the next method without one gets (never reused, so a plugin registered
+#: after an unregister still sorts after the built-ins)
+_next_order = 0
+#: colours of methods that are neither given one nor a variant of a family with one: a
+#: fixed cycle (none of the built-ins' colours), by registration, the same in every process
+FALLBACK_COLORS: tuple[str, ...] = ("#1F77B4", "#FF7F0E", "#2CA02C", "#D62728", "#9467BD", "#E377C2",
+                                    "#7F7F7F", "#BCBD22", "#17BECF", "#FF97FF")
 
 
 # =========================================================================== collectives
@@ -146,9 +161,92 @@ def register_method(method: Method, *, replace: bool = False) -> Method:
     if method.name in _METHODS and not replace:
         raise ValueError(f"name={method.name!r} is invalid: a method of that name is already registered "
                          "(pass replace=True to redefine it)")
-    entry = _resolve(method)
+    entry = _with_display(_resolve(method))
     _METHODS[method.name] = entry
     return entry
+
+
+def _with_display(method: Method) -> Method:
+    """``method`` with its unset display facts filled in (see :class:`Method`):
+
+    1. ``family``: its name;
+    2. ``order``: the one it had when re-registered with ``replace=True``, else the next
+       unused number (after every method registered so far);
+    3. ``kind``: ``"sparse"`` when its collective takes a selection, else ``"dense"``;
+    4. ``color``: for the j-th variant of a registered family head with a colour, that colour
+       mixed 25% x j towards white (at most 75%); else the next of :data:`FALLBACK_COLORS`.
+    O(registered methods)."""
+    global _next_order
+    family = method.family or method.name
+    order = method.order
+    previous = _METHODS.get(method.name)
+    if order is None:
+        if previous is not None and previous.order is not None:
+            order = previous.order
+        else:
+            order = _next_order
+    _next_order = max(_next_order, order + 1)
+    kind = method.kind or ("sparse" if method.sparse else "dense")
+    color = method.color
+    if not color:
+        head = _METHODS.get(family)
+        if head is not None and head.name != method.name and head.color:
+            variants = sum(1 for m in _METHODS.values() if m.family == family and m.name not in (family, method.name))
+            color = _lighter(head.color, min(0.75, 0.25 * (variants + 1)))
+        else:
+            own = sum(1 for m in _METHODS.values() if m.name != method.name and m.color in FALLBACK_COLORS)
+            color = FALLBACK_COLORS[own % len(FALLBACK_COLORS)]
+    return dataclasses.replace(method, family=family, order=order, kind=kind, color=color)
+
+
+def _lighter(color: str, t: float) -> str:
+    """``color`` (#rrggbb) mixed by ``t`` in [0, 1] towards white."""
+    rgb = (int(color[j:j + 2], 16) for j in (1, 3, 5))
+    return "#" + "".join(f"{int(round(c + (255 - c) * t)):02X}" for c in rgb)
+
+
+# =========================================================================== display facts
+def display_order(name: str) -> tuple[float, str]:
+    """Sort key of a method in tables and legends: ``(order, name)``; a name not registered
+    (a stored run of a plugin not loaded) sorts after every registered one, by name."""
+    load_plugins()
+    method = _METHODS.get(name) if isinstance(name, str) else None
+    if method is None or method.order is None:
+        return (float("inf"), str(name))
+    return (float(method.order), name)
+
+
+def display_color(name: str) -> str:
+    """The method's colour in every figure; a name not registered gets one of
+    :data:`FALLBACK_COLORS` chosen by its text, so it is the same in every figure and process."""
+    load_plugins()
+    method = _METHODS.get(name) if isinstance(name, str) else None
+    if method is not None and method.color:
+        return method.color
+    return FALLBACK_COLORS[zlib.crc32(str(name).encode("utf-8")) % len(FALLBACK_COLORS)]
+
+
+def family_of(name: str) -> str:
+    """The method's family (its own name when it is the head of one or not registered)."""
+    load_plugins()
+    method = _METHODS.get(name) if isinstance(name, str) else None
+    return method.family if method is not None and method.family else str(name)
+
+
+def is_dense(name: str) -> bool:
+    """True when density does not apply to the method (tables show "-"); False for a name not
+    registered (its stored density is shown as it is)."""
+    load_plugins()
+    method = _METHODS.get(name) if isinstance(name, str) else None
+    return method is not None and method.dense
+
+
+def patterns_of(name: str) -> tuple[str, ...]:
+    """The message patterns a run of the method may choose (``()``: its ``algorithm`` field means
+    nothing for it, or the name is not registered)."""
+    load_plugins()
+    method = _METHODS.get(name) if isinstance(name, str) else None
+    return method.patterns if method is not None else ()
 
 
 def unregister_method(name: str) -> None:

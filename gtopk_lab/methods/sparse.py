@@ -66,14 +66,14 @@ GTOPK = register_collective(Collective(
     time_s=_gtopk_time_s, bytes_per_rank=F.gtopk_bytes_per_rank,
     description="global top-k of the sum, merged along a butterfly or binomial tree (O(k log P))"))
 
-register_method(Method(name="topk", selector="topk", collective="allgather",
+register_method(Method(name="topk", selector="topk", collective="allgather", color="#EF553B",
                        description="Top-k S-SGD: local top-k, allgather, error feedback"))
-register_method(Method(name="gtopk", selector="topk", collective="gtopk",
+register_method(Method(name="gtopk", selector="topk", collective="gtopk", color="#00CC96",
                        description="gTop-k S-SGD (Shi et al., ICDCS'19): global top-k merge, error feedback",
                        departures=("the butterfly pattern by default (the paper's tree under preset='paper')",
                                    "the mass-conserving residual rule by default (the reference's under "
                                    "preset='paper')")))
-register_method(Method(name="gaussiank", selector="gaussiank", collective="allgather",
+register_method(Method(name="gaussiank", selector="gaussiank", collective="allgather", color="#AB63FA",
                        paper_selector="gaussiank-paper",
                        description="GaussianK-SGD: Gaussian threshold selection, allgather, error feedback",
                        departures=("the count-refitting selector by default (the reference's rule, "

@@ -312,7 +312,7 @@ SPARSELOCO = register_method(sparseloco_method(
         time_s=sparseloco_allgather_time_s, bytes_per_rank=sparseloco_allgather_bytes_per_rank,
         description="ring allgather of chunk-wise 2-bit messages, decoded and summed (O(kP))")),
     "SparseLoCo (Sarfi et al. 2025): H local steps, decayed EF, chunk top-k, 2-bit, averaged outer step",
-    departures=SPARSELOCO_DEPARTURES))
+    departures=SPARSELOCO_DEPARTURES, color="#8C564B"))
 
 SPARSELOCO_GTOPK = register_method(sparseloco_method(
     "sparseloco-gtopk", register_collective(program_collective(
@@ -320,4 +320,5 @@ SPARSELOCO_GTOPK = register_method(sparseloco_method(
         time_s=sparseloco_gtopk_time_s, bytes_per_rank=sparseloco_gtopk_bytes_per_rank,
         description="gTop-k merge of 2-bit chunk messages, drops charged to their owner (O(k log P))")),
     "SparseLoCo with its outer sync over gTop-k (this project's variant)",
-    departures=("no paper: this project's variant (gTop-k merges of the 2-bit messages)",) + SPARSELOCO_DEPARTURES))
+    departures=("no paper: this project's variant (gTop-k merges of the 2-bit messages)",) + SPARSELOCO_DEPARTURES,
+    family="sparseloco", color="#C49C94"))

@@ -36,7 +36,7 @@ Example::
 
 from __future__ import annotations
 
-from gtopk_lab.plotting.figures_base import METHOD_COLORS, X_AXES, run_label
+from gtopk_lab.plotting.figures_base import X_AXES, method_color, run_label
 from gtopk_lab.plotting.figures_convergence import convergence_figure, convergence_frames
 from gtopk_lab.plotting.figures_methods import loss_vs_time_figure, time_to_target_figure
 from gtopk_lab.plotting.figures_outcomes import pareto_figure, time_to_accuracy_figure
@@ -49,7 +49,7 @@ from gtopk_lab.plotting.figures_topk import (
 )
 
 __all__ = [
-    "METHOD_COLORS",
+    "method_color",
     "PAPER_SCALING_EFFICIENCY_32_1GBE",
     "PAPER_BREAKDOWN_GTOPK_32_1GBE_S",
     "X_AXES",

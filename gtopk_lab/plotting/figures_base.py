@@ -3,7 +3,10 @@
 The builders in :mod:`.figures_convergence`, :mod:`.figures_scaling` and
 :mod:`.figures_topk` take their colours and labels from here, so a method has one colour
 and a run one legend label in every figure (notebook, live widget, HTML report).
-Pure: pandas and the registry's baseline name, no plotly or Dask. Re-exported by :mod:`gtopk_lab.plotting.figures`.
+Pure: pandas and the registry (colour and order are facts of each registered method,
+:func:`gtopk_lab.methods.display_color` / :func:`~gtopk_lab.methods.display_order`, so a
+plugin's method gets its own without an edit here), no plotly or Dask. Re-exported by
+:mod:`gtopk_lab.plotting.figures`.
 """
 
 from __future__ import annotations
@@ -13,31 +16,13 @@ from typing import Any
 
 import pandas as pd
 
-from gtopk_lab.methods import BASELINE_METHOD
+from gtopk_lab.methods import BASELINE_METHOD, display_color, display_order
 
-__all__ = ["METHOD_COLORS", "FALLBACK_COLORS", "METHOD_ORDER", "X_AXES", "require_frame", "method_color",
+__all__ = ["FALLBACK_COLORS", "X_AXES", "require_frame", "method_color", "method_rank",
            "fmt_density", "run_label", "run_keys", "density_dash", "split_runs"]
 
-#: One colour per method, shared by every figure so a method is recognisable everywhere.
-METHOD_COLORS: dict[str, str] = {
-    "dense": "#636EFA",
-    "topk": "#EF553B",
-    "gtopk": "#00CC96",
-    "gaussiank": "#AB63FA",
-    "oktopk": "#FFA15A",
-    # the post-2019 methods (docs/modern_methods.md); a variant takes a shade of its family's
-    "clt-k": "#19D3F3",
-    "ef21": "#B6E880",
-    "ef21-sgdm": "#637939",
-    "powersgd": "#FECB52",
-    "diloco": "#FF6692",
-    "sparseloco": "#8C564B",
-    "sparseloco-gtopk": "#C49C94",
-}
+#: Colours of series that are not methods (several k of one selector, ...).
 FALLBACK_COLORS = ("#19D3F3", "#FF6692", "#B6E880", "#FF97FF", "#FECB52")
-
-#: Legend order of the built-in methods (others sort after them).
-METHOD_ORDER: dict[str, int] = {name: i for i, name in enumerate(METHOD_COLORS)}
 
 #: Allowed x axes of the convergence figure -> axis title.
 X_AXES: dict[str, str] = {
@@ -62,14 +47,16 @@ def require_frame(name: str, frame: Any, columns: Iterable[str]) -> pd.DataFrame
     return frame
 
 
-def method_color(method: str, _cache: dict[str, str] = {}) -> str:  # noqa: B006 - memo
-    """The method's colour; a user's method gets the next fallback colour, kept for the
-    process so it stays the same in every figure."""
-    if method in METHOD_COLORS:
-        return METHOD_COLORS[method]
-    if method not in _cache:
-        _cache[method] = FALLBACK_COLORS[len(_cache) % len(FALLBACK_COLORS)]
-    return _cache[method]
+def method_color(method: str) -> str:
+    """The method's colour in every figure: the registered method's ``color`` (a name not
+    registered gets one chosen by its text, the same in every figure and process)."""
+    return display_color(str(method))
+
+
+def method_rank(method: Any) -> float:
+    """The method's place in legends and tables (its registered ``order``; a name not
+    registered sorts after every registered one): a number, for pandas sort keys."""
+    return display_order(str(method))[0]
 
 
 def fmt_density(density: float) -> str:
@@ -121,5 +108,5 @@ def split_runs(metrics: pd.DataFrame) -> list[tuple[str, pd.DataFrame, dict[str,
         if counts[(m["method"], m["density"], m["workers"])] > 1 and "run_id" in rows.columns:
             extra = f"[{rows['run_id'].iloc[0]}]"
         labelled.append((run_label(m["method"], m["density"], m["workers"], extra), rows, m))
-    labelled.sort(key=lambda t: (METHOD_ORDER.get(t[2]["method"], 99), -t[2]["density"], t[2]["workers"], t[0]))
+    labelled.sort(key=lambda t: (display_order(t[2]["method"]), -t[2]["density"], t[2]["workers"], t[0]))
     return labelled

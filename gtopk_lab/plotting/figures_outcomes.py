@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from gtopk_lab.analysis.intervals import interval_bounds, interval_note
 from gtopk_lab.analysis.pareto import frontier_points
-from gtopk_lab.plotting.figures_base import METHOD_ORDER, method_color, require_frame
+from gtopk_lab.plotting.figures_base import method_color, method_rank, require_frame
 
 __all__ = ["PARETO_X", "PARETO_Y", "time_to_accuracy_figure", "pareto_figure"]
 
@@ -58,7 +58,7 @@ def time_to_accuracy_figure(table: pd.DataFrame, title: str | None = None) -> go
         {"density": False, "link": False, "source": False}
     frame = table.assign(_d=table["density"].fillna(-1.0))
     keys = ["method", "_d", "link", "source"]
-    groups = sorted(frame.groupby(keys, sort=False, dropna=False), key=lambda t: (METHOD_ORDER.get(t[0][0], 99),
+    groups = sorted(frame.groupby(keys, sort=False, dropna=False), key=lambda t: (method_rank(t[0][0]),
                                                                                   str(t[0]))) if len(frame) else []
     missed: list[str] = []
     seeds = 1
@@ -109,7 +109,7 @@ def pareto_figure(outcomes: pd.DataFrame, x: str = "bytes_sent_per_rank", y: str
                     & pd.to_numeric(outcomes[y], errors="coerce").notna()]
     fig = go.Figure()
     ps = sorted({int(p) for p in runs["workers"]})
-    for method, rows in sorted(runs.groupby("method", sort=False), key=lambda t: METHOD_ORDER.get(t[0], 99)):
+    for method, rows in sorted(runs.groupby("method", sort=False), key=lambda t: method_rank(t[0])):
         label = [f"{rid}<br>ρ={d:g}" if pd.notna(d) else str(rid) for rid, d in zip(rows["run_id"], rows["density"])]
         fig.add_trace(go.Scatter(
             x=rows[x].to_numpy(), y=rows[y].to_numpy(), mode="markers", name=str(method),

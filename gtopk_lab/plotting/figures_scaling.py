@@ -16,8 +16,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from gtopk_lab.analysis.intervals import add_intervals, interval_bounds, interval_note
-from gtopk_lab.methods import get_method
-from gtopk_lab.plotting.figures_base import METHOD_ORDER, method_color, require_frame
+from gtopk_lab.methods import display_order, get_method
+from gtopk_lab.plotting.figures_base import method_color, method_rank, require_frame
 
 __all__ = ["PAPER_SCALING_EFFICIENCY_32_1GBE", "PAPER_BREAKDOWN_GTOPK_32_1GBE_S", "paper_scaling_table",
            "scaling_efficiency_figure", "time_breakdown_figure", "comm_bytes_per_rank_formula",
@@ -172,7 +172,7 @@ def time_breakdown_figure(summaries: pd.DataFrame, title: str | None = None) -> 
     same (method, P) are averaged.
     """
     frame = _breakdown_frame(summaries)
-    frame = frame.sort_values(["workers", "method"], key=lambda c: c.map(METHOD_ORDER) if c.name == "method" else c)
+    frame = frame.sort_values(["workers", "method"], key=lambda c: c.map(method_rank) if c.name == "method" else c)
     x = [[f"P={p}" for p in frame["workers"]], frame["method"].astype(str).tolist()]
     fig = go.Figure()
     for part, _ in _BREAKDOWN_PARTS:
@@ -215,7 +215,7 @@ def comm_volume_figure(summaries: pd.DataFrame, numel: int | None = None, k: int
     grid = [p for p in (2 ** i for i in range(0, 12)) if p <= max(max_p, 2)]
     if max_p not in grid:
         grid.append(max_p)
-    for method, rows in sorted(summaries.groupby("method"), key=lambda t: METHOD_ORDER.get(t[0], 99)):
+    for method, rows in sorted(summaries.groupby("method"), key=lambda t: display_order(str(t[0]))):
         method = str(method)
         agg = rows.groupby("workers")["bytes_sent_per_rank_per_iter"].mean().reset_index()
         agg = agg[agg["workers"] > 1]

@@ -56,7 +56,7 @@ from plotly.offline import get_plotlyjs
 from gtopk_lab.analysis.intervals import ONE_SEED_NOTE, interval_note
 from gtopk_lab.analysis.predict import predict_scaling
 from gtopk_lab.analysis.scaling import BASELINE_NONE, BASELINES, add_scaling_efficiency
-from gtopk_lab.methods import available_methods, get_method
+from gtopk_lab.methods import available_methods, display_order, get_method
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.model import format_bandwidth, format_latency
 from gtopk_lab.orchestration.results import load_runs
@@ -137,8 +137,11 @@ def predicted_scaling_table(summaries: pd.DataFrame, workers: list[int] | None =
     For each (method, density, network) of the completed runs: compute time per
     iteration from the single-worker runs' breakdown (compute + update), selection time
     from the method's runs, then ``gtopk_lab.analysis.predict.predict_scaling`` over
-    ``workers`` (default 1, 2, 4, ... up to max(32, largest P)). GaussianK travels as
-    ``topk`` (an allgather of about k pairs). Columns as :func:`measured_scaling_table` (without the throughputs).
+    ``workers`` (default 1, 2, 4, ... up to max(32, largest P)): each method's own
+    ``Method.predicted_time_s`` (its exact-k and pattern), as ``gtopk-lab model`` and the
+    study's check price it. A method whose formula needs more than a summary holds
+    (PowerSGD's parameter layout) gets no prediction. Columns as
+    :func:`measured_scaling_table` (without the throughputs).
     """
     done = _completed(summaries)
     if not len(done) or "time_breakdown_s" not in done.columns:
@@ -165,11 +168,13 @@ def predicted_scaling_table(summaries: pd.DataFrame, workers: list[int] | None =
         if entry.comm.algorithms:
             algorithm = str(group["algorithm"].iloc[0]) if "algorithm" in group.columns and \
                 pd.notna(group["algorithm"].iloc[0]) else entry.comm.algorithms[0]
-        collective = method
         net = NetworkModel(latency_s=float(lat), bandwidth_bps=float(bw))
-        for row in predict_scaling(int(numel), float(density), compute_s, net, grid,
-                                   selection_s=selection_s or 0.0,
-                                   methods=[(method, collective, algorithm)]):
+        try:
+            predicted = predict_scaling(int(numel), float(density), compute_s, net, grid,
+                                        selection_s=selection_s or 0.0, methods=[(method, method, algorithm)])
+        except ValueError:  # a formula that needs what a summary lacks (PowerSGD's layout)
+            continue
+        for row in predicted:
             rows.append({"method": method, "workers": row["workers"], "density": float(density),
                          "bandwidth": network_label(float(bw), float(lat)),
                          "scaling_efficiency": row["scaling_efficiency"]})
@@ -312,10 +317,11 @@ def render_report(summaries: pd.DataFrame, metrics: pd.DataFrame, title: str = "
                           _runs_html(points) if len(summaries) else "<p>No runs in this folder.</p>",
                           anchor="runs"))
     paper = figures.paper_scaling_table().pivot(index="model", columns="method", values="scaling_efficiency")
-    paper = paper.reset_index()[["model", "dense", "topk", "gtopk"]]
+    shown_methods = sorted(paper.columns, key=display_order)  # the paper's methods, in display order
+    paper = paper.reset_index()[["model", *shown_methods]]
     paper.columns.name = None
     parts.append(_section("Paper: scaling efficiency at 32 workers, 1 GbE (Shi et al., ICDCS'19)",
-                          _table(paper, percent=("dense", "topk", "gtopk")), anchor="paper"))
+                          _table(paper, percent=tuple(shown_methods)), anchor="paper"))
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = (f"<meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<script type='text/javascript'>{get_plotlyjs()}</script>"
@@ -363,11 +369,10 @@ def _overview(summaries: pd.DataFrame, points: pd.DataFrame) -> str:
         return "no runs"
     status = summaries["status"].value_counts().to_dict() if "status" in summaries.columns else {}
     parts = [f"{len(summaries)} runs (" + ", ".join(f"{n} {s}" for s, n in status.items()) + ")"]
-    order = {m: i for i, m in enumerate(("dense", "topk", "gtopk", "gaussiank", "oktopk"))}
     parts.append("links " + ", ".join(link for link, _ in _by_link(points)))
     for col, name in (("method", "methods"), ("workers", "P"), ("seed", "seeds"), ("source", "sources")):
         if col in points.columns:
-            values = sorted(points[col].dropna().unique(), key=lambda v: (order.get(v, 99), v)
+            values = sorted(points[col].dropna().unique(), key=lambda v: display_order(v)
                             if isinstance(v, str) else (0, v))
             parts.append(f"{name} " + ", ".join(str(v) for v in values))
     return "; ".join(parts)

@@ -28,7 +28,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from gtopk_lab.analysis.intervals import interval_bounds, interval_columns
-from gtopk_lab.plotting.figures_base import METHOD_ORDER, density_dash, method_color
+from gtopk_lab.methods import display_order, is_dense
+from gtopk_lab.plotting.figures_base import density_dash, method_color
 from gtopk_lab.plotting.figures_scaling import PAPER_SCALING_EFFICIENCY_32_1GBE
 
 __all__ = ["shade", "point_convergence_figure", "efficiency_figure", "paper_applies",
@@ -103,7 +104,7 @@ def point_convergence_figure(metrics: pd.DataFrame, points: pd.DataFrame, x: str
     if metrics.empty or points.empty or "run_id" not in metrics.columns:
         return fig.update_layout(title=title or "Convergence (no rows)", template="plotly_white")
     meta = points.set_index("run_id")[[c for c in _POINT_KEYS if c in points.columns]].copy()
-    meta["density"] = [("-" if m == "dense" or pd.isna(d) else f"{float(d):g}")
+    meta["density"] = [("-" if is_dense(str(m)) or pd.isna(d) else f"{float(d):g}")
                        for m, d in zip(meta["method"], meta["density"])]
     train, test = _run_curves(metrics[metrics["run_id"].isin(meta.index)], x)
     train, test = train.join(meta, on="run_id"), test.join(meta, on="run_id")
@@ -115,7 +116,7 @@ def point_convergence_figure(metrics: pd.DataFrame, points: pd.DataFrame, x: str
     keys = list(meta.columns)
     ps_of = {m: sorted(g["workers"].unique()) for m, g in meta.groupby("method")}
     groups = sorted(train.groupby(keys, sort=False), key=lambda t: (
-        METHOD_ORDER.get(t[0][0], 99), t[0][0], str(t[0][1:])))
+        display_order(str(t[0][0])), str(t[0][1:])))
     for key_values, rows in groups:
         key = dict(zip(keys, key_values))
         ps = ps_of[key["method"]]
@@ -203,7 +204,7 @@ def efficiency_figure(table: pd.DataFrame, predicted: pd.DataFrame | None = None
                "source": table["source"].nunique() > 1 if len(table) else False}
     keys = ["method", "_d", "link", "source", "bandwidth_bps", "latency_s"]
     frame = table.assign(_d=table["density"].fillna(-1.0)) if len(table) else table
-    groups = sorted(frame.groupby(keys, sort=False), key=lambda t: (METHOD_ORDER.get(t[0][0], 99), str(t[0]))) \
+    groups = sorted(frame.groupby(keys, sort=False), key=lambda t: (display_order(str(t[0][0])), str(t[0]))) \
         if len(frame) else []
     seen: set[str] = set()
     for (method, density, link, source, bps, lat), rows in groups:

@@ -32,6 +32,7 @@ import pandas as pd
 
 from gtopk_lab.analysis.study_tables import (aggregate_seeds, fidelity_check, point_efficiency,
                                              predicted_efficiency)
+from gtopk_lab.methods import display_order, is_dense
 from gtopk_lab.network.model import bandwidth_label, format_bandwidth, format_latency
 
 __all__ = ["with_points", "with_links", "study_tables", "efficiency_pivot", "runs_table", "run_details",
@@ -165,12 +166,11 @@ def efficiency_pivot(table: pd.DataFrame, points: pd.DataFrame | None = None) ->
                      zip(shown["efficiency_mean"], shown.get("efficiency_ci_low", nan),
                          shown.get("efficiency_ci_high", nan), shown["n"])]
     index = [c for c in ("link", "source", "method", "density") if shown[c].nunique() > 1 or c == "method"]
-    order = {m: i for i, m in enumerate(("dense", "topk", "gtopk", "gaussiank", "oktopk"))}
     speed = shown.groupby("link")["bandwidth_bps"].min().to_dict()  # slowest link first
     pivot = shown.pivot_table(index=index, columns="workers", values="cell", aggfunc="first", fill_value="")
     pivot.columns = [f"P={p}" for p in pivot.columns]
     pivot = pivot.reset_index()
-    keys = {"method": lambda m: order.get(m, 99), "link": lambda link: speed.get(link, math.inf)}
+    keys = {"method": lambda m: display_order(str(m))[0], "link": lambda link: speed.get(link, math.inf)}
     return pivot.sort_values(index, key=lambda c: c.map(keys[c.name]) if c.name in keys else c,
                              kind="stable").reset_index(drop=True)
 
@@ -230,9 +230,7 @@ def constant_fields(points: pd.DataFrame) -> dict[str, str]:
 
 
 def _density(method: Any, density: Any) -> str:
-    from gtopk_lab.methods import available_methods, get_method
-
-    if method in available_methods() and not get_method(method).sparse:
+    if is_dense(str(method)):
         return "-"
     return "" if density is None or pd.isna(density) else f"{float(density):g}"
 
@@ -242,10 +240,9 @@ def _sorted_runs(points: pd.DataFrame) -> pd.DataFrame:
     density, seed; ``density`` as shown ("-" for a method without one)."""
     frame = points.copy()
     frame["density"] = [_density(m, d) for m, d in zip(frame["method"], frame.get("density", [None] * len(frame)))]
-    order = {m: i for i, m in enumerate(("dense", "topk", "gtopk", "gaussiank", "oktopk"))}
     speed = pd.to_numeric(frame.get("bandwidth_bps"), errors="coerce") if "bandwidth_bps" in frame.columns \
         else pd.Series(0.0, index=frame.index)
-    frame = frame.assign(_m=frame["method"].map(lambda m: order.get(m, 99)), _bps=speed.fillna(math.inf))
+    frame = frame.assign(_m=frame["method"].map(lambda m: display_order(str(m))[0]), _bps=speed.fillna(math.inf))
     sort = [c for c in ("_m", "method", "_bps", "link", "source", "workers", "density", "seed") if c in frame.columns]
     return frame.sort_values(sort, kind="stable").drop(columns=["_m", "_bps"])
 
