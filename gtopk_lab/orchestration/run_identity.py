@@ -237,8 +237,8 @@ def filter_runs(summaries: pd.DataFrame, study: str | Sequence[str] | None = Non
 
 
 def study_order(summaries: pd.DataFrame) -> pd.DataFrame:
-    """``summaries`` with each study's runs together: studies in the order of their first
-    submitted run, runs without a study last, each group by submission time then run id."""
+    """``summaries`` with each study's runs together: a study stands where its first run was
+    submitted (a run without a study where it was), its runs by submission time, then run id."""
     if summaries.empty:
         return summaries
     frame = summaries.copy()
@@ -247,8 +247,7 @@ def study_order(summaries: pd.DataFrame) -> pd.DataFrame:
     submitted = frame["submitted_at"] if "submitted_at" in frame.columns else frame.get("run_id")
     frame["_when"] = [str(s) if isinstance(s, str) else "" for s in submitted]
     first = frame[frame["_study"] != ""].groupby("_study")["_when"].min().to_dict()
-    frame["_none"] = frame["_study"] == ""
-    frame["_first"] = [first.get(s, "") for s in frame["_study"]]
-    keys = ["_none", "_first", "_study", "_when"] + (["run_id"] if "run_id" in frame.columns else [])
+    frame["_first"] = [first.get(s, w) for s, w in zip(frame["_study"], frame["_when"])]
+    keys = ["_first", "_study", "_when"] + (["run_id"] if "run_id" in frame.columns else [])
     frame = frame.sort_values(keys, kind="stable")
-    return frame.drop(columns=["_study", "_when", "_none", "_first"])
+    return frame.drop(columns=["_study", "_when", "_first"])

@@ -148,7 +148,7 @@ class Study:
                 run_id, status = handle.run_id, handle.status
                 reason = handle.queue_reason if status == "queued" else None
                 received = len(handle.metrics) if hasattr(handle, "metrics") else None
-            rows.append({"method": c.method, "workers": c.workers, "density": c.density,
+            rows.append({"study_id": self.study_id, "method": c.method, "workers": c.workers, "density": c.density,
                          "algorithm": c.algorithm, "bandwidth": c.bandwidth, "latency": c.latency,
                          "seed": c.seed, "source": point.source, "run_id": run_id,
                          "status": status, "rows": received, "queue_reason": reason})
