@@ -223,17 +223,17 @@ def filter_runs(summaries: pd.DataFrame, study: str | Sequence[str] | None = Non
     and carrying tag ``tag`` (every one of several); runs without identity match neither."""
     if summaries.empty:
         return summaries
-    keep = pd.Series(True, index=summaries.index)
+    blank = [None] * len(summaries)
+    keep = [True] * len(summaries)
     if study is not None:
         wanted = {study} if isinstance(study, str) else set(study)
-        ids = summaries.get("study_ids", pd.Series([None] * len(summaries), index=summaries.index))
-        first = summaries.get("study_id", pd.Series([None] * len(summaries), index=summaries.index))
-        keep &= [bool(wanted & set(_ids(i, f))) for i, f in zip(ids, first)]
+        ids, first = summaries.get("study_ids", blank), summaries.get("study_id", blank)
+        keep = [k and bool(wanted & set(_ids(i, f))) for k, i, f in zip(keep, ids, first)]
     if tag is not None:
         wanted_tags = {tag} if isinstance(tag, str) else set(tag)
-        tags = summaries.get("tags", pd.Series([None] * len(summaries), index=summaries.index))
-        keep &= [wanted_tags <= set(t if isinstance(t, (list, tuple)) else ()) for t in tags]
-    return summaries[keep.to_numpy(dtype=bool)]
+        tags = summaries.get("tags", blank)
+        keep = [k and wanted_tags <= set(t if isinstance(t, (list, tuple)) else ()) for k, t in zip(keep, tags)]
+    return summaries[pd.Series(keep, index=summaries.index, dtype=bool)]
 
 
 def study_order(summaries: pd.DataFrame) -> pd.DataFrame:
