@@ -177,3 +177,60 @@ def test_study_cli_takes_study_id_and_tags(tmp_path: Path, capsys: pytest.Captur
     (summary,) = _summaries(str(out)).values()
     assert (summary["study_id"], summary["tags"]) == ("cli-study", ["x", "y", "z"])
     assert "gtopk-lab runs --study cli-study" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------- the panel
+@pytest.mark.timeout(60)
+def test_panel_passes_the_study_name_and_tags_and_names_a_bad_one() -> None:
+    import html
+    import re
+
+    from gtopk_lab.plotting.controls import ControlPanel
+
+    class Study:
+        handles: dict = {}
+        points_list: list = []
+
+        def __init__(self, study_id: str) -> None:
+            self.study_id = study_id
+
+        def status(self) -> pd.DataFrame:
+            return pd.DataFrame(columns=["method", "workers", "density", "bandwidth", "latency", "seed",
+                                         "source", "run_id", "status", "rows"])
+
+        def points(self) -> pd.DataFrame:
+            return pd.DataFrame()
+
+        metrics = points
+
+        def subscribe(self, callback):  # noqa: ANN001, ANN202
+            return lambda: None
+
+        def done(self) -> bool:
+            return True
+
+    class Lab:
+        closed, out = False, "unused"
+
+        def __init__(self) -> None:
+            self.calls: list[dict] = []
+
+        def study(self, **kwargs):  # noqa: ANN003, ANN202
+            self.calls.append(kwargs)
+            return Study(kwargs.get("study_id") or "generated")
+
+        def runs(self) -> pd.DataFrame:
+            return pd.DataFrame()
+
+    lab = Lab()
+    panel = ControlPanel(lab, defaults={"methods": ["gtopk"], "workers": [2]})
+    panel.launch().result(10)
+    assert "study_id" not in lab.calls[0] and "tags" not in lab.calls[0]  # blank: the study names itself
+    panel.study_name.value, panel.tags.value = " rho-1GbE ", "a, b c"
+    panel.launch().result(10)
+    assert (lab.calls[1]["study_id"], lab.calls[1]["tags"]) == ("rho-1GbE", ("a", "b", "c"))
+    assert "rho-1GbE" in panel.run_lines.value
+    panel.study_name.value = "a/b"
+    assert panel.launch() is None and len(lab.calls) == 2
+    message = html.unescape(re.sub(r"<[^>]+>", "", panel.message.value))
+    assert message.startswith("study name: ") and "\n" not in message
