@@ -234,3 +234,19 @@ def test_panel_passes_the_study_name_and_tags_and_names_a_bad_one() -> None:
     assert panel.launch() is None and len(lab.calls) == 2
     message = html.unescape(re.sub(r"<[^>]+>", "", panel.message.value))
     assert message.startswith("study name: ") and "\n" not in message
+
+
+@pytest.mark.timeout(120)
+def test_a_resumed_simulated_run_keeps_its_study_and_tags(tmp_path: Path) -> None:
+    from gtopk_lab.orchestration.results import RunStore, run_summary
+    from gtopk_lab.orchestration.simulated_run import simulate_run
+
+    config = RunConfig(**{**TINY, "method": "gtopk", "workers": 2, "run_id": "r-failed"})
+    identity = with_labels({}, RunLabels("alpha", ("t1",), {"workers": 2}))
+    RunStore(tmp_path, "r-failed").write_summary(run_summary(config, None, status="failed", identity=identity))
+    summary = simulate_run(config, str(tmp_path))
+    assert summary["status"] == "completed", summary.get("error")
+    stored = json.loads((tmp_path / "r-failed" / "summary.json").read_text())
+    for got in (summary, stored):
+        assert (got["study_id"], got["study_ids"], got["tags"], got["varied"]) == ("alpha", ["alpha"], ["t1"],
+                                                                                 {"workers": 2})
