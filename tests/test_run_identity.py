@@ -177,6 +177,11 @@ def test_study_cli_takes_study_id_and_tags(tmp_path: Path, capsys: pytest.Captur
     (summary,) = _summaries(str(out)).values()
     assert (summary["study_id"], summary["tags"]) == ("cli-study", ["x", "y", "z"])
     assert "gtopk-lab runs --study cli-study" in capsys.readouterr().out
+    # gtopk-lab sweep takes them too; its point is the study's, reused and labelled
+    sweep = ["sweep", *argv[1:argv.index("--compute")], *argv[argv.index("--compute") + 2:]]
+    assert main([*sweep, "--bandwidth", "1GbE", "--study-id", "cli-sweep", "--tag", "w"]) == 0
+    (again,) = _summaries(str(out)).values()
+    assert (again["study_ids"], again["tags"]) == (["cli-study", "cli-sweep"], ["w", "x", "y", "z"])
 
 
 # ------------------------------------------------------------------------------- the panel
