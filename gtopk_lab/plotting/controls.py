@@ -330,8 +330,8 @@ class ControlPanel:
             counts = status["status"].str.replace(" (stored)", "", regex=False).value_counts()
             summary = ", ".join(f"{n} {s}" for s, n in counts.items())
             name = getattr(study, "study_id", None)
-            lines = [f"<b>study {number}</b>" + (f" {html.escape(str(name))}" if name else "")
-                     + f": {len(status)} point(s): {html.escape(summary)}"]
+            lines = [f"<b>study {number}</b>: {len(status)} point(s): {html.escape(summary)}"
+                     + (f"  [study {html.escape(str(name))}]" if name else "")]
             for row in status.itertuples():
                 state = str(row.status).replace(" (stored)", "")
                 stored = " (stored)" if str(row.status).endswith("(stored)") else ""
