@@ -85,7 +85,7 @@ study_methods = ["dense", "gtopk"]
 study_workers = [1, 2, 4, 8]   # P beyond the cluster's workers runs in the simulator, on the workers
 study_max_iterations = 30
 close_at_end = False      # True: the last cell closes the cluster (the panel above then stops working)
-out = "results/quickstart"
+out = None                # results folder; None: the results home ($GTOPK_LAB_RESULTS, else the project's results/)
 """),
     code(SETUP),
     md("""
@@ -203,7 +203,7 @@ max_iterations = None
 bandwidth = "1GbE"
 tolerance_pp = 2.0        # "nearly consistent" means within this many accuracy points of dense
 target_accuracy = 0.90    # time to accuracy: the first evaluation at or above this
-out = "results/convergence"
+out = None                # results folder; None: the results home ($GTOPK_LAB_RESULTS, else the project's results/)
 """),
     code(SETUP + """
 from gtopk_lab.analysis.intervals import add_intervals, interval_note
@@ -352,7 +352,7 @@ dataset = "mnist1d"
 max_iterations = 30
 train_samples = 4000
 extrapolate_to = 1024
-out = "results/scaling"
+out = None                # results folder; None: the results home ($GTOPK_LAB_RESULTS, else the project's results/)
 """),
     code(SETUP + """
 from gtopk_lab.analysis.predict import predict_scaling
@@ -639,7 +639,7 @@ dataset = "mnist1d"
 device = "auto"              # "cuda" places ranks on GPU workers (resource GPU 1)
 max_iterations = 20
 bandwidth = "none"
-out = "results/cluster"
+out = None                # results folder; None: the results home ($GTOPK_LAB_RESULTS, else the project's results/)
 """),
     code(SETUP),
     code("""

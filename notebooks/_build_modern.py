@@ -57,7 +57,7 @@ mnist_train_samples = 4000
 data_split = "iid"          # or "dirichlet" for non-IID label skew on MNIST-1D (dirichlet_alpha 0.5)
 target_loss_gpt = None      # None: 5% above the worst final loss of dense at P > 1
 target_loss_mnist = None
-out = "results/modern"
+out = None                # results folder; None: the results home ($GTOPK_LAB_RESULTS, else the project's results/)
 """),
         code(setup + """
 from gtopk_lab.analysis.reprice import (auto_target_loss, comparison_pivot, method_comparison,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,10 @@ PLUGINS = Path(__file__).with_name("plugins")
 # one intra-op thread per process keeps them from fighting over cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+# Every default results folder (Lab(), the CLI's --out, the notebooks) is the results home
+# (gtopk_lab.results_home): in tests a tmp dir, so that no test writes into the repository's
+# results/ nor into a developer's own $GTOPK_LAB_RESULTS; child processes inherit it.
+os.environ["GTOPK_LAB_RESULTS"] = tempfile.mkdtemp(prefix="gtopk-lab-test-results-")
 
 
 def pytest_sessionstart(session: object) -> None:

@@ -172,7 +172,7 @@ def test_lab_load_and_lab_sweep_resume_skip_and_move_damaged_runs(tmp_path, capl
         def done(self):
             return self.summary is not None
 
-    def submit(cfg, progress=False, simulate=False, skip_completed=False):
+    def submit(cfg, progress=False, simulate=False, skip_completed=False, labels=None):
         submitted.append(cfg)
         return Handle(cfg)
 

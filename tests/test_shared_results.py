@@ -104,6 +104,8 @@ def test_two_clients_overlapping_studies_run_each_point_once(tmp_path):
                if (p["method"], p["workers"], p["seed"]) == key}
         assert ids == {by_point[key]}
     assert sum(p["skipped"] for p in a["points"] + b["points"]) >= 4  # the other client's runs
+    for run in runs:  # a shared point's one run belongs to both studies (run identity, issue 26)
+        assert len(run.summary["study_ids"]) == (2 if run.config["method"] == "gtopk" else 1), run.summary
     # no interleaved files: one writer per folder, nothing left of a live run
     for run in runs:
         assert sorted(p.name for p in run.path.iterdir()) == [".lock", "config.json", "metrics.parquet",

@@ -44,7 +44,7 @@ HELP = "the paper's story on an embedded cluster: scaling study (P up to 32) + c
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="results/demo", help="results folder (default results/demo)")
+    run_cmd.add_out_argument(parser, "demo")
     parser.add_argument("--methods", default="dense,topk,gtopk", help="default dense,topk,gtopk")
     parser.add_argument("--workers", default="1,2,4,8,16,32",
                         help="P of the scaling study (default 1,2,4,8,16,32; P > --n-workers simulated)")

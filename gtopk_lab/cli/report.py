@@ -1,5 +1,6 @@
-"""``gtopk-lab report RESULTS_DIR -o report.html [--figures DIR]``: one self-contained HTML
-report, and with ``--figures`` each of its figures as a file (PNG, SVG, PDF via kaleido)."""
+"""``gtopk-lab report [RESULTS_DIR] -o report.html [--figures DIR]``: one self-contained HTML
+report (of the results home, ``gtopk_lab.results_home``, without RESULTS_DIR), and with
+``--figures`` each of its figures as a file (PNG, SVG, PDF via kaleido)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ HELP = "write a self-contained HTML report (figures + scaling table) of a result
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results_dir", help="folder of runs written by gtopk-lab run / sweep / demo")
+    from gtopk_lab.results_home import RULE, results_home
+
+    parser.add_argument("results_dir", nargs="?", default=str(results_home()),
+                        help=f"folder of runs written by gtopk-lab run / sweep / study / demo (default the "
+                             f"results home: {RULE}; here {results_home()})")
     parser.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
     parser.add_argument("--figures", metavar="DIR", default=None,
                         help="also write every figure of the report into DIR (needs kaleido and a Chromium "

@@ -54,6 +54,38 @@ def validate_config(config: RunConfig) -> None:
 
 # ------------------------------------------------------------------------------------------
 # cluster flags
+def add_out_argument(parser: Any, sub: str | None = None) -> None:
+    """``--out``, defaulting to the results home (``gtopk_lab.results_home``; ``sub``: a
+    folder in it), shared by every command that reads or writes runs."""
+    from gtopk_lab.results_home import RULE, results_home
+
+    home = results_home(sub)
+    where = "the results home" + (f"'s {sub}/" if sub else "")
+    parser.add_argument("--out", default=str(home),
+                        help=f"results folder (default {where}: {RULE}; here {home})")
+
+
+def add_identity_arguments(parser: Any) -> None:
+    """``--study-id NAME`` and ``--tag T`` (repeatable, or comma-separated): what the runs'
+    summaries record (``gtopk_lab.orchestration.run_identity``; ``gtopk-lab runs --study/--tag``)."""
+    parser.add_argument("--study-id", default=None, metavar="NAME",
+                        help="the study's name in every run's summary (default: a generated study-<time>-<hex>)")
+    parser.add_argument("--tag", dest="tags", action="append", default=[], metavar="T",
+                        help="a tag recorded in every run's summary (repeat, or comma-separated)")
+
+
+def identity_args(args: argparse.Namespace) -> tuple[str | None, tuple[str, ...]]:
+    """``(study_id, tags)`` of :func:`add_identity_arguments`' flags, checked (exit 2)."""
+    from gtopk_lab.orchestration.run_identity import check_study_id, check_tags
+
+    try:
+        study_id = None if args.study_id is None else check_study_id(args.study_id, "--study-id")
+        tags = check_tags([t.strip() for text in args.tags for t in text.split(",") if t.strip()], "--tag")
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    return study_id, tags
+
+
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cluster")
     group.add_argument("--scheduler", metavar="ADDR", default=None,
@@ -68,7 +100,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                        help="rendezvous/collective timeout per rank and failure-detection bound, s (default 60)")
     group.add_argument("--connect-timeout", dest="connect_timeout_s", type=float, default=10.0,
                        help="seconds to wait for the scheduler (default 10)")
-    group.add_argument("--out", default="results", help="results folder (default results)")
+    add_out_argument(group)
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

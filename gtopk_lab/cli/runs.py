@@ -1,4 +1,5 @@
-"""``gtopk-lab runs``: list the runs stored in a results folder."""
+"""``gtopk-lab runs``: list the runs stored in a results folder (the results home by default),
+each study's runs together; ``--study ID`` / ``--tag T`` / ``--status S`` keep some of them."""
 
 from __future__ import annotations
 
@@ -6,34 +7,40 @@ import argparse
 import json
 from pathlib import Path
 
+from gtopk_lab.cli import run as run_cmd
 from gtopk_lab.cli.errors import UsageError
 from gtopk_lab.jsonsafe import json_safe
 
 NAME = "runs"
 HELP = "list stored runs (status, method, P, density, accuracy, throughput) of a results folder"
 
-COLUMNS: tuple[str, ...] = ("run_id", "status", "method", "workers", "density", "bandwidth",
+COLUMNS: tuple[str, ...] = ("study", "run_id", "status", "method", "workers", "density", "bandwidth",
                             "iterations", "final_test_accuracy", "samples_per_s_virtual",
                             "wall_time_s", "queue_reason")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="results", help="results folder (default results)")
+    run_cmd.add_out_argument(parser)
     parser.add_argument("--json", action="store_true",
                         help="print every summary as one JSON list (last line)")
     parser.add_argument("--status", default=None,
                         help="only runs with this status (completed, failed, cancelled, running, queued, "
                              "crashed: its client stopped sending heartbeats, unknown)")
+    parser.add_argument("--study", action="append", default=None, metavar="ID",
+                        help="only runs of this study (gtopk-lab study --study-id; repeat for any of several)")
+    parser.add_argument("--tag", action="append", default=None, metavar="T",
+                        help="only runs with this tag (repeat: with every one of them)")
 
 
 def run(args: argparse.Namespace) -> int:
     from gtopk_lab.orchestration.results import LISTED_STATUSES, load_summaries
+    from gtopk_lab.orchestration.run_identity import filter_runs, study_order
 
     if not Path(args.out).is_dir():
         raise UsageError(f"--out={args.out!r} is invalid: no such folder")
     if args.status is not None and args.status not in LISTED_STATUSES:
         raise UsageError(f"--status={args.status!r} is invalid: expected one of {', '.join(LISTED_STATUSES)}")
-    summaries = load_summaries(args.out)
+    summaries = study_order(filter_runs(load_summaries(args.out), args.study, args.tag))
     if args.status is not None:
         summaries = summaries[summaries["status"] == args.status]
     if args.json:
@@ -41,9 +48,14 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(json_safe(records), separators=(",", ":")))
         return 0
     if summaries.empty:
-        print(f"no runs in {args.out}")
+        which = "".join(f" {flag} {v}" for flag, vs in (("--study", args.study), ("--tag", args.tag))
+                        for v in vs or ())
+        print(f"no runs in {args.out}" + (f" matching{which}" if which else ""))
         return 0
+    summaries = summaries.assign(study=[_study_text(r) for r in summaries.to_dict("records")])
     shown = summaries[[c for c in COLUMNS if c in summaries.columns]].copy()
+    if not shown["study"].astype(bool).any():
+        shown = shown.drop(columns=["study"])
     if "final_test_accuracy" in shown:
         shown["final_test_accuracy"] = shown["final_test_accuracy"].map(
             lambda v: "" if v is None or v != v else f"{float(v):.1%}")
@@ -57,3 +69,14 @@ def run(args: argparse.Namespace) -> int:
             shown = shown.drop(columns=["queue_reason"])
     print(shown.fillna("").to_string(index=False))
     return 0
+
+
+def _study_text(row: dict) -> str:
+    """The run's studies (first the one that ran it) and tags, as one cell."""
+    ids = [s for s in row.get("study_ids") or [] if isinstance(s, str)] \
+        if isinstance(row.get("study_ids"), list) else []
+    first = row.get("study_id")
+    if isinstance(first, str) and first not in ids:
+        ids.insert(0, first)
+    tags = [t for t in row.get("tags") or [] if isinstance(t, str)] if isinstance(row.get("tags"), list) else []
+    return ", ".join(ids) + (f" [{', '.join(tags)}]" if tags else "")

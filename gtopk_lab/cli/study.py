@@ -68,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "worker (default) or each rank's measured CPU time")
     add_config_flags(parser, exclude=set(GRID_FLAGS.values()) | {"run_id", "seed"})
     parser.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    run_cmd.add_identity_arguments(parser)
     run_cmd.add_cluster_arguments(parser)
 
 
@@ -144,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
     from gtopk_lab.orchestration.study import Study
 
     run_cmd.validate_cluster_args(args)
+    study_id, tags = run_cmd.identity_args(args)
     if args.real_max_workers is not None and args.real_max_workers < 0:
         raise UsageError(f"--real-max-workers={args.real_max_workers} is invalid: expected >= 0")
     largest = max(_list(args.workers, "--workers", int))
@@ -163,7 +165,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"compute: {', '.join(f'{ms:.2f}' for ms in shown)} ms per iteration charged to every rank, "
                       f"merges at a calibrated gamma ({os.path.join(str(args.out), CALIBRATION_FILE)}); "
                       "selection measured, communication modelled", file=sys.stderr)
-        study = Study(lab, points, skip_completed=not args.no_skip, progress=progress)
+        study = Study(lab, points, skip_completed=not args.no_skip, progress=progress,
+                      study_id=study_id, tags=tags)
+        if not args.json:
+            print(f"study {study.study_id}: {len(points)} point(s)"
+                  + (f", tags {', '.join(tags)}" if tags else ""), file=sys.stderr)
         try:
             study.wait(cancel_on_interrupt=True)
         except KeyboardInterrupt:
@@ -181,5 +187,6 @@ def run(args: argparse.Namespace) -> int:
         print(baseline_note(["dense P=1"]) + " Seeds and sources (real / simulated) have their own baseline.")
         for line in lines:
             print(line)
-        print(f"\n{len(points)} point(s), {failed} not completed; results in {args.out}")
+        print(f"\n{len(points)} point(s), {failed} not completed; results in {args.out} "
+              f"(gtopk-lab runs --study {study.study_id})")
     return 0 if failed == 0 else 1

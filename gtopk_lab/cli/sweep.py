@@ -68,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--bandwidth", default="1Gbps", help="modelled link rates (default 1Gbps)")
     grid.add_argument("--algorithms", default="butterfly", help="gTop-k patterns (default butterfly)")
     add_config_flags(parser, exclude=GRID_FIELDS | {"run_id"})
+    run_cmd.add_identity_arguments(parser)
     run_cmd.add_cluster_arguments(parser)
     parser.add_argument("--simulate", action="store_true",
                         help="simulator tasks on the cluster's workers: P may exceed the cluster")
@@ -182,13 +183,15 @@ def execute_sweep(args: argparse.Namespace, configs: list[RunConfig], progress: 
     else:
         need = max(c.workers for c in configs)
     with run_cmd.open_lab(args, need, progress=progress) as lab:
+        study_id, tags = run_cmd.identity_args(args)
         return lab.sweep(configs, skip_completed=not args.no_skip, progress=progress,
-                         simulate=args.simulate)
+                         simulate=args.simulate, study_id=study_id, tags=tags)
 
 
 def run(args: argparse.Namespace) -> int:
     configs = build_grid(args)
     run_cmd.validate_cluster_args(args)
+    run_cmd.identity_args(args)  # bad --study-id / --tag: exit 2 before a cluster starts
     progress = not args.no_progress and not args.json
     try:
         summaries = execute_sweep(args, configs, progress)

@@ -50,6 +50,7 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.orchestration.results import (
     config_hash, point_key, rows_to_frame, run_summary, utc_now, write_run,
 )
+from gtopk_lab.orchestration.run_identity import RunLabels, labels_of
 # the failure/restart half of a run's life; names re-exported for importers of this module
 from gtopk_lab.orchestration.run_life import (  # noqa: F401
     FAILURE_SETTLE_S, SETTLED as _SETTLED, RankError, RunLife, Step, rank_error,
@@ -152,6 +153,11 @@ class RunHandle(RunLife):
         self.queue_reason: str | None = None
         #: Added to the stored summary (failure details, restarts).
         self.summary_extra: dict[str, Any] = {}
+        #: The labels it was submitted with (``Lab.submit(labels=...)``: its study, tags,
+        #: varied fields) and the identity keys every summary of it carries
+        #: (:mod:`~gtopk_lab.orchestration.run_identity`; beside the config, not in it).
+        self.labels: RunLabels = RunLabels()
+        self.identity: dict[str, Any] = labels_of(None)
 
     # --- public ------------------------------------------------------------------------
     @property
@@ -394,7 +400,8 @@ class RunHandle(RunLife):
                      **self.summary_extra}
             if backend:
                 extra["backend"] = backend
-            summary = run_summary(self.config, rank0_summary, status=status, error=error, extra=extra)
+            summary = run_summary(self.config, rank0_summary, status=status, error=error, extra=extra,
+                                  identity=self.identity)
             try:
                 write_run(out, self.config, self.metrics, summary)
             except Exception as exc:  # disk full etc.: still end the handle

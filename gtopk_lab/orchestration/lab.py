@@ -45,7 +45,7 @@ Example::
     from gtopk_lab.config import RunConfig
     from gtopk_lab.orchestration import Lab
 
-    with Lab(n_workers=4, out="results") as lab:
+    with Lab(n_workers=4) as lab:               # out: the results home (gtopk_lab.results_home)
         handle = lab.submit(RunConfig(method="gtopk", workers=4, density=0.01, max_iterations=50))
         handle.subscribe(lambda rows: print(len(rows), "new rows"))
         metrics, summary = handle.result()
@@ -53,6 +53,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -76,6 +77,10 @@ from gtopk_lab.orchestration.cluster import (
 )
 from gtopk_lab.orchestration.handle import FAILURE_SETTLE_S, RunFailed, RunHandle, Subscriber
 from gtopk_lab.orchestration.monitor import RunMonitor
+from gtopk_lab.orchestration.run_identity import (
+    RunLabels, check_study_id, check_tags, filter_runs, labels_of, run_labels, study_order, with_labels,
+)
+from gtopk_lab.results_home import results_home
 from gtopk_lab.worker.rank_task import topic_for
 
 if TYPE_CHECKING:
@@ -102,7 +107,10 @@ class Lab:
     security:
         ``distributed.security.Security`` for ``tls://`` (or give the three file paths).
     out:
-        Results folder; each run writes ``<out>/<run_id>/``.
+        Results folder; each run writes ``<out>/<run_id>/``. Default: the results home
+        (:func:`gtopk_lab.results_home.results_home`: ``$GTOPK_LAB_RESULTS``, else
+        ``results/`` of the gtopk-lab project around the current folder, else ``./results``),
+        the folder the notebooks, the panel and every CLI command use too.
     timeout_s:
         Rendezvous and collective timeout of every rank, and so the longest a failure
         can take to be noticed by the surviving ranks.
@@ -120,7 +128,7 @@ class Lab:
         scheduler: str | None = None,
         n_workers: int | None = None,
         security: Any = None,
-        out: str = "results",
+        out: str | os.PathLike[str] | None = None,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         progress: bool = False,
@@ -136,7 +144,7 @@ class Lab:
         if n_workers is not None and (isinstance(n_workers, bool) or not isinstance(n_workers, int)
                                       or n_workers < 1):
             raise ValueError(f"n_workers={n_workers!r} is invalid: expected an integer >= 1")
-        self.out = str(out)
+        self.out = str(results_home() if out is None else out)
         self.timeout_s = check_seconds("timeout_s", timeout_s)
         self.progress = check_bool("progress", progress)
         self.poll_interval_s = check_seconds("poll_interval_s", poll_interval_s, high=60.0)
@@ -213,8 +221,8 @@ class Lab:
     # --- submit ------------------------------------------------------------------------
     def submit(self, config: RunConfig | dict[str, Any], wait_for_workers: bool = False,
                timeout_s: float | None = None, progress: bool | None = None,
-               resume: bool = False, simulate: bool = False, skip_completed: bool = False
-               ) -> RunHandle:
+               resume: bool = False, simulate: bool = False, skip_completed: bool = False,
+               labels: RunLabels | dict[str, Any] | None = None) -> RunHandle:
         """Queue a run and return its :class:`RunHandle` at once.
 
         ``simulate=True`` runs the P ranks in the simulator, as one Dask task on one free
@@ -235,6 +243,11 @@ class Lab:
         into this results folder, and if that run completed, this one ends as it (its run
         id, rows and summary, ``summary["skipped"]``) without running.
 
+        ``labels`` (``{"study_id": ..., "tags": [...], "varied": {...}}``, each optional; a
+        study passes its own) go into every summary of the run, beside the config: its hash,
+        and so the point, do not change (:mod:`~gtopk_lab.orchestration.run_identity`). A
+        resumed run keeps the labels it had and adds these.
+
         ``timeout_s`` (default the Lab's) is this run's rendezvous/collective timeout
         and, with ``wait_for_workers=True``, how long to wait for the cluster to have
         ``config.workers`` eligible workers. Without it, too few workers raise
@@ -253,6 +266,7 @@ class Lab:
                            ("skip_completed", skip_completed)):
             check_bool(name, flag)
         check_optional_bool("progress", progress)
+        labels = run_labels(labels)
         if config.run_id is None:
             config = config.replace(run_id=_results.new_run_id(config))
         # a calibration file is read here: workers get its constants, not a path they may lack
@@ -266,6 +280,8 @@ class Lab:
 
         handle = RunHandle(self, config, timeout_s, simulated=simulate, skip_completed=skip_completed)
         store = _results.RunStore(self.out, handle.run_id)
+        handle.labels = labels
+        handle.identity = labels_of(with_labels({}, labels, earlier=store.read_summary() if resume else None))
         self._monitor.admit(handle)  # the folder's lock, then its first heartbeat
         try:
             if resume:
@@ -279,7 +295,7 @@ class Lab:
                 stored = _results.rows_on_resume(store.read_metrics(), folder, latest)
                 handle.preload_rows(stored.to_dict("records"), redo_from=latest["iteration"] if latest else 0)
             store.write_config(config)
-            store.write_summary(_results.run_summary(config, None, status="queued",
+            store.write_summary(_results.run_summary(config, None, status="queued", identity=handle.identity,
                                                      extra={"submitted_at": handle.submitted_at}))
             self.client.subscribe_topic(topic_for(handle.run_id), handle.on_event)
         except BaseException:
@@ -320,9 +336,13 @@ class Lab:
         self._monitor.cancel(handle)
 
     # --- results -----------------------------------------------------------------------
-    def runs(self) -> pd.DataFrame:
-        """Summaries of every run stored under ``out`` (see ``results.load_summaries``)."""
-        return _results.load_summaries(self.out)
+    def runs(self, study: str | Sequence[str] | None = None,
+             tag: str | Sequence[str] | None = None) -> pd.DataFrame:
+        """Summaries of every run stored under ``out`` (see ``results.load_summaries``), each
+        study's runs together (studies in the order they began, runs without one last);
+        ``study``/``tag`` keep the runs of that study (any of several) / with that tag
+        (every one of several): :func:`~gtopk_lab.orchestration.run_identity.filter_runs`."""
+        return study_order(filter_runs(_results.load_summaries(self.out), study, tag))
 
     def load(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """``(summaries, metrics)`` of every run under ``out``."""
@@ -331,7 +351,8 @@ class Lab:
     def study(self, *, base: RunConfig | dict[str, Any] | None = None,
               real_max_workers: int | None = None, both_ways: Sequence[int] = (),
               simulate: bool = False, skip_completed: bool = True, progress: bool | None = None,
-              refresh_s: float = 1.0, compute: str = "calibrated", **axes: Any) -> "Study":
+              refresh_s: float = 1.0, compute: str = "calibrated", study_id: str | None = None,
+              tags: str | Sequence[str] = (), **axes: Any) -> "Study":
         """Launch a grid of runs and return its :class:`~gtopk_lab.orchestration.study.Study`
         at once (non-blocking).
 
@@ -346,7 +367,9 @@ class Lab:
         every rank, real or simulated, its workload's compute time and merge gamma measured
         once on a worker (:mod:`gtopk_lab.orchestration.calibration`, kept in
         ``out/calibration.json``; a point whose ``extra`` fixes ``compute_time_s`` keeps it);
-        ``"measured"`` charges each rank's own CPU time. Example::
+        ``"measured"`` charges each rank's own CPU time. ``study_id`` (default: a generated
+        ``study-<time>-<hex>``) and ``tags`` name the study in every run's summary, with the
+        fields its points vary (``gtopk-lab runs --study ID --tag T``). Example::
 
             study = lab.study(methods=["dense", "topk", "gtopk"], workers=[1, 2, 4, 8, 16],
                               bandwidth="1GbE", density=0.001, seeds=2, base={"model": "cnn"})
@@ -363,6 +386,9 @@ class Lab:
             check_bool(name, flag)
         check_optional_bool("progress", progress)
         refresh_s = check_seconds("refresh_s", refresh_s, high=3600.0)
+        if study_id is not None:
+            check_study_id(study_id)
+        tags = check_tags(tags)
         if real_max_workers is None:
             real_max_workers = len(self.worker_info())
         points = expand_grid(base, axes, real_max_workers=real_max_workers, both_ways=both_ways,
@@ -372,7 +398,7 @@ class Lab:
         if compute == "calibrated":
             points = with_calibrated_costs(self, points, self.out)
         return Study(self, points, skip_completed=skip_completed, progress=progress,
-                     refresh_s=refresh_s)
+                     refresh_s=refresh_s, study_id=study_id, tags=tags)
 
     def tune(self, method: str | Sequence[str], lrs: Sequence[float], seeds: int | Sequence[int] = 1, *,
              base: RunConfig | dict[str, Any] | None = None, simulate: bool = True,
@@ -404,7 +430,8 @@ class Lab:
                                 validation_fraction=validation_fraction)
 
     def sweep(self, configs: Iterable[RunConfig], skip_completed: bool = True,
-              progress: bool | None = None, simulate: bool = False) -> pd.DataFrame:
+              progress: bool | None = None, simulate: bool = False, *, study_id: str | None = None,
+              tags: str | Sequence[str] = ()) -> pd.DataFrame:
         """Run ``configs`` as one study of real (or, with ``simulate``, simulated) points,
         wait, and return their summaries (stored ones marked ``skipped``).
 
@@ -412,7 +439,7 @@ class Lab:
         ``skip_completed`` a config whose run already completed under ``out`` is not run
         again, so an interrupted sweep resumes where it stopped; a damaged run there is
         moved aside (``results.read_run``). ``configs``: a non-empty list of ``RunConfig``
-        (or dicts of its fields).
+        (or dicts of its fields). ``study_id``/``tags``: as for :meth:`study`.
         """
         from gtopk_lab.orchestration.study import Study
         from gtopk_lab.orchestration.study_grid import StudyPoint
@@ -422,6 +449,7 @@ class Lab:
         check_optional_bool("progress", progress)
         source = "simulated" if simulate else "real"
         points = [StudyPoint(config, source) for config in check_configs(configs)]
-        study = Study(self, points, skip_completed=skip_completed, progress=progress)
+        study = Study(self, points, skip_completed=skip_completed, progress=progress,
+                      study_id=study_id, tags=tags)
         study.wait(cancel_on_interrupt=True)
         return study.summaries()

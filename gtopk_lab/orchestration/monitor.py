@@ -232,7 +232,7 @@ class RunMonitor(WorkerRelease):
             return
         handle.queue_reason = reason
         _results.RunStore(self.out, handle.run_id).write_summary(_results.run_summary(
-            handle.config, None, status="queued",
+            handle.config, None, status="queued", identity=handle.identity,
             extra={"submitted_at": handle.submitted_at, "queue_reason": reason}))
 
     def _start(self, handle: RunHandle, workers: list[str]) -> None:
@@ -243,7 +243,7 @@ class RunMonitor(WorkerRelease):
         handle.mark_started(workers)
         self._active.append(handle)
         _results.RunStore(self.out, handle.run_id).write_summary(_results.run_summary(
-            handle.config, None, status="running",
+            handle.config, None, status="running", identity=handle.identity,
             extra={"submitted_at": handle.submitted_at, "started_at": handle.started_at,
                    "dask_workers": handle.workers}))
         config_dict = handle.config.to_dict()

@@ -225,7 +225,8 @@ def _summary_record(run: StoredRun) -> dict[str, Any]:
 
 def _summaries_frame(runs: list[StoredRun]) -> pd.DataFrame:
     records = [_summary_record(run) for run in runs]
-    columns = list(SUMMARY_KEYS) + ["config_hash", "path"]
+    # the run identity (run_identity) too: a folder of older runs still lists by study
+    columns = list(SUMMARY_KEYS) + ["config_hash", "study_id", "study_ids", "tags", "path"]
     frame = pd.DataFrame.from_records(records) if records else pd.DataFrame(columns=columns)
     for col in columns:
         if col not in frame.columns:
@@ -264,8 +265,9 @@ def load_metrics(out: str | os.PathLike[str], run_ids: list[str] | None = None) 
     return _metrics_frame(read_runs(out, run_ids=run_ids))
 
 
-def load_runs(out: str | os.PathLike[str] = "results") -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(summaries, metrics)`` of every run stored under ``out``.
+def load_runs(out: str | os.PathLike[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(summaries, metrics)`` of every run stored under ``out`` (default: the results home,
+    :func:`gtopk_lab.results_home.results_home`).
 
     ``summaries`` has one row per run (see :func:`load_summaries`); ``metrics`` holds
     every metric row of every run with a ``run_id`` column to join on. A missing
@@ -274,9 +276,13 @@ def load_runs(out: str | os.PathLike[str] = "results") -> tuple[pd.DataFrame, pd
 
     Example::
 
-        summaries, metrics = load_runs("results/demo")
+        summaries, metrics = load_runs(results_home("demo"))
         summaries[summaries.status == "completed"][["method", "workers", "samples_per_s_virtual"]]
     """
+    if out is None:
+        from gtopk_lab.results_home import results_home
+
+        out = results_home()
     runs = read_runs(out)
     return _summaries_frame(runs), _metrics_frame(runs)
 

@@ -100,6 +100,7 @@ from gtopk_lab.orchestration.run_files import (
     write_json_atomic,
     write_parquet_atomic,
 )
+from gtopk_lab.orchestration.run_identity import labels_of
 from gtopk_lab.orchestration.run_stream import drop_heartbeat, drop_parts, merge_rows, read_parts
 from gtopk_lab.provenance import provenance
 
@@ -166,7 +167,8 @@ class RunStore:
 
 
 def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, status: str,
-                error: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                error: str | None = None, extra: dict[str, Any] | None = None,
+                identity: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run summary (summary.json): rank 0's summary completed with every contract key.
 
     Not ``training.rows.build_summary``, which is one rank's summary (the ``rank0_summary``
@@ -174,8 +176,11 @@ def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, stat
     before rank 0 finished) are filled from the config where known, else None. Beyond the
     contract keys it records ``config_hash`` and the config's ``algorithm, bandwidth,
     latency, model, dataset, selector, residual_rule, preset`` (so tables need not open
-    config.json) and ``provenance`` (:func:`gtopk_lab.provenance.provenance`: versions,
-    git commit, host, device, network calibration).
+    config.json), the run's identity (``identity``: ``study_id``, ``study_ids``, ``tags``,
+    ``varied``, ``studies`` as :func:`~gtopk_lab.orchestration.run_identity.with_labels` makes
+    them; blank without; never part of the config or its hash) and ``provenance``
+    (:func:`gtopk_lab.provenance.provenance`: versions, git commit, host, device, network
+    calibration).
     """
     summary: dict[str, Any] = {key: None for key in SUMMARY_KEYS}
     summary.update({"method": config.method, "workers": config.workers, "density": config.density,
@@ -189,6 +194,7 @@ def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, stat
     for key in ("algorithm", "bandwidth", "latency", "model", "dataset", "selector", "residual_rule",
                 "preset"):
         summary.setdefault(key, getattr(config, key))
+    summary.update(labels_of(identity))
     if extra:
         summary.update(extra)
     device = summary.get("device")

@@ -11,7 +11,8 @@ decides when. :class:`FolderClaims` is the bookkeeping of one Lab:
    whether another client completed the point meanwhile (its record, checked against the
    stored run's config hash and status);
 3. :meth:`~FolderClaims.end_as` (such a point): the queued folder this Lab wrote is removed
-   (its known files only) and the handle ends as the stored run;
+   (its known files only), the stored run gets the handle's study and tags recorded
+   (:func:`~gtopk_lab.orchestration.run_identity.record_labels`) and the handle ends as it;
 4. :meth:`~FolderClaims.let_go` (the run ended, after its final summary): the journal stops,
    a completed point is recorded for other clients, both locks are released.
 
@@ -27,6 +28,7 @@ from typing import Any
 
 from gtopk_lab.orchestration import locks as _locks
 from gtopk_lab.orchestration import results as _results
+from gtopk_lab.orchestration import run_identity as _identity
 from gtopk_lab.orchestration.journal import RunJournal
 from gtopk_lab.orchestration.run_stream import drop_heartbeat
 
@@ -100,7 +102,10 @@ class FolderClaims:
         except OSError:  # something else is in it: leave it
             pass
         self.let_go(handle)
-        handle.adopt(stored.path.name, dict(stored.summary or {}), stored.metrics.to_dict("records"))
+        # the completed run now belongs to this handle's study too (its summary says so)
+        labelled = _identity.record_labels(stored.path, handle.labels) if handle.labels.study_id or \
+            handle.labels.tags else None
+        handle.adopt(stored.path.name, dict(labelled or stored.summary or {}), stored.metrics.to_dict("records"))
 
     def let_go(self, handle: Any) -> None:
         """An ended run gives up its folder: the journal stops, a completed study point is

@@ -101,6 +101,7 @@ def simulate_run(config: RunConfig, out: str, resume_at: dict[str, int] | None =
     if config.run_id is None:
         config = config.replace(run_id=store.new_run_id(config))
     run_store = store.RunStore(out, config.run_id)
+    earlier = run_store.read_summary()  # a resumed run keeps its study and tags (run_identity)
     folder = store.checkpoint_folder(out, config.run_id)
     kept = (store.rows_kept_on_resume(run_store.read_metrics(), folder, resume_at).to_dict("records")
             if resume_at is not None else [])
@@ -108,7 +109,7 @@ def simulate_run(config: RunConfig, out: str, resume_at: dict[str, int] | None =
     run_store.write_config(config)
     stream = _RowStream(run_store.path, timeout_s)
     stream.start()
-    run_store.write_summary(store.run_summary(config, None, status="running",
+    run_store.write_summary(store.run_summary(config, None, status="running", identity=earlier,
                                               extra={"started_at": started, "simulated": True}))
     try:
         result = simulate(config, sink=stream.extend,
@@ -120,7 +121,7 @@ def simulate_run(config: RunConfig, out: str, resume_at: dict[str, int] | None =
         error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
     finally:
         stream.stop()
-    summary = store.run_summary(config, rank0, status=status, error=error,
+    summary = store.run_summary(config, rank0, status=status, error=error, identity=earlier,
                                 extra={"started_at": started, "finished_at": store.utc_now(),
                                        "simulated": True})
     store.write_run(out, config, store.rows_to_frame(rows), summary)

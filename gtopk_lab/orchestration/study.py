@@ -24,7 +24,11 @@ a :class:`Study` at once (:mod:`~gtopk_lab.orchestration.study_grid` expands the
 4. **Tables.** :meth:`efficiency` (mean +- std over seeds, provisional flags),
    :meth:`predicted`, :meth:`check` (measured vs alpha-beta prediction) from
    :mod:`gtopk_lab.analysis.study_tables`.
-5. **End.** :meth:`wait` blocks (Ctrl-C / a notebook interrupt returns control without
+5. **Identity.** A study has a ``study_id`` (given, or ``study-<UTC time>-<hex>``) and
+   ``tags``; every run it submits carries them in its summary with the point's values of
+   the study's varied fields (``Lab.submit(labels=...)``), and a stored point it reuses
+   gets them added (:mod:`~gtopk_lab.orchestration.run_identity`), so each study lists it.
+6. **End.** :meth:`wait` blocks (Ctrl-C / a notebook interrupt returns control without
    cancelling, and says so), :meth:`cancel` cancels every unfinished run.
 
 Cost: one handle per point on the client; a refresh is O(rows received since the last one)
@@ -36,7 +40,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -45,6 +49,9 @@ from gtopk_lab.analysis.study_tables import (aggregate_seeds, fidelity_check, po
                                              predicted_efficiency)
 from gtopk_lab.network.model import format_bandwidth, network_model
 from gtopk_lab.orchestration import results as _results
+from gtopk_lab.orchestration.run_identity import (
+    RunLabels, check_study_id, check_tags, new_study_id, point_varied, record_labels, varied_fields,
+)
 from gtopk_lab.orchestration.study_grid import StudyPoint
 from gtopk_lab.training.rows import steady_seconds_per_iteration, sync_block, warmup_iterations
 
@@ -58,11 +65,16 @@ class Study:
     """A launched grid of runs (see the module docstring). Made by ``Lab.study``."""
 
     def __init__(self, lab: Any, points: list[StudyPoint], *, skip_completed: bool = True,
-                 progress: bool | None = None, refresh_s: float = 1.0) -> None:
+                 progress: bool | None = None, refresh_s: float = 1.0, study_id: str | None = None,
+                 tags: str | Sequence[str] = ()) -> None:
         if not points:
             raise ValueError("points=[] is invalid: a study needs at least one point")
         if not (refresh_s > 0):
             raise ValueError(f"refresh_s={refresh_s!r} is invalid: expected seconds > 0")
+        #: The study's name in its runs' summaries, its tags, and the fields its points vary.
+        self.study_id = new_study_id() if study_id is None else check_study_id(study_id)
+        self.tags = check_tags(tags)
+        self.varied = varied_fields(points)
         self.lab = lab
         self.points_list = list(points)
         self.refresh_s = float(refresh_s)
@@ -85,7 +97,8 @@ class Study:
             self._bar = SweepProgress(len(points), desc="study")
         for point in self.points_list:
             if point.key in done:
-                summary = _results.RunStore(lab.out, done[point.key]).read_summary() or {}
+                store = _results.RunStore(lab.out, done[point.key])
+                summary = record_labels(store.path, self.labels(point)) or store.read_summary() or {}
                 summary["skipped"] = True
                 self.stored[point.key] = summary
                 if self._bar is not None:
@@ -97,7 +110,8 @@ class Study:
                     resumed = point.key in interrupted and not lab.run_active(interrupted[point.key])
                     config = point.config.replace(run_id=interrupted[point.key]) if resumed else point.config
                     handle = lab.submit(config, simulate=point.simulated, progress=False,
-                                        skip_completed=skip_completed, **({"resume": True} if resumed else {}))
+                                        skip_completed=skip_completed, labels=self.labels(point),
+                                        **({"resume": True} if resumed else {}))
                     self.handles[point.key] = handle
                     if hasattr(handle, "subscribe"):
                         handle.subscribe(lambda _rows: self._changed.set(), replay=False)
@@ -110,7 +124,11 @@ class Study:
     # --- state ---------------------------------------------------------------------------
     def __repr__(self) -> str:
         counts = self.status()["status"].value_counts().to_dict() if self.points_list else {}
-        return f"Study(points={len(self.points_list)}, {counts})"
+        return f"Study({self.study_id!r}, points={len(self.points_list)}, {counts})"
+
+    def labels(self, point: StudyPoint) -> RunLabels:
+        """What this study records on ``point``'s run: its id, tags, the point's varied values."""
+        return RunLabels(self.study_id, self.tags, point_varied(point, self.varied))
 
     def done(self) -> bool:
         return all(h.done() for h in self.handles.values())
@@ -130,7 +148,7 @@ class Study:
                 run_id, status = handle.run_id, handle.status
                 reason = handle.queue_reason if status == "queued" else None
                 received = len(handle.metrics) if hasattr(handle, "metrics") else None
-            rows.append({"method": c.method, "workers": c.workers, "density": c.density,
+            rows.append({"study_id": self.study_id, "method": c.method, "workers": c.workers, "density": c.density,
                          "algorithm": c.algorithm, "bandwidth": c.bandwidth, "latency": c.latency,
                          "seed": c.seed, "source": point.source, "run_id": run_id,
                          "status": status, "rows": received, "queue_reason": reason})

@@ -7,7 +7,8 @@ The panel talks only to the public ``Lab`` / ``Study`` API (``lab.study(...) -> 
 - **Launch** builds a study from the form: methods from the registry
   (``gtopk_lab.methods.available_methods()``), comma-separated lists for P (``1,2,4,8``),
   densities, bandwidths and latencies, a seed count, model, dataset, epochs and an
-  iteration cap (:mod:`gtopk_lab.plotting.panel_fields` parses them). A bad value shows one
+  iteration cap (:mod:`gtopk_lab.plotting.panel_fields` parses them), and the study's name
+  and tags that every run's summary records (``gtopk-lab runs --study/--tag``). A bad value shows one
   red line naming the field, never a traceback. ``Lab.study`` runs in a thread, so the
   button returns at once even for a large grid; P beyond the cluster's workers runs as
   simulator tasks on the workers (``Lab.study``).
@@ -33,7 +34,7 @@ Example::
 
     from gtopk_lab.orchestration.lab import Lab
     from gtopk_lab.plotting.controls import ControlPanel
-    lab = Lab(n_workers=4, out="results/panel")
+    lab = Lab(n_workers=4)   # out: the results home, as for the notebooks and the CLI
     ControlPanel(lab, defaults={"methods": ["dense", "gtopk"], "workers": [1, 2, 4, 8]})
 """
 
@@ -181,6 +182,7 @@ class ControlPanel:
             f.methods, f.workers, f.densities, f.bandwidths, f.latencies)
         self.seeds, self.model, self.dataset, self.epochs, self.max_iterations, self.rerun = (
             f.seeds, f.model, f.dataset, f.epochs, f.max_iterations, f.rerun)
+        self.study_name, self.tags = f.study_name, f.tags
         self.launch_button = widgets.Button(description="Launch", button_style="primary", icon="play",
                                             tooltip="launch the study (returns at once)")
         self.cancel_button = widgets.Button(description="Cancel", icon="stop",
@@ -252,22 +254,26 @@ class ControlPanel:
             return None
         try:
             request = self.study_request()
+            identity = self.form.identity()
         except FieldError as exc:
             self._say(str(exc), error=True)
             return None
         future: Future[Any] = Future()
         self.launch_button.disabled = True  # one launch at a time; re-enabled when submitted
         self._say(f"launching {request.describe()} ...")
-        threading.Thread(target=self._start_study, args=(request, bool(self.rerun.value), future),
+        threading.Thread(target=self._start_study, args=(request, bool(self.rerun.value), future, identity),
                          name="gtopk-lab-panel-launch", daemon=True).start()
         return future
 
-    def _start_study(self, request: StudyRequest, rerun: bool, future: "Future[Any]") -> None:
+    def _start_study(self, request: StudyRequest, rerun: bool, future: "Future[Any]",
+                     identity: tuple[str | None, tuple[str, ...]] = (None, ())) -> None:
         # Runs in its own thread: submitting a large grid takes a while (one scheduler
         # round trip per point), and the kernel must stay free meanwhile.
+        study_id, tags = identity
+        named = {"study_id": study_id, "tags": tags} if study_id or tags else {}
         try:
             study = self.lab.study(base=request.base, skip_completed=not rerun, progress=False,
-                                   refresh_s=self.refresh_s, **request.axes)
+                                   refresh_s=self.refresh_s, **named, **request.axes)
         except Exception as exc:  # noqa: BLE001 - shown in the panel, and kept in the future
             if self.lab_closed():
                 self._show_closed()
@@ -323,7 +329,9 @@ class ControlPanel:
             status = study.status()
             counts = status["status"].str.replace(" (stored)", "", regex=False).value_counts()
             summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-            lines = [f"<b>study {number}</b>: {len(status)} point(s): {html.escape(summary)}"]
+            name = getattr(study, "study_id", None)
+            lines = [f"<b>study {number}</b>: {len(status)} point(s): {html.escape(summary)}"
+                     + (f"  [study {html.escape(str(name))}]" if name else "")]
             for row in status.itertuples():
                 state = str(row.status).replace(" (stored)", "")
                 stored = " (stored)" if str(row.status).endswith("(stored)") else ""

@@ -4,7 +4,9 @@ One field per ``Lab.study`` axis the panel offers (methods from the registry, P 
 densities, bandwidths, latencies, seeds) and the run fields model, dataset, epochs and an
 iteration cap; :meth:`StudyForm.request` reads them into a checked
 :class:`~gtopk_lab.plotting.panel_fields.StudyRequest` (parsing:
-:mod:`gtopk_lab.plotting.panel_fields`). Client side only.
+:mod:`gtopk_lab.plotting.panel_fields`). The study's name and tags (recorded in every run's
+summary, :mod:`gtopk_lab.orchestration.run_identity`) are :meth:`StudyForm.identity`.
+Client side only.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from gtopk_lab.methods import available_methods
-from gtopk_lab.plotting.panel_fields import StudyRequest, format_list, study_request
+from gtopk_lab.plotting.panel_fields import FieldError, StudyRequest, format_list, study_request
 
 __all__ = ["BANDWIDTH_CHOICES", "StudyForm"]
 
@@ -67,8 +69,12 @@ class StudyForm:
                                                      description="max iters", style=_FIELD, layout=_WIDE,
                                                      tooltip="0: all epochs")
         self.rerun = widgets.Checkbox(value=False, description="rerun completed points", indent=False)
+        self.study_name = widgets.Text(value="", placeholder="generated: study-<time>-<hex>",
+                                       description="study name", style=_FIELD, layout=_WIDE)
+        self.tags = widgets.Text(value="", placeholder="e.g. baseline,1GbE", description="tags",
+                                 style=_FIELD, layout=_WIDE)
         self.box = widgets.HBox([
-            widgets.VBox([self.methods, self.seeds]),
+            widgets.VBox([self.methods, self.seeds, self.study_name, self.tags]),
             widgets.VBox([self.workers, self.densities, self.bandwidths, self.latencies]),
             widgets.VBox([self.model, self.dataset, self.epochs, self.max_iterations, self.rerun])],
             layout=widgets.Layout(flex_flow="row wrap", grid_gap="8px"))
@@ -81,3 +87,19 @@ class StudyForm:
                              latencies=self.latencies.value, seeds=int(self.seeds.value), model=self.model.value,
                              dataset=self.dataset.value, epochs=int(self.epochs.value),
                              max_iterations=int(self.max_iterations.value), extra=extra)
+
+    def identity(self) -> tuple[str | None, tuple[str, ...]]:
+        """``(study_id, tags)`` for ``Lab.study``: the study name (blank: generated) and the
+        tags, separated by commas or spaces; raises FieldError naming the field."""
+        from gtopk_lab.orchestration.run_identity import check_study_id, check_tags
+
+        name = self.study_name.value.strip()
+        try:
+            study_id = check_study_id(name, "study name") if name else None
+        except ValueError as exc:
+            raise FieldError("study name", str(exc).split(" is invalid: ", 1)[-1]) from None
+        words = [t for t in self.tags.value.replace(",", " ").split() if t]
+        try:
+            return study_id, check_tags(words)
+        except ValueError as exc:
+            raise FieldError("tags", str(exc).split(" is invalid: ", 1)[-1]) from None

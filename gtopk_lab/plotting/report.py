@@ -36,7 +36,7 @@ Cost: O(rows) pandas work, one small JSON read per run, plus about 4.8 MB of inl
 Example::
 
     from gtopk_lab.plotting.report import write_report
-    write_report("results/demo", "results/demo/report.html")
+    write_report(results_home("demo"), results_home("demo") / "report.html")   # gtopk_lab.results_home
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ JupyterLab extension to install), and it is actively maintained (2.x releases th
 - :func:`runs_frame`: one row per run of ``lab.runs()`` with short, readable columns (P,
   source, network, test accuracy, samples/s), statuses of runs still going taken from their
   live handles (a stored summary says "queued" until the run ends), why a queued run waits
-  ("waiting for": e.g. workers held by another client's runs), newest last so that a new
-  run never moves the rows a person selected
+  ("waiting for": e.g. workers held by another client's runs); grouped by study (its id
+  first, then any other study that reused the run; its tags), a study where its first run
+  was submitted, newest last so that a new run never moves the rows a person selected
 - :func:`compare_frame`: selected runs side by side, one column per run
 - :func:`runs_table_widget`: the live widget (click-to-sort headers, a search box,
   per-column filters in the footer, row selection for *compare*)
@@ -28,13 +29,14 @@ from typing import Any
 import pandas as pd
 
 from gtopk_lab.network.model import format_bandwidth
+from gtopk_lab.orchestration.run_identity import study_order
 
 __all__ = ["RUN_COLUMNS", "runs_frame", "compare_frame", "runs_table_widget", "update_runs_table",
            "TABLE_OPTIONS", "selects"]
 
 #: Columns of the table, in order (``run_id`` last: long, but what a person copies).
-RUN_COLUMNS: tuple[str, ...] = ("status", "method", "P", "source", "density", "network", "seed",
-                                "iterations", "test acc", "samples/s virtual", "waiting for", "run_id")
+RUN_COLUMNS: tuple[str, ...] = ("study", "status", "method", "P", "source", "density", "network", "seed",
+                                "iterations", "test acc", "samples/s virtual", "waiting for", "tags", "run_id")
 #: DataTables options: multi-row selection by click; click-to-sort headers, each with a
 #: search menu (ColumnControl) to filter that column; a search box and page controls even
 #: for a few rows (itables hides its default layout on tables that fit one page, and this
@@ -83,8 +85,7 @@ def runs_frame(summaries: pd.DataFrame, live: pd.DataFrame | None = None) -> pd.
     if live is not None and len(live) and "run_id" in live.columns:
         live_by_id = {str(r["run_id"]): r for r in live.to_dict("records") if not _blank(r.get("run_id"))}
     records = []
-    stored = summaries.to_dict("records") if len(summaries) else []
-    order = sorted(stored, key=lambda r: (str(r.get("submitted_at") or ""), str(r.get("run_id"))))
+    order = study_order(summaries).to_dict("records") if len(summaries) else []
     seen = set()
     for row in order:
         run_id = str(row.get("run_id"))
@@ -98,6 +99,7 @@ def runs_frame(summaries: pd.DataFrame, live: pd.DataFrame | None = None) -> pd.
         seed = now.get("seed")
         reason = now.get("queue_reason") if now else row.get("queue_reason")
         records.append({
+            "study": _studies(row.get("study_id") or now.get("study_id"), row.get("study_ids")),
             "status": status.replace(" (stored)", ""),
             "method": row.get("method"), "P": _int(row.get("workers")), "source": source,
             "density": "" if _blank(density) or not selects(row.get("method")) else f"{float(density):g}",
@@ -105,17 +107,29 @@ def runs_frame(summaries: pd.DataFrame, live: pd.DataFrame | None = None) -> pd.
             "iterations": "" if status != "completed" else _int(row.get("iterations")),
             "test acc": "" if _blank(accuracy) or status != "completed" else f"{100 * float(accuracy):.1f}%",
             "samples/s virtual": "" if _blank(speed) or status != "completed" else round(float(speed), 1),
-            "waiting for": _reason(status, reason), "run_id": run_id})
+            "waiting for": _reason(status, reason), "tags": _words(row.get("tags")), "run_id": run_id})
     for run_id, now in live_by_id.items():  # submitted, summary not readable yet
         if run_id not in seen:
-            records.append({"status": str(now.get("status")), "method": now.get("method"),
+            records.append({"study": _studies(now.get("study_id"), None),
+                            "status": str(now.get("status")), "method": now.get("method"),
                             "P": _int(now.get("workers")), "source": now.get("source"),
                             "density": "", "network": _network(now),
                             "seed": "" if _blank(now.get("seed")) else int(now["seed"]),
                             "iterations": "", "test acc": "", "samples/s virtual": "",
                             "waiting for": _reason(str(now.get("status")), now.get("queue_reason")),
-                            "run_id": run_id})
+                            "tags": "", "run_id": run_id})
     return pd.DataFrame.from_records(records, columns=list(RUN_COLUMNS))
+
+
+def _studies(first: Any, ids: Any) -> str:
+    """The run's study, then every other study that reused it: ``"s1, s2"``."""
+    names = [first] if isinstance(first, str) else []
+    names += [s for s in (ids if isinstance(ids, (list, tuple)) else ()) if isinstance(s, str) and s not in names]
+    return ", ".join(names)
+
+
+def _words(value: Any) -> str:
+    return ", ".join(t for t in value if isinstance(t, str)) if isinstance(value, (list, tuple)) else ""
 
 
 def _reason(status: str, reason: Any) -> str:
