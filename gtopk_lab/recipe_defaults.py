@@ -1,0 +1,88 @@
+"""Model recipes as defaults: the recipe of a run's model fills the training fields it was not given.
+
+A :class:`~gtopk_lab.config.RunConfig` has ``recipe="auto"`` by default: the recipe of its
+model on its dataset (:data:`~gtopk_lab.config_presets.RECIPES`, ``cnn-mnist1d`` for the CNN on
+MNIST-1D) supplies every field of :data:`RECIPE_FIELDS` the caller did not give, as per-model
+reference recipes do (torchvision's and timm's training references, the seed paper's scripts).
+``recipe="<name>"`` asks for one recipe by name; ``recipe=None`` turns recipes off (the
+dataclass defaults). Fields the caller gave always win.
+
+What a recipe supplies, and why not more:
+
+- the optimiser and its schedules (epochs, batch, LR, momentum, weight decay, LR warm-up,
+  milestones, decay, clipping) and the data sizes: they make a run train as its reference does;
+- the density warm-up, only when it is denser than the run's density (a warm-up that starts
+  sparser than the target would be no warm-up) and the run gave no ``density_schedule``;
+- never ``method``, ``density``, ``workers``, ``model``, ``dataset`` or the network: those are
+  what a run compares, and a default density of the recipe's would change every comparison.
+
+:func:`recipe_values` is the resolution (pure data in, fields out); RunConfig applies it after
+a preset (whose own recipe fields it does not touch) and before the method's own defaults
+(EF21's plain step wins over a recipe's momentum).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gtopk_lab.config_presets import RECIPES
+
+__all__ = ["AUTO", "RECIPE_FIELDS", "recipe_for", "recipe_values", "check_recipe"]
+
+#: The ``recipe`` value that means "the recipe of the run's model on its dataset, if any".
+AUTO = "auto"
+
+#: The fields a recipe may supply (see the module docstring for the ones it never does).
+RECIPE_FIELDS: tuple[str, ...] = (
+    "train_samples", "test_samples", "epochs", "batch_size", "lr", "momentum", "weight_decay",
+    "lr_warmup_epochs", "lr_milestones", "lr_decay", "grad_clip", "grad_clip_mode", "density_warmup",
+)
+
+
+def check_recipe(recipe: Any) -> None:
+    """``TypeError``/``ValueError`` naming ``recipe`` unless it is None, ``"auto"`` or a recipe name."""
+    if recipe is None:
+        return
+    if not isinstance(recipe, str):
+        raise TypeError(f"recipe={recipe!r} has type {type(recipe).__name__}: expected str or None")
+    if recipe != AUTO and recipe not in RECIPES:
+        raise ValueError(f"recipe={recipe!r} is invalid: expected {AUTO!r} (the model's), one of "
+                         f"{', '.join(RECIPES)}, or None (off)")
+
+
+def recipe_for(recipe: str | None, model: str, dataset: str) -> str | None:
+    """The recipe name a run uses: ``recipe`` itself when named; under ``"auto"`` the recipe
+    whose model and dataset are the run's (None when there is none); None when off. O(recipes)."""
+    check_recipe(recipe)
+    if recipe is None:
+        return None
+    if recipe != AUTO:
+        return recipe
+    for name, values in RECIPES.items():
+        if values.get("model") == model and values.get("dataset") == dataset:
+            return name
+    return None
+
+
+def recipe_values(recipe: str | None, model: str, dataset: str, density: Any,
+                  blocked: frozenset[str] | set[str]) -> tuple[str | None, dict[str, Any]]:
+    """``(name, fields)``: the recipe a run uses and the fields it supplies.
+
+    1. ``name`` = :func:`recipe_for` (None: nothing is supplied);
+    2. its values of :data:`RECIPE_FIELDS`, less the fields in ``blocked`` (given by the caller,
+       or set by a preset);
+    3. ``density_warmup`` only when the caller set neither it nor ``density_schedule`` and its
+       density is above the run's ``density`` (a number; anything else: left out).
+
+    ``ValueError``/``TypeError`` naming ``recipe`` when it is not a known value. O(fields).
+    """
+    name = recipe_for(recipe, model, dataset)
+    if name is None:
+        return None, {}
+    values = {key: value for key, value in RECIPES[name].items()
+              if key in RECIPE_FIELDS and key not in blocked}
+    warmup = values.get("density_warmup")
+    if warmup is not None and ("density_schedule" in blocked or isinstance(density, bool)
+                               or not isinstance(density, (int, float)) or not warmup[0] > density):
+        del values["density_warmup"]
+    return name, values
