@@ -41,10 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     RunConfig's value.
     """
     parser = argparse.ArgumentParser(prog="python -m gtopk_lab.training.torchrun", description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", default=None, help="named recipe to start from")
+    parser.add_argument("--recipe", default=None,
+                        help="named recipe to start from, its model, dataset and density included "
+                             "(without it: the model's recipe fills the training fields not given)")
     parser.add_argument("--summary-out", default=None, help="rank 0 writes the summary JSON here")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout")
-    add_config_flags(parser)
+    add_config_flags(parser, exclude={"recipe"})  # --recipe is the entry's own (above)
     return parser
 
 
@@ -52,7 +54,7 @@ def config_from_args(args: argparse.Namespace, world_size: int | None) -> RunCon
     """RunConfig from parsed options: recipe, then the options given, then WORLD_SIZE."""
     from gtopk_lab.training.optim import RECIPES, recipe
 
-    values = config_kwargs(args)
+    values = config_kwargs(args, exclude={"recipe"})
     if "workers" not in values and world_size is not None:
         values["workers"] = world_size
     if args.recipe is not None:
