@@ -64,7 +64,8 @@ FIELD_HELP: dict[str, str] = {
     "preset": "named configuration: paper = the seed paper's gTop-k (tree, paper residual rule, its "
               "warm-ups and the model's recipe); flags given win (none: off)",
     "recipe": "training recipe for the fields not given: auto = the model's on its dataset (cnn on mnist1d: "
-              "cnn-mnist1d), a recipe name, or none (off)",
+              "cnn-mnist1d), a recipe name (the torchrun entry takes its model, dataset and density too), "
+              "or none (off)",
     "bandwidth": "link rate, preset or calibration JSON (1GbE, 1Gbps, 10GbE, net.json; none: no "
                  "communication cost)",
     "latency": "per-message latency, e.g. 0.5ms or 50us (none: the preset's or calibrated value)",
