@@ -192,7 +192,8 @@ class RunConfig:
         # the model's recipe: the training fields neither the caller nor the preset set
         name, supplied = recipe_values(self.recipe, self.model if isinstance(self.model, str) else "",
                                        self.dataset if isinstance(self.dataset, str) else "", self.density,
-                                       set(getattr(self, "_given", ())) | set(getattr(self, "_derived", {})))
+                                       set(getattr(self, "_given", ())) | set(getattr(self, "_derived", {})),
+                                       self.max_iterations)
         for key, value in supplied.items():
             setattr(self, key, value)
         object.__setattr__(self, "_derived", {**getattr(self, "_derived", {}), **supplied})

@@ -12,7 +12,10 @@ What a recipe supplies, and why not more:
 - the optimiser and its schedules (epochs, batch, LR, momentum, weight decay, LR warm-up,
   milestones, decay, clipping) and the data sizes: they make a run train as its reference does;
 - the density warm-up, only when it is denser than the run's density (a warm-up that starts
-  sparser than the target would be no warm-up) and the run gave no ``density_schedule``;
+  sparser than the target would be no warm-up), the run gave no ``density_schedule`` and it
+  trains its epochs (no ``max_iterations``): a capped run is a throughput point or a quick
+  look, and spent inside the warm-up it would measure another density than the one it
+  records (a study's efficiency at rho = 0.01 would be that of rho = 0.05);
 - never ``method``, ``density``, ``workers``, ``model``, ``dataset`` or the network: those are
   what a run compares, and a default density of the recipe's would change every comparison.
 
@@ -65,14 +68,16 @@ def recipe_for(recipe: str | None, model: str, dataset: str) -> str | None:
 
 
 def recipe_values(recipe: str | None, model: str, dataset: str, density: Any,
-                  blocked: frozenset[str] | set[str]) -> tuple[str | None, dict[str, Any]]:
+                  blocked: frozenset[str] | set[str], max_iterations: Any = None
+                  ) -> tuple[str | None, dict[str, Any]]:
     """``(name, fields)``: the recipe a run uses and the fields it supplies.
 
     1. ``name`` = :func:`recipe_for` (None: nothing is supplied);
     2. its values of :data:`RECIPE_FIELDS`, less the fields in ``blocked`` (given by the caller,
        or set by a preset);
-    3. ``density_warmup`` only when the caller set neither it nor ``density_schedule`` and its
-       density is above the run's ``density`` (a number; anything else: left out).
+    3. ``density_warmup`` only when the caller set neither it nor ``density_schedule``, its
+       density is above the run's ``density`` (a number; anything else: left out) and
+       ``max_iterations`` is None (the run trains its epochs).
 
     ``ValueError``/``TypeError`` naming ``recipe`` when it is not a known value. O(fields).
     """
@@ -82,7 +87,8 @@ def recipe_values(recipe: str | None, model: str, dataset: str, density: Any,
     values = {key: value for key, value in RECIPES[name].items()
               if key in RECIPE_FIELDS and key not in blocked}
     warmup = values.get("density_warmup")
-    if warmup is not None and ("density_schedule" in blocked or isinstance(density, bool)
+    if warmup is not None and ("density_schedule" in blocked or max_iterations is not None
+                               or isinstance(density, bool)
                                or not isinstance(density, (int, float)) or not warmup[0] > density):
         del values["density_warmup"]
     return name, values

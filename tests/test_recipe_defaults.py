@@ -64,8 +64,13 @@ def test_explicit_fields_win_even_at_the_dataclass_default() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_warmup_only_when_denser_and_no_schedule_given() -> None:
+def test_warmup_only_when_denser_no_schedule_given_and_not_capped() -> None:
     assert RunConfig(**{**GIVEN, "density": 0.1}).density_warmup is None
+    # a capped run (a study's throughput point) runs at the density it records
+    capped = RunConfig(**GIVEN, max_iterations=24)
+    assert capped.density_warmup is None and set(capped.applied_recipe[1]) == set(CNN_MNIST1D_SUPPLIED) - {
+        "density_warmup"}
+    assert RunConfig(**GIVEN).replace(max_iterations=24).density_warmup is None
     scheduled = RunConfig(**GIVEN, density_schedule=(0.02,))
     assert scheduled.density_warmup is None and "density_warmup" not in scheduled.applied_recipe[1]
 
@@ -117,11 +122,11 @@ def test_sweep_study_and_panel_get_the_recipe() -> None:
 @pytest.mark.timeout(180)
 def test_the_summary_records_the_recipe_and_its_fields(tmp_path, capsys) -> None:
     out = tmp_path / "res"
-    rc = cli_main(["run", "--simulate", *ARGV, "--max-iterations", "2", "--out", str(out), "--json"])
+    rc = cli_main(["run", "--simulate", *ARGV, "--train-samples", "128", "--out", str(out), "--json"])
     assert rc == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["recipe"] == "cnn-mnist1d"
-    assert summary["recipe_fields"].split(",") == sorted(CNN_MNIST1D_SUPPLIED)
+    assert summary["recipe_fields"].split(",") == sorted(set(CNN_MNIST1D_SUPPLIED) - {"train_samples"})
     assert summary["link"].startswith("1GbE")
     stored = json.loads(next(out.glob("*/summary.json")).read_text())
     assert (stored["recipe"], stored["recipe_fields"]) == (summary["recipe"], summary["recipe_fields"])
