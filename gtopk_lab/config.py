@@ -193,7 +193,7 @@ class RunConfig:
         name, supplied = recipe_values(self.recipe, self.model if isinstance(self.model, str) else "",
                                        self.dataset if isinstance(self.dataset, str) else "", self.density,
                                        set(getattr(self, "_given", ())) | set(getattr(self, "_derived", {})),
-                                       self.max_iterations)
+                                       self.max_iterations, self.epochs)
         for key, value in supplied.items():
             setattr(self, key, value)
         object.__setattr__(self, "_derived", {**getattr(self, "_derived", {}), **supplied})

@@ -16,6 +16,9 @@ What a recipe supplies, and why not more:
   trains its epochs (no ``max_iterations``): a capped run is a throughput point or a quick
   look, and spent inside the warm-up it would measure another density than the one it
   records (a study's efficiency at rho = 0.01 would be that of rho = 0.05);
+- the LR milestones as fractions of the recipe's epochs: a run given ``epochs`` gets them scaled
+  to its own (``cnn-mnist1d``'s x0.1 at epoch 90 of 120 is at epoch 30 of 40), as the recipe's
+  schedule would be laid out for that budget; a milestone past the run's end would never act;
 - never ``method``, ``density``, ``workers``, ``model``, ``dataset`` or the network: those are
   what a run compares, and a default density of the recipe's would change every comparison.
 
@@ -68,8 +71,8 @@ def recipe_for(recipe: str | None, model: str, dataset: str) -> str | None:
 
 
 def recipe_values(recipe: str | None, model: str, dataset: str, density: Any,
-                  blocked: frozenset[str] | set[str], max_iterations: Any = None
-                  ) -> tuple[str | None, dict[str, Any]]:
+                  blocked: frozenset[str] | set[str], max_iterations: Any = None,
+                  epochs: Any = None) -> tuple[str | None, dict[str, Any]]:
     """``(name, fields)``: the recipe a run uses and the fields it supplies.
 
     1. ``name`` = :func:`recipe_for` (None: nothing is supplied);
@@ -77,7 +80,9 @@ def recipe_values(recipe: str | None, model: str, dataset: str, density: Any,
        or set by a preset);
     3. ``density_warmup`` only when the caller set neither it nor ``density_schedule``, its
        density is above the run's ``density`` (a number; anything else: left out) and
-       ``max_iterations`` is None (the run trains its epochs).
+       ``max_iterations`` is None (the run trains its epochs);
+    4. ``lr_milestones`` scaled by ``epochs / recipe's epochs`` (rounded) when ``epochs`` is in
+       ``blocked`` (the caller's budget) and differs from the recipe's.
 
     ``ValueError``/``TypeError`` naming ``recipe`` when it is not a known value. O(fields).
     """
@@ -91,4 +96,8 @@ def recipe_values(recipe: str | None, model: str, dataset: str, density: Any,
                                or isinstance(density, bool)
                                or not isinstance(density, (int, float)) or not warmup[0] > density):
         del values["density_warmup"]
+    own_epochs = RECIPES[name].get("epochs")
+    if ("lr_milestones" in values and "epochs" in blocked and isinstance(epochs, int)
+            and not isinstance(epochs, bool) and epochs > 0 and own_epochs and epochs != own_epochs):
+        values["lr_milestones"] = tuple(int(round(m * epochs / own_epochs)) for m in values["lr_milestones"])
     return name, values

@@ -22,7 +22,8 @@ from gtopk_lab.orchestration.run_files import config_hash
 #: The fields ``cnn-mnist1d`` supplies to the issue's command (epochs 40 given, density 0.01 < 0.05).
 CNN_MNIST1D_SUPPLIED = {
     "train_samples": 4000, "test_samples": 1000, "batch_size": 32, "lr": 0.05, "momentum": 0.9,
-    "weight_decay": 0.0, "lr_warmup_epochs": 1.0, "lr_milestones": (90,), "lr_decay": 0.1,
+    # x0.1 at epoch 90 of the recipe's 120 is epoch 30 of the 40 given
+    "weight_decay": 0.0, "lr_warmup_epochs": 1.0, "lr_milestones": (30,), "lr_decay": 0.1,
     "density_warmup": (0.05, 10),
 }
 #: The issue's command: nothing but method, P, density, model, dataset, epochs.
@@ -49,6 +50,9 @@ def test_the_recipe_applies_exactly_the_unset_fields() -> None:
         (None, None, "butterfly", "mass")
     # nothing given: the recipe's epochs too
     assert RunConfig().epochs == 120 and "epochs" in RunConfig().applied_recipe[1]
+    assert RunConfig().lr_milestones == (90,)  # the recipe's own budget: its own milestones
+    assert RunConfig(epochs=141, model="resnet20", dataset="cifar10").lr_milestones == (81, 122)  # its own budget
+    assert RunConfig(epochs=47, model="resnet20", dataset="cifar10", recipe="resnet20-cifar10").lr_milestones == (27, 41)
 
 
 @pytest.mark.timeout(30)
@@ -115,8 +119,9 @@ def test_sweep_study_and_panel_get_the_recipe() -> None:
     assert configs and points and panel
     for config in configs + points:
         assert _fields(config, CNN_MNIST1D_SUPPLIED) == CNN_MNIST1D_SUPPLIED and config.epochs == 40
-    for config in panel:  # epochs 0 in the panel: the recipe's
-        assert _fields(config, CNN_MNIST1D_SUPPLIED) == CNN_MNIST1D_SUPPLIED and config.epochs == 120
+    for config in panel:  # epochs 0 in the panel: the recipe's, and its own milestones
+        assert _fields(config, CNN_MNIST1D_SUPPLIED) == {**CNN_MNIST1D_SUPPLIED, "lr_milestones": (90,)}
+        assert config.epochs == 120
 
 
 @pytest.mark.timeout(180)
