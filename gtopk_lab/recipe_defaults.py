@@ -12,10 +12,11 @@ What a recipe supplies, and why not more:
 - the optimiser and its schedules (epochs, batch, LR, momentum, weight decay, LR warm-up,
   milestones, decay, clipping) and the data sizes: they make a run train as its reference does;
 - the density warm-up, only when it is denser than the run's density (a warm-up that starts
-  sparser than the target would be no warm-up), the run gave no ``density_schedule`` and it
-  trains its epochs (no ``max_iterations``): a capped run is a throughput point or a quick
-  look, and spent inside the warm-up it would measure another density than the one it
-  records (a study's efficiency at rho = 0.01 would be that of rho = 0.05);
+  sparser than the target would be no warm-up), the run gave no ``density_schedule``, it
+  trains its epochs (no ``max_iterations``) and the warm-up takes at most half of them: a
+  capped run is a throughput point or a quick look, and a run spent mostly inside the warm-up
+  would measure another density than the one it records (a study's efficiency at rho = 0.01
+  would be that of rho = 0.05; ``cnn-mnist1d``'s 10 warm-up epochs need >= 20 epochs);
 - the LR milestones as fractions of the recipe's epochs: a run given ``epochs`` gets them scaled
   to its own (``cnn-mnist1d``'s x0.1 at epoch 90 of 120 is at epoch 30 of 40), as the recipe's
   schedule would be laid out for that budget; a milestone past the run's end would never act;
@@ -80,7 +81,7 @@ def recipe_values(recipe: str | None, model: str, dataset: str, density: Any,
        or set by a preset);
     3. ``density_warmup`` only when the caller set neither it nor ``density_schedule``, its
        density is above the run's ``density`` (a number; anything else: left out) and
-       ``max_iterations`` is None (the run trains its epochs);
+       ``max_iterations`` is None (the run trains its epochs) and ``2 * warm-up epochs <= epochs``;
     4. ``lr_milestones`` scaled by ``epochs / recipe's epochs`` (rounded) when ``epochs`` is in
        ``blocked`` (the caller's budget) and differs from the recipe's.
 
@@ -92,7 +93,9 @@ def recipe_values(recipe: str | None, model: str, dataset: str, density: Any,
     values = {key: value for key, value in RECIPES[name].items()
               if key in RECIPE_FIELDS and key not in blocked}
     warmup = values.get("density_warmup")
+    run_epochs = values.get("epochs", epochs)
     if warmup is not None and ("density_schedule" in blocked or max_iterations is not None
+                               or not isinstance(run_epochs, int) or 2 * warmup[1] > run_epochs
                                or isinstance(density, bool)
                                or not isinstance(density, (int, float)) or not warmup[0] > density):
         del values["density_warmup"]

@@ -75,6 +75,9 @@ def test_warmup_only_when_denser_no_schedule_given_and_not_capped() -> None:
     assert capped.density_warmup is None and set(capped.applied_recipe[1]) == set(CNN_MNIST1D_SUPPLIED) - {
         "density_warmup"}
     assert RunConfig(**GIVEN).replace(max_iterations=24).density_warmup is None
+    # a warm-up of more than half the run is no warm-up: 10 epochs need >= 20
+    assert RunConfig(**{**GIVEN, "epochs": 19}).density_warmup is None
+    assert RunConfig(**{**GIVEN, "epochs": 20}).density_warmup == (0.05, 10)
     scheduled = RunConfig(**GIVEN, density_schedule=(0.02,))
     assert scheduled.density_warmup is None and "density_warmup" not in scheduled.applied_recipe[1]
 
