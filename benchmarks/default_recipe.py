@@ -53,7 +53,10 @@ def one_run(method: str, seed: int, recipe: str, epochs: int, real: bool, out: s
     if not real:
         argv.append("--simulate")
     started = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    # one thread per process: on a shared, oversubscribed box a 2-thread OpenMP barrier waits for
+    # the other thread's time slice at every op (a 20 s run took over 10 min at load 12)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "gtopk_lab.cli", "run", *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
