@@ -210,7 +210,8 @@ class RunConfig:
                 setattr(self, name, value)
             object.__setattr__(self, "_derived", {**getattr(self, "_derived", {}), **by_method})
             # a field the method set is the method's, not the recipe's
-            object.__setattr__(self, "_recipe", (name, tuple(f for f in self._recipe[1] if f not in by_method)))
+            recipe, supplied_fields = self.applied_recipe
+            object.__setattr__(self, "_recipe", (recipe, tuple(f for f in supplied_fields if f not in by_method)))
             self._check_types()
         if method.preset_options is not None and isinstance(self.extra, dict):
             # the method's own settings for this model and preset (Ok-Topk's bands for language
