@@ -24,7 +24,8 @@ from gtopk_lab.config_presets import (
 )
 from gtopk_lab.methods import available_methods, get_method
 from gtopk_lab.methods.registry import selector_for
-from gtopk_lab.network.model import network_model
+from gtopk_lab.network.model import DEFAULT_NETWORK, network_model
+from gtopk_lab.recipe_defaults import check_recipe, recipe_values
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 #: How the training set is divided between the ranks (gtopk_lab.training.data.Shard):
@@ -45,7 +46,7 @@ GRAD_CLIP_MODES: tuple[str, ...] = ("aggregated", "local")
 LATER_FIELDS: dict[str, Any] = {"density_schedule": None, "grad_clip_mode": "aggregated"}
 #: Fields that say how the other fields were chosen, not what is computed: not hashed
 #: (a preset's run and the same fields typed out are one sweep point).
-DERIVED_FIELDS: tuple[str, ...] = ("preset",)
+DERIVED_FIELDS: tuple[str, ...] = ("preset", "recipe")
 #: The most ranks a run may have, real or simulated: far beyond any cluster, and small
 #: enough that a simulator or a study never tries to build 10**30 ranks from a typo.
 MAX_WORKERS = 2**16
@@ -138,10 +139,15 @@ class RunConfig:
     #: settings (``Method.preset_options``: Ok-Topk's dense warm-up in
     #: ``extra["collective_options"]``); fields and options given win.
     preset: str | None = None
+    #: The training recipe that fills the fields the caller did not give
+    #: (gtopk_lab.recipe_defaults): "auto" = the recipe of ``model`` on ``dataset`` (the CNN
+    #: on MNIST-1D: ``cnn-mnist1d``), a name of config_presets.RECIPES, or None (off).
+    recipe: str | None = "auto"
 
     # --- network ---------------------------------------------------------------------
-    #: Link bandwidth as users type it ("1Gbps", "10GbE", "none").
-    bandwidth: str = "none"
+    #: Link bandwidth as users type it ("1Gbps", "10GbE", "none": no communication cost);
+    #: default the paper's 1GbE (network.DEFAULT_NETWORK: 889 Mbit/s, 0.436 ms latency).
+    bandwidth: str = DEFAULT_NETWORK
     #: Per-message latency ("0.5ms", "50us"); None: the preset's / calibrated value.
     latency: str | None = None
     #: Sleep so that every collective lasts at least its modelled time on `bandwidth`.
@@ -182,6 +188,16 @@ class RunConfig:
             for name, value in derived.items():
                 setattr(self, name, value)
             object.__setattr__(self, "_derived", dict(derived))
+        check_recipe(self.recipe)
+        # the model's recipe: the training fields neither the caller nor the preset set
+        name, supplied = recipe_values(self.recipe, self.model if isinstance(self.model, str) else "",
+                                       self.dataset if isinstance(self.dataset, str) else "", self.density,
+                                       set(getattr(self, "_given", ())) | set(getattr(self, "_derived", {})),
+                                       self.max_iterations, self.epochs)
+        for key, value in supplied.items():
+            setattr(self, key, value)
+        object.__setattr__(self, "_derived", {**getattr(self, "_derived", {}), **supplied})
+        object.__setattr__(self, "_recipe", (name, tuple(sorted(supplied))))
         self._check_types()
         if self.method not in available_methods():
             raise _fail("method", self.method, f"one of {', '.join(available_methods())}")
@@ -193,6 +209,9 @@ class RunConfig:
             for name, value in by_method.items():
                 setattr(self, name, value)
             object.__setattr__(self, "_derived", {**getattr(self, "_derived", {}), **by_method})
+            # a field the method set is the method's, not the recipe's
+            recipe, supplied_fields = self.applied_recipe
+            object.__setattr__(self, "_recipe", (recipe, tuple(f for f in supplied_fields if f not in by_method)))
             self._check_types()
         if method.preset_options is not None and isinstance(self.extra, dict):
             # the method's own settings for this model and preset (Ok-Topk's bands for language
@@ -333,6 +352,11 @@ class RunConfig:
         if "extra" in keep:  # a method's preset options are derived too (e.g. Ok-Topk's warm-up)
             keep["extra"] = without_preset_options(keep["extra"], getattr(self, "_preset_options", {}))
         return type(self)(**{**keep, **changes})
+
+    @property
+    def applied_recipe(self) -> tuple[str | None, tuple[str, ...]]:
+        """``(name, fields)``: the recipe this run uses (None: none) and the fields it supplied."""
+        return getattr(self, "_recipe", (None, ()))
 
     @property
     def default_selector(self) -> str | None:

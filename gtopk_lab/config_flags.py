@@ -63,7 +63,11 @@ FIELD_HELP: dict[str, str] = {
     "seed": "random seed (initial weights, data order, per-rank generators)",
     "preset": "named configuration: paper = the seed paper's gTop-k (tree, paper residual rule, its "
               "warm-ups and the model's recipe); flags given win (none: off)",
-    "bandwidth": "link rate, preset or calibration JSON (1Gbps, 10GbE, net.json, none)",
+    "recipe": "training recipe for the fields not given: auto = the model's on its dataset (cnn on mnist1d: "
+              "cnn-mnist1d), a recipe name (the torchrun entry takes its model, dataset and density too), "
+              "or none (off)",
+    "bandwidth": "link rate, preset or calibration JSON (1GbE, 1Gbps, 10GbE, net.json; none: no "
+                 "communication cost)",
     "latency": "per-message latency, e.g. 0.5ms or 50us (none: the preset's or calibrated value)",
     "throttle": "sleep so that every collective lasts at least its modelled time",
     "virtual_merge_cpu": "virtual time charges the merges' CPU time inside sparse collectives",

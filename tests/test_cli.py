@@ -108,8 +108,11 @@ def test_sweep_grid_always_holds_the_dense_p1_baseline():
         ("dense", 1, "1GbE"), ("dense", 2, "1GbE"), ("dense", 4, "1GbE"),
         ("dense", 1, "10GbE"), ("dense", 2, "10GbE"), ("dense", 4, "10GbE"),
         ("gtopk", 2, "1GbE"), ("gtopk", 4, "1GbE"), ("gtopk", 2, "10GbE"), ("gtopk", 4, "10GbE")]
-    assert ("dense", 1, "1Gbps") in grid()  # the defaults (also the demo's): dense at P=1
-    assert grid("--methods", "gtopk", "--workers", "2") == [("gtopk", 2, "1Gbps")]
+    from gtopk_lab.network import DEFAULT_NETWORK
+
+    # the defaults (also the demo's): dense at P=1, on the one default link (1GbE since issue 26)
+    assert ("dense", 1, DEFAULT_NETWORK) in grid()
+    assert grid("--methods", "gtopk", "--workers", "2") == [("gtopk", 2, DEFAULT_NETWORK)]
 
 
 @pytest.mark.timeout(180)

@@ -47,6 +47,7 @@ SAMPLES: dict[str, list[tuple[list[str], object]]] = {
     "density_schedule": [(["0.015625,0.004"], (0.015625, 0.004)), (["0.015625", "0.004"], (0.015625, 0.004)),
                          (["none"], None)],
     "preset": [(["paper"], "paper"), (["none"], None)],
+    "recipe": [(["cnn-mnist1d"], "cnn-mnist1d"), (["auto"], "auto"), (["none"], None)],
     "seed": [(["7"], 7)],
     "bandwidth": [(["10GbE"], "10GbE")],
     "latency": [(["50us"], "50us"), (["none"], None)],

@@ -14,7 +14,7 @@ from gtopk_lab.config import RunConfig
 BAD = [None, "x", -1, math.nan, math.inf, -math.inf, [], {}, 1.5, True]
 #: values a field may legitimately take from BAD (checked elsewhere, or meaningful)
 ALLOWED: dict[str, set[str]] = {
-    "selector": {"None"}, "density_warmup": {"None"}, "density_schedule": {"None"}, "preset": {"None"},
+    "selector": {"None"}, "density_warmup": {"None"}, "density_schedule": {"None"}, "preset": {"None"}, "recipe": {"None"},
     "max_iterations": {"None"}, "grad_clip": {"None", "1.5"},
     "latency": {"None"}, "data_dir": {"None", "'x'"}, "model": {"'x'"}, "dataset": {"'x'"},
     "momentum_correction": {"True"}, "throttle": {"True"}, "virtual_merge_cpu": {"True"},

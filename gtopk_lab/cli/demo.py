@@ -38,6 +38,7 @@ import pandas as pd
 from gtopk_lab.cli import run as run_cmd
 from gtopk_lab.cli.errors import UsageError
 from gtopk_lab.methods import BASELINE_METHOD
+from gtopk_lab.network.model import DEFAULT_NETWORK
 
 NAME = "demo"
 HELP = "the paper's story on an embedded cluster: scaling study (P up to 32) + convergence + HTML report"
@@ -51,8 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-workers", type=int, default=4, help="embedded cluster workers (default 4)")
     parser.add_argument("--density", type=float, default=0.001, help="default 0.001 (the paper's)")
     parser.add_argument("--model", default="cnn_wide", help="default cnn_wide (d = 232k)")
-    parser.add_argument("--bandwidth", default="1GbE",
-                        help="modelled network (default 1GbE: the paper's fitted constants)")
+    parser.add_argument("--bandwidth", default=DEFAULT_NETWORK,
+                        help=f"modelled network (default {DEFAULT_NETWORK}: the paper's fitted constants)")
     parser.add_argument("--max-iterations", type=int, default=16,
                         help="iterations per scaling point (default 16; the first is warm-up)")
     parser.add_argument("--convergence-iterations", type=int, default=120,

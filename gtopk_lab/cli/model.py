@@ -11,6 +11,7 @@ import argparse
 import json
 
 from gtopk_lab.cli.errors import UsageError
+from gtopk_lab.network.model import DEFAULT_NETWORK
 
 NAME = "model"
 HELP = "alpha-beta model predictions (scaling: iteration time and efficiency per method and P)"
@@ -26,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="top-k selection seconds per iteration, sparse methods (default 0)")
     parser.add_argument("--gamma", type=float, default=None,
                         help="merge seconds per element on the critical path (default: the network's, 0)")
-    parser.add_argument("--bandwidth", default="1GbE", help="rate, preset or calibration JSON (default 1GbE)")
+    parser.add_argument("--bandwidth", default=DEFAULT_NETWORK,
+                        help=f"rate, preset or calibration JSON (default {DEFAULT_NETWORK})")
     parser.add_argument("--latency", default=None, help="per-message latency, e.g. 0.5ms (default: preset's)")
     parser.add_argument("--workers", default="1,2,4,...,1024", help="P values; '...' doubles (default 1,2,4,...,1024)")
     parser.add_argument("--methods", default=None,

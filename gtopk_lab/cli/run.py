@@ -183,6 +183,10 @@ def print_summary(summary: dict[str, Any], as_json: bool) -> None:
         value = summary.get(key)
         text = f"{value:.6g}" if isinstance(value, float) else str(value)
         print(f"{key:>30}  {text}")
+    print(f"{'link':>30}  {summary.get('link')}")
+    fields = summary.get("recipe_fields") or ""
+    print(f"{'recipe':>30}  {summary.get('recipe') or 'none'}"
+          + (f" (supplied {fields.replace(',', ', ')})" if fields else ""))
     if summary.get("error"):
         print(f"{'error':>30}  {summary['error'].splitlines()[0]}")
 

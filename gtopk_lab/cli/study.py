@@ -36,7 +36,7 @@ from gtopk_lab.cli import run as run_cmd
 from gtopk_lab.cli.errors import UsageError
 from gtopk_lab.config_flags import add_config_flags, config_kwargs
 from gtopk_lab.jsonsafe import json_safe
-from gtopk_lab.network.model import format_bandwidth
+from gtopk_lab.network.model import DEFAULT_NETWORK, format_bandwidth
 
 NAME = "study"
 HELP = "run a study (methods x workers x network x density x seeds) on the cluster; print efficiency"
@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--methods", default="dense,topk,gtopk", help="default dense,topk,gtopk")
     grid.add_argument("--workers", default="1,2,4", help="ranks P (default 1,2,4; dense P=1 always runs)")
     grid.add_argument("--density", default="0.01", help="densities rho (default 0.01)")
-    grid.add_argument("--bandwidth", default="1GbE", help="modelled links (default 1GbE)")
+    grid.add_argument("--bandwidth", default=DEFAULT_NETWORK,
+                      help=f"modelled links (default {DEFAULT_NETWORK}, with its latency; none: no communication cost)")
     grid.add_argument("--latency", default=None, help="latencies (default: the link's own)")
     grid.add_argument("--algorithms", default="butterfly", help="gTop-k patterns (default butterfly)")
     grid.add_argument("--seeds", type=int, default=1, help="seeds per point: seed .. seed+n-1 (default 1)")

@@ -28,7 +28,7 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.config_flags import add_config_flags, config_kwargs
 from gtopk_lab.jsonsafe import json_safe
 from gtopk_lab.methods import BASELINE_METHOD, display_order, get_method, patterns_of
-from gtopk_lab.network.model import bandwidth_label
+from gtopk_lab.network.model import DEFAULT_NETWORK, bandwidth_label
 from gtopk_lab.analysis.scaling import add_scaling_efficiency, baseline_note
 
 NAME = "sweep"
@@ -65,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--workers", default="1,2,4",
                       help="ranks P per run (default 1,2,4; dense also runs at P=1, the efficiency baseline)")
     grid.add_argument("--density", default="0.01", help="densities rho (default 0.01; dense ignores it)")
-    grid.add_argument("--bandwidth", default="1Gbps", help="modelled link rates (default 1Gbps)")
+    grid.add_argument("--bandwidth", default=DEFAULT_NETWORK,
+                      help=f"modelled links (default {DEFAULT_NETWORK}, with its latency; none: no communication cost)")
     grid.add_argument("--algorithms", default="butterfly", help="gTop-k patterns (default butterfly)")
     add_config_flags(parser, exclude=GRID_FIELDS | {"run_id"})
     run_cmd.add_identity_arguments(parser)

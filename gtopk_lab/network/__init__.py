@@ -12,6 +12,6 @@ torch lazily through their own modules; importing this package only loads the mo
 
 from __future__ import annotations
 
-from gtopk_lab.network.model import PRESETS, NetworkModel
+from gtopk_lab.network.model import DEFAULT_NETWORK, PRESETS, NetworkModel
 
-__all__ = ["NetworkModel", "PRESETS"]
+__all__ = ["DEFAULT_NETWORK", "NetworkModel", "PRESETS"]

@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 __all__ = [
+    "DEFAULT_NETWORK",
     "NetworkModel",
     "PRESETS",
+    "link_text",
     "network_model",
     "parse_bandwidth_bps",
     "parse_latency_s",
@@ -62,6 +64,10 @@ PRESETS: dict[str, tuple[float, float, str]] = {
     "100G-IB": (2e-6, 97e9, "InfiniBand EDR 100G over RDMA: 97 Gbit/s, 2 us per message"),
     "none": (0.0, math.inf, "unthrottled: no modelled communication cost"),
 }
+#: THE default link of every entry (RunConfig, ``run``, ``sweep``, ``study``, ``demo``,
+#: ``model``, the ControlPanel): the paper's fitted 1 GbE, latency included (0.436 ms,
+#: 889 Mbit/s). ``"none"`` (no communication cost) only when asked for.
+DEFAULT_NETWORK: str = "1GbE"
 _PRESET_ALIASES: dict[str, str] = {
     "1gbe": "1GbE", "10gbe": "10GbE", "25gbe": "25GbE",
     "100g-ib": "100G-IB", "100gib": "100G-IB", "ib": "100G-IB", "edr": "100G-IB",
@@ -411,3 +417,13 @@ def bandwidth_label(bandwidth: str) -> str:
             return bandwidth
         return model.name or str(model)
     return bandwidth
+
+
+def link_text(bandwidth: str, latency: str | None = None) -> str:
+    """The link a run is charged, in one line as summaries print it: ``1GbE: 888.9 Mbit/s,
+    436 us latency`` (``str`` of its :func:`network_model`); a bandwidth that does not parse
+    comes back as typed."""
+    try:
+        return str(network_model(bandwidth, latency))
+    except (TypeError, ValueError):
+        return f"{bandwidth}" + (f", {latency}" if latency else "")

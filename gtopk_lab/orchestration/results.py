@@ -58,6 +58,7 @@ from typing import Any
 import pandas as pd
 
 from gtopk_lab.config import RunConfig
+from gtopk_lab.network.model import link_text
 from gtopk_lab.orchestration.reading import (
     DamagedRun,
     StoredRun,
@@ -178,7 +179,10 @@ def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, stat
     latency, model, dataset, selector, residual_rule, preset`` (so tables need not open
     config.json), the run's identity (``identity``: ``study_id``, ``study_ids``, ``tags``,
     ``varied``, ``studies`` as :func:`~gtopk_lab.orchestration.run_identity.with_labels` makes
-    them; blank without; never part of the config or its hash) and ``provenance``
+    them; blank without; never part of the config or its hash), ``link`` (the network
+    charged, in words: ``1GbE: 888.9 Mbit/s, 436 us latency``), ``recipe`` and
+    ``recipe_fields`` (the training recipe that applied and the fields it supplied,
+    comma-separated; :mod:`gtopk_lab.recipe_defaults`) and ``provenance``
     (:func:`gtopk_lab.provenance.provenance`: versions, git commit, host, device, network
     calibration).
     """
@@ -195,6 +199,9 @@ def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, stat
                 "preset"):
         summary.setdefault(key, getattr(config, key))
     summary.update(labels_of(identity))
+    summary["link"] = link_text(config.bandwidth, config.latency)
+    recipe, supplied = config.applied_recipe
+    summary["recipe"], summary["recipe_fields"] = recipe, ",".join(supplied)
     if extra:
         summary.update(extra)
     device = summary.get("device")

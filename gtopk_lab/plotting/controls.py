@@ -52,7 +52,7 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from gtopk_lab.config import RunConfig
+from gtopk_lab.network.model import DEFAULT_NETWORK
 from gtopk_lab.plotting import figures
 from gtopk_lab.plotting.widget_sync import ThreadSafeFigureWidget, copy_into
 from gtopk_lab.plotting.live_study import convergence_study_figure, scaling_study_figure
@@ -64,10 +64,11 @@ from gtopk_lab.plotting.widget_fit import FitSignal, fit_width
 
 __all__ = ["ControlPanel", "BANDWIDTH_CHOICES", "DEFAULT_FIELDS", "close_lab_at_exit"]
 
-#: What the form shows when ``defaults`` does not say (a small study on a 1GbE link).
+#: What the form shows when ``defaults`` does not say (a small study on the default link,
+#: network.DEFAULT_NETWORK; epochs 0: the model's recipe, RunConfig's default without one).
 DEFAULT_FIELDS: dict[str, Any] = {"methods": ["dense", "topk", "gtopk"], "workers": [1, 2, 4], "density": 0.01,
-                                  "bandwidth": "1GbE", "latency": "", "seeds": 1, "model": "mlp",
-                                  "dataset": "mnist1d", "epochs": RunConfig().epochs, "max_iterations": 0}
+                                  "bandwidth": DEFAULT_NETWORK, "latency": "", "seeds": 1, "model": "mlp",
+                                  "dataset": "mnist1d", "epochs": 0, "max_iterations": 0}
 #: Other names ``defaults`` accepts (the study's and the old single-run panel's spellings).
 _DEFAULT_ALIASES = {"method": "methods", "densities": "density", "bandwidths": "bandwidth",
                     "latencies": "latency"}
@@ -138,7 +139,7 @@ class ControlPanel:
 
     ``defaults`` pre-fills the form: ``methods`` (or ``method``), ``workers`` (a P or a list),
     ``density``, ``bandwidth``, ``latency`` (each a value or a list), ``seeds``, ``model``,
-    ``dataset``, ``epochs``, ``max_iterations`` (0: all epochs). ``extra`` holds RunConfig
+    ``dataset``, ``epochs`` (0: the model's recipe), ``max_iterations`` (0: all epochs). ``extra`` holds RunConfig
     fields every run gets but the form does not show (e.g. ``{"train_samples": 800}``).
     ``refresh_s``: the studies' refresh interval (figures, lines, table).
     """

@@ -156,11 +156,13 @@ def study_request(*, methods: Sequence[str], workers: str, densities: str, bandw
         except (ValueError, TypeError) as exc:
             raise FieldError("latencies", str(exc)) from None
     seeds = _count(seeds, "seeds", 1, MAX_SEEDS, "a count >= 1")
-    epochs = _count(epochs, "epochs", 1, MAX_EPOCHS, ">= 1")
+    epochs = _count(epochs, "epochs", 0, MAX_EPOCHS, ">= 0 (0: the model's recipe)")
     max_iterations = _count(max_iterations, "max iters", 0, MAX_ITERATIONS, ">= 0 (0: all epochs)")
     _check_model(model, dataset)
     base = dict(extra or {})
-    base.update(model=model, dataset=dataset, epochs=int(epochs))
+    base.update(model=model, dataset=dataset)
+    if int(epochs) > 0:  # 0: the model's recipe says (RunConfig's default without one)
+        base["epochs"] = int(epochs)
     if int(max_iterations) > 0:  # 0 keeps what ``extra`` says (or all epochs)
         base["max_iterations"] = int(max_iterations)
     axes: dict[str, Any] = {"method": list(methods), "workers": p_values, "density": density_values,

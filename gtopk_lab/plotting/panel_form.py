@@ -63,8 +63,9 @@ class StudyForm:
         self.dataset = widgets.Dropdown(options=datasets,
                                         value=d["dataset"] if d["dataset"] in datasets else datasets[0],
                                         description="dataset", style=_FIELD, layout=_WIDE)
-        self.epochs = widgets.BoundedIntText(value=int(d["epochs"]), min=1, max=10_000, description="epochs",
-                                             style=_FIELD, layout=_WIDE)
+        self.epochs = widgets.BoundedIntText(value=int(d["epochs"] or 0), min=0, max=10_000, description="epochs",
+                                             style=_FIELD, layout=_WIDE,
+                                             tooltip="0: the model's recipe (RunConfig's default without one)")
         self.max_iterations = widgets.BoundedIntText(value=int(d["max_iterations"] or 0), min=0, max=10**9,
                                                      description="max iters", style=_FIELD, layout=_WIDE,
                                                      tooltip="0: all epochs")

@@ -42,7 +42,7 @@ def recipe(name: str, **overrides: Any) -> RunConfig:
     """A validated ``RunConfig`` from recipe ``name`` with ``overrides`` applied on top."""
     if name not in RECIPES:
         raise ValueError(f"recipe={name!r} is invalid: expected one of {', '.join(RECIPES)}")
-    return RunConfig(**{**RECIPES[name], **overrides})
+    return RunConfig(**{**RECIPES[name], "recipe": name, **overrides})
 
 
 def lr_at(config: RunConfig, epoch: float, world_size: int | None = None) -> float:

@@ -41,7 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
     RunConfig's value.
     """
     parser = argparse.ArgumentParser(prog="python -m gtopk_lab.training.torchrun", description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", default=None, help="named recipe to start from")
     parser.add_argument("--summary-out", default=None, help="rank 0 writes the summary JSON here")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout")
     add_config_flags(parser)
@@ -55,10 +54,11 @@ def config_from_args(args: argparse.Namespace, world_size: int | None) -> RunCon
     values = config_kwargs(args)
     if "workers" not in values and world_size is not None:
         values["workers"] = world_size
-    if args.recipe is not None:
-        if args.recipe not in RECIPES:
-            raise ValueError(f"recipe={args.recipe!r} is invalid: expected one of {', '.join(RECIPES)}")
-        return recipe(args.recipe, **values)
+    name = values.get("recipe")
+    if name is not None and name != "auto":  # a named recipe: its model, dataset and density too
+        if name not in RECIPES:
+            raise ValueError(f"recipe={name!r} is invalid: expected one of {', '.join(RECIPES)}")
+        return recipe(name, **values)
     return RunConfig(**values)
 
 
