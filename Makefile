@@ -3,6 +3,7 @@
 #               writes results and an HTML report under results/demo
 #   make test   creates .venv if needed, installs with dev extras, runs the whole suite
 #   make test-stress   the same suite with busy CPU loops beside it (see below)
+#   make lab    JupyterLab from .venv on notebooks/ (127.0.0.1:8888, PORT=... ; the quickstart first)
 PYTHON ?= python3
 VENV   ?= .venv
 # The CPU wheel of this torch lies on the build machines' disk; override as needed,
@@ -22,8 +23,10 @@ JOBS   ?= 2
 LOOPS  ?= 2
 RUNS   ?= 1
 TESTS  ?=
+# `make lab` serves JupyterLab here (127.0.0.1 only); `make lab PORT=8899` for another port.
+PORT   ?= 8888
 
-.PHONY: demo test test-stress install install-dev bench clean
+.PHONY: demo test test-stress install install-dev bench clean lab
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +60,15 @@ test-stress: $(VENV)/.installed-dev
 	  $(BIN)/python -m pytest -q --durations=25 $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile) \
 	    $(TESTS) || exit $$?; \
 	done
+
+# --port-retries=0: a port in use is an error, so the URL printed is the one served;
+# the server's own line with the token follows ($$JUPYTER_TOKEN sets one). As root (a
+# container, the CI) Jupyter refuses to start without --allow-root.
+lab: $(VENV)/.installed-dev
+	@echo "JupyterLab: http://127.0.0.1:$(PORT)/lab/tree/00_quickstart.ipynb (the token is in the server's URL below; Ctrl-C stops it)"
+	cd notebooks && exec "$(abspath $(BIN))/jupyter" lab --no-browser --ip=127.0.0.1 --port=$(PORT) \
+	  --port-retries=0 --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/00_quickstart.ipynb \
+	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/collectives.py

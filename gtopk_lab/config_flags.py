@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gtopk_lab.config import RunConfig
+from gtopk_lab.counts import split_list
 from gtopk_lab.methods import available_methods
 
 __all__ = ["FIELD_HELP", "add_config_flags", "config_kwargs", "flag_of", "flag_spec"]
@@ -101,19 +102,19 @@ def _none_or(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def _int_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(t) for t in text.split(",") if t.strip())
+    return tuple(int(t) for t in split_list(text))
 
 
 def _float_tuple(text: str) -> tuple[float, ...] | None:
     if text.strip().lower() in _NONE_WORDS:
         return None
-    return tuple(float(t) for t in text.split(",") if t.strip())
+    return tuple(float(t) for t in split_list(text))
 
 
 def _density_warmup(text: str) -> tuple[float, int] | None:
     if text.strip().lower() in _NONE_WORDS:
         return None
-    parts = [p for p in text.split(",") if p.strip()]
+    parts = split_list(text)
     if len(parts) != 2:
         raise ValueError(text)
     return float(parts[0]), int(parts[1])

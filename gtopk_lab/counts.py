@@ -1,4 +1,6 @@
-"""The one parser of counts as people type them: ``25M`` parameters, ``1M,25M`` elements.
+"""The one parser of counts and lists as people type them: ``25M`` parameters, ``1M,25M``
+elements, ``1, 2 4`` (commas, spaces or both: :func:`split_list`, which the CLI's list flags
+and the ControlPanel's list boxes share).
 
 Model sizes (``gtopk-lab model --model-size``), benchmark buffer sizes
 (``gtopk-lab bench --numel``, ``--workers``) and the benchmark scripts all read counts
@@ -11,8 +13,34 @@ Standard library only, so any layer may import it.
 from __future__ import annotations
 
 import math
+import re
 
-__all__ = ["parse_count", "parse_count_list"]
+__all__ = ["parse_count", "parse_count_list", "split_list"]
+
+_NUMBER_RE = re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$")
+_UNIT_RE = re.compile(r"^[^\W\d_]")  # starts with a letter: "ms", "Gbit/s", "µs"
+
+
+def split_list(text: object) -> list[str]:
+    """``"1,2,4"``, ``"1 2 4"``, ``"1, 2;4"`` -> ``["1", "2", "4"]``: the items of a typed list.
+
+    1. split at commas and semicolons, then each part at whitespace;
+    2. inside a part, a word that starts with a letter right after a bare number is that
+       number's unit: ``"2.5 Gbit/s 10GbE"`` -> ``["2.5 Gbit/s", "10GbE"]``, ``"0.5 ms"``
+       stays one item;
+    3. empty items are dropped (order and duplicates are kept: the caller decides).
+
+    Cost: linear in the text's length. ``None`` reads as the empty list.
+    """
+    items: list[str] = []
+    for part in re.split(r"[,;]", "" if text is None else str(text)):
+        words = part.split()
+        for i, word in enumerate(words):
+            if i and _UNIT_RE.match(word) and _NUMBER_RE.match(words[i - 1]) and items:
+                items[-1] = f"{items[-1]} {word}"
+            else:
+                items.append(word)
+    return items
 
 _COUNT_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9}
 
@@ -35,19 +63,18 @@ def parse_count(text: str, field_name: str = "count") -> int:
 
 
 def parse_count_list(text: str, field_name: str = "counts") -> list[int]:
-    """"1M,25M" -> [1_000_000, 25_000_000]: comma-separated :func:`parse_count` values.
+    """"1M,25M" (or "1M 25M") -> [1_000_000, 25_000_000]: :func:`parse_count` values of
+    :func:`split_list`'s items.
 
     Empty entries are skipped; no entry at all, or a bad one, raises ``ValueError``
     naming ``field_name`` and the whole text.
     """
     out: list[int] = []
-    for part in str(text).split(","):
-        if not part.strip():
-            continue
+    for part in split_list(text):
         try:
             out.append(parse_count(part, field_name))
         except ValueError:
-            raise ValueError(f"{field_name}={text!r} is invalid: expected comma-separated counts >= 1 "
+            raise ValueError(f"{field_name}={text!r} is invalid: expected counts >= 1 (commas or spaces) "
                              "with optional K/M/G suffix, e.g. 1M,25M") from None
     if not out:
         raise ValueError(f"{field_name}={text!r} is invalid: expected at least one value")

@@ -67,3 +67,19 @@ def test_ci_runs_make_test() -> None:
 
 def test_console_script_is_declared(pyproject: dict) -> None:
     assert pyproject["project"]["scripts"]["gtopk-lab"] == "gtopk_lab.cli:main"
+
+
+def test_notebook_and_tracking_extras(pyproject: dict) -> None:
+    extras = pyproject["project"]["optional-dependencies"]
+    assert [_name(r) for r in extras["notebook"]] == ["dask-labextension"]
+    assert [_name(r) for r in extras["mlflow"]] == ["mlflow-skinny"]
+    assert [_name(r) for r in extras["wandb"]] == ["wandb"]
+    # the dev install carries the notebook and mlflow extras, so their tests run in CI
+    dev = {_name(r) for r in extras["dev"]}
+    assert {"dask-labextension", "mlflow-skinny"} <= dev
+
+
+def test_dask_labextension_is_a_jupyter_server_extension() -> None:
+    ext = pytest.importorskip("dask_labextension", reason="the notebook extra is not installed")
+    points = getattr(ext, "_jupyter_server_extension_points", None) or ext._jupyter_server_extension_paths
+    assert {p["module"] for p in points()} == {"dask_labextension"}

@@ -126,7 +126,7 @@ def parse_workers(text: str) -> list[int]:
 
     ``...`` continues the sequence by doubling the previous value up to the next one.
     """
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    parts = counts.split_list(text)  # commas, spaces or both
     out: list[int] = []
     allowed = "comma-separated integers >= 1, '...' doubles up to the next value (1,2,4,...,1024)"
     for i, part in enumerate(parts):

@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: ``python benchmarks/collectives.py [collectives|selection|all] ...``."""
-    parser = argparse.ArgumentParser(prog="benchmarks/collectives.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="benchmarks/collectives.py", description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -12,6 +12,7 @@ import argparse
 import json
 
 from gtopk_lab.cli.errors import UsageError
+from gtopk_lab.counts import split_list
 
 NAME = "calibrate"
 HELP = "measure latency/bandwidth of the real backend (ping-pong) and save an alpha-beta preset"
@@ -42,7 +43,7 @@ def _on_cluster(args: argparse.Namespace, sizes: list[int]):
 
     if args.backend != "gloo":
         raise UsageError(f"--backend={args.backend} is invalid with --scheduler: the link is measured with gloo")
-    link = [w.strip() for w in args.link.split(",")] if args.link else None
+    link = split_list(args.link) if args.link else None
     try:
         client, _ = connect(args.scheduler, None, None, tls_ca_file=None, tls_cert=None, tls_key=None,
                             resources=None, connect_timeout_s=args.connect_timeout)

@@ -37,6 +37,7 @@ import pandas as pd
 
 from gtopk_lab.cli import run as run_cmd
 from gtopk_lab.cli.errors import UsageError
+from gtopk_lab.cli.lists import LIST_FLAG, parse_list
 from gtopk_lab.methods import BASELINE_METHOD
 from gtopk_lab.network.model import DEFAULT_NETWORK
 
@@ -46,8 +47,8 @@ HELP = "the paper's story on an embedded cluster: scaling study (P up to 32) + c
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_cmd.add_out_argument(parser, "demo")
-    parser.add_argument("--methods", default="dense,topk,gtopk", help="default dense,topk,gtopk")
-    parser.add_argument("--workers", default="1,2,4,8,16,32",
+    parser.add_argument("--methods", default="dense,topk,gtopk", help="default dense,topk,gtopk", **LIST_FLAG)
+    parser.add_argument("--workers", default="1,2,4,8,16,32", **LIST_FLAG,
                         help="P of the scaling study (default 1,2,4,8,16,32; P > --n-workers simulated)")
     parser.add_argument("--n-workers", type=int, default=4, help="embedded cluster workers (default 4)")
     parser.add_argument("--density", type=float, default=0.001, help="default 0.001 (the paper's)")
@@ -126,11 +127,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out={args.out!r} is invalid: it exists and is not a folder")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    try:
-        workers = [int(p) for p in args.workers.split(",") if p.strip()]
-    except ValueError:
-        raise UsageError(f"--workers={args.workers!r} is invalid: expected comma-separated integers") from None
+    methods = parse_list(args.methods, "--methods")
+    workers = parse_list(args.workers, "--workers", int)
     base: dict[str, Any] = dict(model=args.model, dataset="mnist1d", train_samples=4000, test_samples=1000,
                                 bandwidth=args.bandwidth, density=args.density, sink_every=4)
     try:

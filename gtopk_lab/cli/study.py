@@ -34,6 +34,7 @@ import pandas as pd
 
 from gtopk_lab.cli import run as run_cmd
 from gtopk_lab.cli.errors import UsageError
+from gtopk_lab.cli.lists import LIST_FLAG, parse_list
 from gtopk_lab.config_flags import add_config_flags, config_kwargs
 from gtopk_lab.jsonsafe import json_safe
 from gtopk_lab.network.model import DEFAULT_NETWORK, format_bandwidth
@@ -49,18 +50,19 @@ INTERRUPTED_EXIT = 130
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    grid = parser.add_argument_group("grid (comma-separated lists)")
-    grid.add_argument("--methods", default="dense,topk,gtopk", help="default dense,topk,gtopk")
-    grid.add_argument("--workers", default="1,2,4", help="ranks P (default 1,2,4; dense P=1 always runs)")
-    grid.add_argument("--density", default="0.01", help="densities rho (default 0.01)")
-    grid.add_argument("--bandwidth", default=DEFAULT_NETWORK,
+    grid = parser.add_argument_group("grid (lists: commas, spaces or both)")
+    grid.add_argument("--methods", default="dense,topk,gtopk", help="default dense,topk,gtopk", **LIST_FLAG)
+    grid.add_argument("--workers", default="1,2,4", help="ranks P (default 1,2,4; dense P=1 always runs)", **LIST_FLAG)
+    grid.add_argument("--density", default="0.01", help="densities rho (default 0.01)", **LIST_FLAG)
+    grid.add_argument("--bandwidth", default=DEFAULT_NETWORK, **LIST_FLAG,
                       help=f"modelled links (default {DEFAULT_NETWORK}, with its latency; none: no communication cost)")
-    grid.add_argument("--latency", default=None, help="latencies (default: the link's own)")
-    grid.add_argument("--algorithms", default="butterfly", help="gTop-k patterns (default butterfly)")
+    grid.add_argument("--latency", default=None, help="latencies (default: the link's own)", **LIST_FLAG)
+    grid.add_argument("--algorithms", default="butterfly", help="gTop-k patterns (default butterfly)", **LIST_FLAG)
     grid.add_argument("--seeds", type=int, default=1, help="seeds per point: seed .. seed+n-1 (default 1)")
     parser.add_argument("--real-max-workers", type=int, default=None,
                         help="largest P on real ranks (default: the cluster's workers); larger P simulated")
-    parser.add_argument("--both-ways", default="", help="P values run real and simulated (fidelity check)")
+    parser.add_argument("--both-ways", default="", help="P values run real and simulated (fidelity check)",
+                        **LIST_FLAG)
     parser.add_argument("--simulate", action="store_true", help="simulate every point (on the cluster)")
     parser.add_argument("--no-skip", action="store_true", help="rerun points already completed in --out")
     parser.add_argument("--json", action="store_true", help="print the table as JSON records (last line)")
@@ -73,26 +75,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_cmd.add_cluster_arguments(parser)
 
 
-def _list(text: str | None, flag: str, cast: Any = str) -> list[Any]:
-    items = [t.strip() for t in (text or "").split(",") if t.strip()]
-    if not items:
-        raise UsageError(f"{flag}={text!r} is invalid: expected a comma-separated list")
-    try:
-        return [cast(t) for t in items]
-    except ValueError:
-        raise UsageError(f"{flag}={text!r} is invalid: expected comma-separated "
-                         f"{'integers' if cast is int else 'numbers'}") from None
-
-
 def grid_axes(args: argparse.Namespace) -> dict[str, Any]:
     """The study's axes from the flags (lists checked here; values by RunConfig)."""
-    axes: dict[str, Any] = {"method": _list(args.methods, "--methods"),
-                            "workers": _list(args.workers, "--workers", int),
-                            "density": _list(args.density, "--density", float),
-                            "bandwidth": _list(args.bandwidth, "--bandwidth"),
-                            "algorithm": _list(args.algorithms, "--algorithms")}
+    axes: dict[str, Any] = {"method": parse_list(args.methods, "--methods"),
+                            "workers": parse_list(args.workers, "--workers", int),
+                            "density": parse_list(args.density, "--density", float),
+                            "bandwidth": parse_list(args.bandwidth, "--bandwidth"),
+                            "algorithm": parse_list(args.algorithms, "--algorithms")}
     if args.latency is not None:
-        axes["latency"] = _list(args.latency, "--latency")
+        axes["latency"] = parse_list(args.latency, "--latency")
     if args.seeds < 1:
         raise UsageError(f"--seeds={args.seeds} is invalid: expected n >= 1")
     axes["seeds"] = args.seeds
@@ -105,7 +96,7 @@ def build_points(args: argparse.Namespace, real_max_workers: int) -> list[Any]:
 
     base = config_kwargs(args, exclude=set(GRID_FLAGS.values()) | {"run_id"})
     try:
-        both = [int(p) for p in args.both_ways.split(",") if p.strip()] if args.both_ways else []
+        both = parse_list(args.both_ways, "--both-ways", int) if args.both_ways.strip() else []
         points = expand_grid(base, grid_axes(args), real_max_workers=real_max_workers,
                              both_ways=both, simulate=args.simulate)
         for point in points:
@@ -149,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     study_id, tags = run_cmd.identity_args(args)
     if args.real_max_workers is not None and args.real_max_workers < 0:
         raise UsageError(f"--real-max-workers={args.real_max_workers} is invalid: expected >= 0")
-    largest = max(_list(args.workers, "--workers", int))
+    largest = max(parse_list(args.workers, "--workers", int))
     n_workers = embedded_workers(args, largest) if args.scheduler is None else None
     real_max = args.real_max_workers if args.real_max_workers is not None else (n_workers or largest)
     points = build_points(args, real_max)

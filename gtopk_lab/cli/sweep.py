@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from gtopk_lab.cli.errors import UsageError
+from gtopk_lab.cli.lists import LIST_FLAG, parse_list
 from gtopk_lab.cli import run as run_cmd
 from gtopk_lab.config import RunConfig
 from gtopk_lab.config_flags import add_config_flags, config_kwargs
@@ -39,35 +40,27 @@ GRID_FIELDS = {"method", "workers", "density", "bandwidth", "algorithm"}
 
 
 def _split(text: str, flag: str) -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise UsageError(f"{flag}={text!r} is invalid: expected a comma-separated list")
-    return items
+    return parse_list(text, flag)  # commas, spaces or both (gtopk_lab.cli.lists)
 
 
 def _ints(text: str, flag: str) -> list[int]:
-    try:
-        return [int(t) for t in _split(text, flag)]
-    except ValueError:
-        raise UsageError(f"{flag}={text!r} is invalid: expected comma-separated integers") from None
+    return parse_list(text, flag, int)
 
 
 def _floats(text: str, flag: str) -> list[float]:
-    try:
-        return [float(t) for t in _split(text, flag)]
-    except ValueError:
-        raise UsageError(f"{flag}={text!r} is invalid: expected comma-separated numbers") from None
+    return parse_list(text, flag, float)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    grid = parser.add_argument_group("grid (comma-separated lists)")
-    grid.add_argument("--methods", default="dense,topk,gtopk", help="default dense,topk,gtopk")
+    grid = parser.add_argument_group("grid (lists: commas, spaces or both)")
+    grid.add_argument("--methods", default="dense,topk,gtopk", help="default dense,topk,gtopk", **LIST_FLAG)
     grid.add_argument("--workers", default="1,2,4",
-                      help="ranks P per run (default 1,2,4; dense also runs at P=1, the efficiency baseline)")
-    grid.add_argument("--density", default="0.01", help="densities rho (default 0.01; dense ignores it)")
-    grid.add_argument("--bandwidth", default=DEFAULT_NETWORK,
+                      help="ranks P per run (default 1,2,4; dense also runs at P=1, the efficiency baseline)",
+                      **LIST_FLAG)
+    grid.add_argument("--density", default="0.01", help="densities rho (default 0.01; dense ignores it)", **LIST_FLAG)
+    grid.add_argument("--bandwidth", default=DEFAULT_NETWORK, **LIST_FLAG,
                       help=f"modelled links (default {DEFAULT_NETWORK}, with its latency; none: no communication cost)")
-    grid.add_argument("--algorithms", default="butterfly", help="gTop-k patterns (default butterfly)")
+    grid.add_argument("--algorithms", default="butterfly", help="gTop-k patterns (default butterfly)", **LIST_FLAG)
     add_config_flags(parser, exclude=GRID_FIELDS | {"run_id"})
     run_cmd.add_identity_arguments(parser)
     run_cmd.add_cluster_arguments(parser)

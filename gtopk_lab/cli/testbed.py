@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from gtopk_lab.cli.errors import UsageError
+from gtopk_lab.counts import split_list
 from gtopk_lab.testbed import (
     Testbed, TestbedError, change_host, remove_testbed, testbed_names, testbed_problem, testbed_status,
 )
@@ -96,7 +97,7 @@ def _up(args: argparse.Namespace) -> int:
         raise UsageError("--detach and a command exclude each other: the command's end removes the testbed")
     folder = STATE_DIR / f"testbed-{check_name(args.name)}" if args.detach else None
     try:
-        tb = Testbed(args.hosts, args.rate, args.rate_per_host.split(",") if args.rate_per_host else None,
+        tb = Testbed(args.hosts, args.rate, split_list(args.rate_per_host) if args.rate_per_host else None,
                      name=args.name, subnet=args.subnet, shaper=args.shaper, dask=not args.no_dask,
                      worker_args=args.worker_args.split(), folder=folder, detached=args.detach,
                      **({"burst_s": args.burst} if args.burst is not None else {}))

@@ -11,6 +11,9 @@ merge/selection compute on the critical path (the alpha-beta-gamma model).
 Users type networks as strings; :meth:`NetworkModel.from_strings` accepts
 
 - a rate: ``"1Gbps"``, ``"100Mbps"``, ``"2.5 Gbit/s"``, ``"125MB/s"`` (capital ``B`` = bytes),
+  or tc's spelling ``"1gbit"``, ``"100mbit"``, ``"500kbit"`` (bits; note that tc reads
+  ``mbps`` as megabytes per second, while here ``Mbps``/``mbps`` are megabits, as everywhere
+  in gtopk-lab),
 - a preset: ``"1GbE"``, ``"10GbE"``, ``"25GbE"``, ``"100G-IB"``, ``"none"``/``"unthrottled"``,
 - the path of a calibration JSON written by ``gtopk-lab calibrate``,
 
@@ -75,7 +78,7 @@ _PRESET_ALIASES: dict[str, str] = {
 }
 
 _BANDWIDTH_FORMS = (
-    "a rate like '1Gbps', '100Mbps', '2.5 Gbit/s', '125MB/s' (B = bytes); "
+    "a rate like '1Gbps', '100Mbps', '2.5 Gbit/s', '125MB/s' (B = bytes), '1gbit' (tc's); "
     "a preset: 1GbE, 10GbE, 25GbE, 100G-IB, none/unthrottled; "
     "the path of a calibration JSON from 'gtopk-lab calibrate'; "
     "or that JSON's model inline, '{\"latency_s\": ..., \"bandwidth_bps\": ...}'"
@@ -83,14 +86,14 @@ _BANDWIDTH_FORMS = (
 _LATENCY_FORMS = "a latency like '0.5ms', '50us', '1e-4s', '200ns' (or '0')"
 
 _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
-_RATE_RE = re.compile(rf"^{_NUMBER}\s*([kKmMgGtT]?)\s*(bps|bit/s|bits/s|b/s|Bps|B/s|byte/s|bytes/s)$")
+_RATE_RE = re.compile(rf"^{_NUMBER}\s*([kKmMgGtT]?)\s*(bps|bit/s|bits/s|b/s|bit|bits|Bps|B/s|byte/s|bytes/s)$")
 _TIME_RE = re.compile(rf"^{_NUMBER}\s*(s|sec|ms|us|µs|μs|ns)$")
 _RATE_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _TIME_UNIT = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9}
 
 
 def parse_bandwidth_bps(text: str) -> float:
-    """Parse a rate string ("1Gbps", "2.5 Gbit/s", "125MB/s") into bits per second.
+    """Parse a rate string ("1Gbps", "2.5 Gbit/s", "125MB/s", tc's "1gbit") into bits per second.
 
     Presets and calibration files are handled by :meth:`NetworkModel.from_strings`;
     this function accepts rates only (and "none"/"unthrottled" -> ``math.inf``).

@@ -1,4 +1,5 @@
-"""The ControlPanel's text fields: comma-separated lists a person types, parsed and checked.
+"""The ControlPanel's text fields: lists a person types (commas, spaces or both, as on the
+command line: :func:`gtopk_lab.counts.split_list`), parsed and checked.
 
 Every parser raises :class:`FieldError`, a ``ValueError`` whose one-line message starts with
 the field's label as the panel shows it (``P list: '1,x' is invalid: ...``), so the panel
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gtopk_lab.counts import split_list
 from gtopk_lab.network.model import network_model
 
 __all__ = ["FieldError", "StudyRequest", "format_list", "parse_int_list", "parse_float_list",
@@ -57,8 +59,9 @@ def format_list(value: Any) -> str:
 
 
 def _items(text: str) -> list[str]:
-    # Spaces and semicolons are accepted too: people paste "1, 2, 4" or "1 2 4".
-    return [t for t in str(text).replace(";", ",").replace(" ", ",").split(",") if t.strip()]
+    # The CLI's own splitter: commas, spaces, semicolons ("1, 2, 4", "1 2 4"), a unit kept
+    # with its number ("2.5 Gbit/s"), so a list typed in the panel means what it means there.
+    return split_list(text)
 
 
 def parse_int_list(text: str, label: str, minimum: int = 1) -> list[int]:
@@ -98,10 +101,11 @@ def parse_float_list(text: str, label: str, low: float = 0.0, high: float = 1.0)
 
 
 def parse_text_list(text: str, label: str, allow_empty: bool = False) -> list[str]:
-    """``"1GbE, 10GbE"`` -> ``["1GbE", "10GbE"]`` (commas only: a value may hold spaces)."""
-    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    """``"1GbE, 10GbE"`` or ``"1GbE 10GbE"`` -> ``["1GbE", "10GbE"]``; ``"2.5 Gbit/s"`` is one
+    value (:func:`~gtopk_lab.counts.split_list`: a unit stays with its number)."""
+    items = _items(text)
     if not items and not allow_empty:
-        raise FieldError(label, f"{text!r} is empty: expected comma-separated values")
+        raise FieldError(label, f"{text!r} is empty: expected values separated by commas or spaces")
     return list(dict.fromkeys(items))
 
 

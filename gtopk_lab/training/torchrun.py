@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     Options not given are absent from the namespace, so they keep the recipe's or
     RunConfig's value.
     """
-    parser = argparse.ArgumentParser(prog="python -m gtopk_lab.training.torchrun", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gtopk_lab.training.torchrun", description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     parser.add_argument("--summary-out", default=None, help="rank 0 writes the summary JSON here")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout")
     add_config_flags(parser)
