@@ -1,0 +1,367 @@
+"""The what-if explorer: what the alpha-beta(-gamma) model predicts, before paying for runs.
+
+Sliders for the density rho (log scale), the chosen P (1 ... 1024, powers of two), the link
+(a preset of :data:`gtopk_lab.network.model.PRESETS` or a free rate, and its latency) and a
+multi-select of the methods of the registry. Every change redraws, from the model only
+(:mod:`gtopk_lab.plotting.explorer_model`: ``predict_scaling`` with each method's
+``predicted_time_s``; no cluster work, nothing submitted):
+
+1. *efficiency vs P*: one line per method over P = 1 ... 1024 (dense P = 1 = 100%), the
+   chosen P marked; its title says the setting and, under it, where the compute and
+   selection times come from (:mod:`gtopk_lab.plotting.explorer_costs`: a calibration, a
+   stored run, the latest study, or the stated default);
+2. *iteration time at P*: compute, selection and communication per method, stacked bars.
+
+A redraw updates the two ``FigureWidget`` s' existing traces in one batch each (the traces
+are rebuilt only when the shown methods change), about 10-40 ms on a 2-core box
+(``benchmarks/explorer_redraw.py``). **Run as study** turns the setting into
+``lab.study(...)`` (:func:`~gtopk_lab.plotting.explorer_model.study_arguments`), launched
+in a thread as the ControlPanel does; its measured points join the efficiency figure as
+diamonds while it runs (``Study.subscribe``), and once its dense P = 1 run is done its
+costs replace the explorer's (``follow_study``), so curve and points describe one workload.
+
+Client side. Needs a widget front end to be interactive (JupyterLab, Notebook 7, VS Code).
+
+Example::
+
+    from gtopk_lab.plotting.explorer import Explorer
+    Explorer()                          # the stated default costs, no cluster
+    Explorer(lab, out="results/quickstart")   # costs from its calibration; Run as study
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from gtopk_lab.methods import available_methods
+from gtopk_lab.network.model import PRESETS
+from gtopk_lab.plotting.explorer_costs import Costs, costs_from_study, find_costs
+from gtopk_lab.plotting.explorer_model import (FREE_RATE, WORKERS, Prediction, Setting, measured_points, predict,
+                                               study_arguments)
+from gtopk_lab.plotting.figures_base import method_color
+from gtopk_lab.plotting.widget_sync import ThreadSafeFigureWidget, editing, resync_widget_state
+
+__all__ = ["Explorer"]
+
+_FIELD = {"description_width": "96px"}
+_WIDE = widgets.Layout(width="340px")
+#: Colours of the breakdown's phases (not methods: every bar holds all three).
+PHASE_COLORS = {"compute": "#636EFA", "selection": "#FFA15A", "communication": "#EF553B"}
+
+
+def _batch(figure: go.Figure) -> Any:
+    return figure.batch_update()
+
+
+class Explorer:
+    """The what-if explorer widget (module docstring); displays itself as a cell's value.
+
+    ``lab``: a ``Lab`` for **Run as study** (None: the button is off); ``costs``: a
+    :class:`~gtopk_lab.plotting.explorer_costs.Costs` (None: :func:`find_costs` of ``out``,
+    else of ``lab.out``); ``methods``: names from the registry (default dense, topk, gtopk
+    where registered); ``base``: RunConfig fields of a launched study (over the costs'
+    workload); ``seeds``: its seeds; ``follow_study``: take a launched study's costs once
+    its dense P = 1 run is done.
+    """
+
+    def __init__(self, lab: Any = None, *, costs: Costs | None = None, out: str | None = None,
+                 methods: Sequence[str] | None = None, density: float = 0.001, workers: int = 32,
+                 link: str = "1GbE", base: Mapping[str, Any] | None = None, seeds: int = 1,
+                 follow_study: bool = True, refresh_s: float = 1.0) -> None:
+        if costs is not None and not isinstance(costs, Costs):
+            raise TypeError(f"costs has type {type(costs).__name__}: expected explorer_costs.Costs or None")
+        if base is not None and not isinstance(base, Mapping):
+            raise TypeError(f"base={base!r} has type {type(base).__name__}: expected a dict of RunConfig fields")
+        if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+            raise ValueError(f"seeds={seeds!r} is invalid: expected an integer >= 1")
+        registry = list(available_methods())
+        chosen = tuple(m for m in registry if m in set(methods)) if methods is not None else \
+            tuple(m for m in ("dense", "topk", "gtopk") if m in registry)
+        if methods is not None and len(chosen) != len(set(methods)):
+            Setting(methods=tuple(methods))  # raises naming the unknown method
+        initial = Setting(density=density, workers=workers, link=link, methods=chosen)
+        self.lab = lab
+        self.costs = costs if costs is not None else find_costs(out if out is not None else getattr(lab, "out", None))
+        self.base = dict(base or {})
+        self.seeds = seeds
+        self.follow_study = bool(follow_study)
+        self.refresh_s = float(refresh_s)
+        self.study: Any = None
+        self.study_setting: Setting | None = None
+        self.measured: list[dict[str, Any]] = []
+        self.prediction: Prediction | None = None
+        self.redraws = 0  # how many redraws ran (tests and the benchmark read it)
+        self.last_redraw_s = 0.0
+        self._lock = threading.RLock()
+        self._syncing = False  # a control set by another control: no redraw of its own
+        self._latency_override = False
+        self._shape: tuple[Any, ...] | None = None
+        self._build(initial, registry)
+        self.redraw()
+
+    # --- widgets -------------------------------------------------------------------------
+    def _build(self, s: Setting, registry: list[str]) -> None:
+        self.density = widgets.FloatLogSlider(value=s.density, base=10, min=-5, max=0, step=0.05,
+                                              description="density ρ", readout_format=".2g", style=_FIELD,
+                                              layout=_WIDE)
+        self.workers = widgets.SelectionSlider(options=[(str(p), p) for p in WORKERS], value=s.workers,
+                                               description="workers P", style=_FIELD, layout=_WIDE)
+        self.link = widgets.Dropdown(options=list(PRESETS) + [FREE_RATE], value=s.link, description="link",
+                                     style=_FIELD, layout=_WIDE)
+        self.rate = widgets.FloatLogSlider(value=1.0, base=10, min=-2, max=math.log10(400), step=0.02,
+                                           description="rate Gbit/s", readout_format=".3g", style=_FIELD,
+                                           layout=_WIDE)
+        self.latency = widgets.FloatLogSlider(value=436.0, base=10, min=-1, max=5, step=0.02,
+                                              description="latency µs", readout_format=".3g", style=_FIELD,
+                                              layout=_WIDE)
+        self.methods = widgets.SelectMultiple(options=registry, value=s.methods, rows=min(len(registry), 8),
+                                              description="methods", style=_FIELD, layout=_WIDE)
+        self.run_button = widgets.Button(description="Run as study", icon="play", button_style="primary",
+                                         disabled=self.lab is None,
+                                         tooltip="launch this setting as a study on the Lab" if self.lab is not None
+                                         else "no Lab given: Explorer(lab) can launch studies")
+        self.message = widgets.HTML(layout=widgets.Layout(min_height="22px"))
+        self.efficiency_figure = ThreadSafeFigureWidget(layout={
+            "template": "plotly_white", "height": 440, "margin": {"t": 90},
+            "xaxis": {"title": {"text": "workers P"}, "type": "log", "dtick": math.log10(2)},
+            "yaxis": {"title": {"text": "efficiency (%)"}, "range": [0, 105]},
+            "legend": {"orientation": "h", "y": -0.2}})
+        self.breakdown_figure = ThreadSafeFigureWidget(layout={
+            "template": "plotly_white", "barmode": "stack", "margin": {"l": 130, "t": 50},
+            "xaxis": {"title": {"text": "seconds per iteration (predicted)"}},
+            "yaxis": {"autorange": "reversed"}, "legend": {"orientation": "h", "y": -0.3}})
+        self._link_changed(s.link, redraw=False)
+        for control in (self.density, self.workers, self.methods):
+            control.observe(lambda _c: self._changed(), names="value")
+        self.link.observe(lambda c: self._link_changed(c["new"]), names="value")
+        self.rate.observe(lambda _c: self._rate_changed(), names="value")
+        self.latency.observe(lambda _c: self._latency_changed(), names="value")
+        self.run_button.on_click(lambda _b: self.run_study())
+        controls = widgets.VBox([self.density, self.workers, self.link, self.rate, self.latency],
+                                layout=widgets.Layout(grid_gap="2px"))
+        top = widgets.HBox([controls, widgets.VBox([self.methods, widgets.HBox([self.run_button, self.message])])],
+                           layout=widgets.Layout(flex_flow="row wrap", grid_gap="12px"))
+        self.widget = widgets.VBox([top, self.efficiency_figure, self.breakdown_figure],
+                                   layout=widgets.Layout(width="100%"))
+        # CSS classes: how a browser test (or a user's stylesheet) finds the explorer's parts
+        self.widget.add_class("gtopk-explorer")
+        self.density.add_class("gtopk-explorer-density")
+        self.message.add_class("gtopk-explorer-message")
+
+    def _link_changed(self, link: str, redraw: bool = True) -> None:
+        """A preset moves the rate and latency sliders to its own values (and forgets a
+        latency typed for another link); ``none`` has neither; a free rate keeps them."""
+        with self._lock:
+            self._syncing = True
+            try:
+                if link in PRESETS:
+                    latency_s, rate_bps, _note = PRESETS[link]
+                    if math.isfinite(rate_bps):
+                        self.rate.value = rate_bps / 1e9
+                    if latency_s > 0:
+                        self.latency.value = latency_s * 1e6
+                    self._latency_override = False
+                self.rate.disabled = self.latency.disabled = link == "none"
+            finally:
+                self._syncing = False
+            if redraw:
+                self.redraw()
+
+    def _rate_changed(self) -> None:
+        if self._syncing:
+            return
+        with self._lock:
+            if self.link.value != FREE_RATE:
+                self._syncing = True
+                try:  # a rate of one's own: the link is that rate, with the latency shown
+                    self.link.value = FREE_RATE
+                finally:
+                    self._syncing = False
+            self.redraw()
+
+    def _latency_changed(self) -> None:
+        if self._syncing:
+            return
+        self._latency_override = True
+        self.redraw()
+
+    def _changed(self) -> None:
+        if not self._syncing:
+            self.redraw()
+
+    # --- the model -----------------------------------------------------------------------
+    def setting(self) -> Setting:
+        """The controls as a :class:`~gtopk_lab.plotting.explorer_model.Setting`."""
+        link = str(self.link.value)
+        own_latency = link == FREE_RATE or self._latency_override
+        return Setting(density=float(self.density.value), workers=int(self.workers.value), link=link,
+                       rate_bps=float(self.rate.value) * 1e9,
+                       latency_s=float(self.latency.value) * 1e-6 if own_latency else None,
+                       methods=tuple(self.methods.value))
+
+    def study_arguments(self) -> dict[str, Any]:
+        """What **Run as study** passes to ``lab.study`` for the current setting."""
+        return study_arguments(self.setting(), self.costs, self.base, self.seeds)
+
+    def set_costs(self, costs: Costs) -> None:
+        """Predict from other costs (e.g. ``costs_from_run(...)``) and redraw."""
+        if not isinstance(costs, Costs):
+            raise TypeError(f"costs has type {type(costs).__name__}: expected explorer_costs.Costs")
+        with self._lock:
+            self.costs = costs
+            self.redraw()
+
+    # --- drawing -------------------------------------------------------------------------
+    def redraw(self) -> Prediction:
+        """Predict the current setting and update both figures (steps 1-2 of the module
+        docstring); returns the prediction. Safe from any thread."""
+        with self._lock:
+            started = time.perf_counter()
+            prediction = predict(self.setting(), self.costs)
+            self.prediction = prediction
+            self._draw_efficiency(prediction)
+            self._draw_breakdown(prediction)
+            self.redraws += 1
+            self.last_redraw_s = time.perf_counter() - started
+            return prediction
+
+    def _title(self, p: Prediction) -> tuple[str, str]:
+        c = p.costs
+        note = (f"costs: {c.source}; d = {c.numel:,}, t_c = {c.compute_s * 1e3:.3g} ms, "
+                f"t_s = {c.selection_s * 1e3:.3g} ms, gamma = {c.gamma_at(p.setting.density):.2g} s/elem")
+        if p.missing:
+            note += f"; no formula without a layer layout: {', '.join(p.missing)}"
+        return f"Predicted scaling efficiency (alpha-beta model): {p.setting.describe()}", note
+
+    def _draw_efficiency(self, p: Prediction) -> None:
+        fig = self.efficiency_figure
+        names = list(p.rows)
+        overlay = sorted({m["method"] for m in self.measured})
+        shape = (tuple(names), tuple(overlay))
+        title, note = self._title(p)
+        with editing(fig):
+            if shape != self._shape:  # the shown methods changed: new traces
+                with _batch(fig):
+                    fig.data = ()
+                traces = [go.Scatter(x=list(WORKERS), mode="lines+markers", name=m, legendgroup=m,
+                                     line={"color": method_color(m)}, marker={"size": 6},
+                                     hovertemplate=f"{m}<br>P=%{{x}}<br>%{{y:.1f}}%<br>"
+                                                   "t_iter %{customdata:.4g} s<extra></extra>")
+                          for m in names]
+                traces += [go.Scatter(mode="markers", name=f"{m} measured", legendgroup=m,
+                                      marker={"color": method_color(m), "symbol": "diamond", "size": 11,
+                                              "line": {"width": 1, "color": "#333"}},
+                                      hovertemplate=f"{m} measured<br>P=%{{x}}<br>%{{y:.1f}}%<extra></extra>")
+                           for m in overlay]
+                fig.add_traces(traces)
+                self._shape = shape
+            with _batch(fig):
+                for trace, m in zip(fig.data, names):
+                    rows = p.rows[m]
+                    trace.y = [r["scaling_efficiency"] * 100 for r in rows]
+                    trace.customdata = [r["iteration_s"] for r in rows]
+                for trace, m in zip(fig.data[len(names):], overlay):
+                    points = [q for q in self.measured if q["method"] == m]
+                    trace.x = [q["workers"] for q in points]
+                    trace.y = [q["efficiency"] * 100 for q in points]
+                fig.layout.title = {"text": title, "font": {"size": 15}}
+                fig.layout.annotations = [{"text": html.escape(note), "xref": "paper", "yref": "paper", "x": 0,
+                                           "y": 1.02, "xanchor": "left", "yanchor": "bottom", "showarrow": False,
+                                           "font": {"size": 11, "color": "#555"}}]
+                fig.layout.shapes = [{"type": "line", "x0": p.setting.workers, "x1": p.setting.workers,
+                                      "xref": "x", "yref": "paper", "y0": 0, "y1": 1,
+                                      "line": {"color": "#999", "dash": "dot", "width": 1}}]
+            resync_widget_state(fig)  # a front end still loading plotly would miss the deltas
+
+    def _draw_breakdown(self, p: Prediction) -> None:
+        fig = self.breakdown_figure
+        at_p = p.at_p
+        names = list(at_p)
+        with editing(fig):
+            if len(fig.data) != len(PHASE_COLORS):
+                fig.add_traces([go.Bar(orientation="h", name=phase, marker={"color": color},
+                                       hovertemplate=f"%{{y}}<br>{phase} %{{x:.4g}} s<extra></extra>")
+                                for phase, color in PHASE_COLORS.items()])
+            with _batch(fig):
+                for trace, key in zip(fig.data, ("compute_s", "selection_s", "comm_s")):
+                    trace.y = names
+                    trace.x = [at_p[m][key] for m in names]
+                fig.layout.title = f"Iteration time at P = {p.setting.workers}: compute, selection, communication"
+                fig.layout.height = 150 + 26 * max(1, len(names))
+            resync_widget_state(fig)
+
+    # --- Run as study ----------------------------------------------------------------------
+    def run_study(self) -> "Future[Any] | None":
+        """Launch the current setting as ``lab.study(**self.study_arguments())`` in a thread
+        (returns at once): a Future of the Study, or None (no Lab, or a bad setting; the
+        message line says which). Its measured points join the efficiency figure."""
+        if self.lab is None:
+            self._say("no Lab: create Explorer(lab) to run a study", error=True)
+            return None
+        try:
+            setting = self.setting()
+            arguments = study_arguments(setting, self.costs, self.base, self.seeds)
+        except ValueError as exc:
+            self._say(str(exc).splitlines()[0], error=True)
+            return None
+        future: Future[Any] = Future()
+        self.run_button.disabled = True
+        self._say(f"launching {', '.join(setting.methods)} at P = {arguments['workers']} ({setting.describe()}) ...")
+        threading.Thread(target=self._start, args=(setting, arguments, future), name="gtopk-lab-explorer-study",
+                         daemon=True).start()
+        return future
+
+    def _start(self, setting: Setting, arguments: dict[str, Any], future: "Future[Any]") -> None:
+        try:  # Lab.study calibrates and submits: seconds, never in the kernel's thread
+            study = self.lab.study(progress=False, refresh_s=self.refresh_s, **arguments)
+        except Exception as exc:  # noqa: BLE001 - shown in the explorer, kept in the future
+            self._say(f"the study did not start: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                      error=True)
+            self.run_button.disabled = False
+            future.set_exception(exc)
+            return
+        with self._lock:
+            self.study, self.study_setting, self.measured = study, setting, []
+        self._say(f"study launched: {len(getattr(study, 'points_list', ()))} point(s), {setting.describe()}; "
+                  "measured points appear as diamonds")
+        self.run_button.disabled = False
+        self._on_study(study)
+        study.subscribe(self._on_study)
+        future.set_result(study)
+
+    def _on_study(self, study: Any) -> None:
+        """The study changed (its watcher thread): measured points, then maybe its costs."""
+        try:
+            with self._lock:
+                if study is not self.study:
+                    return
+                self.measured = measured_points(study.points())
+                if self.follow_study and not self.costs.source.startswith("latest study"):
+                    done = study.points()
+                    if len(done) and "final" in done.columns and (
+                            done["final"].astype(bool) & (done["workers"] == 1)).any():
+                        costs = costs_from_study(study)
+                        if costs is not None:
+                            self.costs = costs
+                self.redraw()
+        except Exception as exc:  # noqa: BLE001 - a display error must never stop the study
+            self._say(f"explorer refresh failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                      error=True)
+
+    def _say(self, text: str, error: bool = False) -> None:
+        color = "#b00020" if error else "#2e7d32"
+        self.message.value = (f"<span title='{html.escape(text)}' style='color:{color};white-space:nowrap;"
+                              f"overflow:hidden;text-overflow:ellipsis;display:inline-block;max-width:520px'>"
+                              f"{html.escape(text)}</span>")
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
+        return self.widget._repr_mimebundle_(include=include, exclude=exclude)
