@@ -13,7 +13,7 @@ multi-select of the methods of the registry. Every change redraws, from the mode
 2. *iteration time at P*: compute, selection and communication per method, stacked bars.
 
 A redraw updates the two ``FigureWidget`` s' existing traces in one batch each (the traces
-are rebuilt only when the shown methods change), about 10-40 ms on a 2-core box
+are rebuilt only when the shown methods change), about 4-8 ms on a 2-core box, all 14 methods shown
 (``benchmarks/explorer_redraw.py``). **Run as study** turns the setting into
 ``lab.study(...)`` (:func:`~gtopk_lab.plotting.explorer_model.study_arguments`), launched
 in a thread as the ControlPanel does; its measured points join the efficiency figure as
