@@ -136,6 +136,14 @@ def test_link_presets_free_rate_latency_and_p_slider() -> None:
     assert explorer.efficiency_figure.layout.shapes[0].x0 == 128
     assert "P = 128" in explorer.breakdown_figure.layout.title.text
     assert list(explorer.workers.options) == [(str(p), p) for p in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)]
+    # a link as a run takes it: a rate (its latency 0 unless given) and a latency
+    typed = Explorer(costs=COSTS, methods=["gtopk"], link="2.5Gbps", latency="40ms")
+    assert typed.link.value == FREE_RATE and typed.setting().network() == network_model("2.5Gbps", "40ms")
+    assert _curve(typed, "gtopk") == pytest.approx(_oracle("gtopk", 0.001, "2.5Gbps", "40ms"), rel=1e-12)
+    bare = Explorer(costs=COSTS, methods=["gtopk"], link="1Gbps")
+    assert bare.setting().network() == network_model("1Gbps")  # latency 0: the slider's left end
+    with pytest.raises(ValueError, match="bandwidth='fast' is invalid"):
+        Explorer(costs=COSTS, link="fast")
 
 
 def test_costs_come_from_a_calibration_runs_or_the_stated_default(tmp_path: Path) -> None:

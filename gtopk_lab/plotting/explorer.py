@@ -43,7 +43,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from gtopk_lab.methods import available_methods
-from gtopk_lab.network.model import PRESETS
+from gtopk_lab.network.model import PRESETS, parse_bandwidth_bps, parse_latency_s
 from gtopk_lab.plotting.explorer_costs import Costs, costs_from_study, find_costs
 from gtopk_lab.plotting.explorer_model import (FREE_RATE, WORKERS, Prediction, Setting, measured_points, predict,
                                                study_arguments)
@@ -54,6 +54,8 @@ __all__ = ["Explorer"]
 
 _FIELD = {"description_width": "96px"}
 _WIDE = widgets.Layout(width="340px")
+#: The latency slider's left end (µs), which means a latency of 0.
+LATENCY_FLOOR_US = 0.1
 #: Colours of the breakdown's phases (not methods: every bar holds all three).
 PHASE_COLORS = {"compute": "#636EFA", "selection": "#FFA15A", "communication": "#EF553B"}
 
@@ -68,14 +70,16 @@ class Explorer:
     ``lab``: a ``Lab`` for **Run as study** (None: the button is off); ``costs``: a
     :class:`~gtopk_lab.plotting.explorer_costs.Costs` (None: :func:`find_costs` of ``out``,
     else of ``lab.out``); ``methods``: names from the registry (default dense, topk, gtopk
-    where registered); ``base``: RunConfig fields of a launched study (over the costs'
+    where registered); ``link``: a preset, or a rate as a run takes it (``"2.5Gbps"``: the
+    free rate); ``latency``: e.g. ``"0.5ms"`` (None: the preset's); ``base``: RunConfig fields of a launched study (over the costs'
     workload); ``seeds``: its seeds; ``follow_study``: take a launched study's costs once
     its dense P = 1 run is done.
     """
 
     def __init__(self, lab: Any = None, *, costs: Costs | None = None, out: str | None = None,
                  methods: Sequence[str] | None = None, density: float = 0.001, workers: int = 32,
-                 link: str = "1GbE", base: Mapping[str, Any] | None = None, seeds: int = 1,
+                 link: str = "1GbE", latency: str | None = None, base: Mapping[str, Any] | None = None,
+                 seeds: int = 1,
                  follow_study: bool = True, refresh_s: float = 1.0) -> None:
         if costs is not None and not isinstance(costs, Costs):
             raise TypeError(f"costs has type {type(costs).__name__}: expected explorer_costs.Costs or None")
@@ -88,7 +92,13 @@ class Explorer:
             tuple(m for m in ("dense", "topk", "gtopk") if m in registry)
         if methods is not None and len(chosen) != len(set(methods)):
             Setting(methods=tuple(methods))  # raises naming the unknown method
-        initial = Setting(density=density, workers=workers, link=link, methods=chosen)
+        rate_bps = 1e9
+        if link not in PRESETS and link != FREE_RATE:  # a rate as a run takes it ("2.5Gbps")
+            rate_bps = parse_bandwidth_bps(link)
+            link = "none" if math.isinf(rate_bps) else FREE_RATE
+        latency_s = parse_latency_s(latency) if latency is not None else None
+        initial = Setting(density=density, workers=workers, link=link, rate_bps=1e9 if math.isinf(rate_bps)
+                          else rate_bps, latency_s=latency_s, methods=chosen)
         self.lab = lab
         self.costs = costs if costs is not None else find_costs(out if out is not None else getattr(lab, "out", None))
         self.base = dict(base or {})
@@ -120,7 +130,8 @@ class Explorer:
         self.rate = widgets.FloatLogSlider(value=1.0, base=10, min=-2, max=math.log10(400), step=0.02,
                                            description="rate Gbit/s", readout_format=".3g", style=_FIELD,
                                            layout=_WIDE)
-        self.latency = widgets.FloatLogSlider(value=436.0, base=10, min=-1, max=5, step=0.02,
+        self.latency = widgets.FloatLogSlider(value=436.0, base=10, min=math.log10(LATENCY_FLOOR_US), max=5,
+                                              step=0.02,
                                               description="latency µs", readout_format=".3g", style=_FIELD,
                                               layout=_WIDE)
         self.methods = widgets.SelectMultiple(options=registry, value=s.methods, rows=min(len(registry), 8),
@@ -140,6 +151,15 @@ class Explorer:
             "xaxis": {"title": {"text": "seconds per iteration (predicted)"}},
             "yaxis": {"autorange": "reversed"}, "legend": {"orientation": "h", "y": -0.3}})
         self._link_changed(s.link, redraw=False)
+        self._syncing = True
+        try:  # a rate and a latency of one's own (the sliders clip them to their ranges)
+            if s.link == FREE_RATE:
+                self.rate.value = s.rate_bps / 1e9
+            if s.latency_s is not None or s.link == FREE_RATE:  # a bare rate's latency is 0
+                self.latency.value = max(LATENCY_FLOOR_US, (s.latency_s or 0.0) * 1e6)
+                self._latency_override = True
+        finally:
+            self._syncing = False
         for control in (self.density, self.workers, self.methods):
             control.observe(lambda _c: self._changed(), names="value")
         self.link.observe(lambda c: self._link_changed(c["new"]), names="value")
@@ -203,9 +223,10 @@ class Explorer:
         """The controls as a :class:`~gtopk_lab.plotting.explorer_model.Setting`."""
         link = str(self.link.value)
         own_latency = link == FREE_RATE or self._latency_override
+        # the slider's left end is latency 0 (a log slider has no 0)
+        latency_s = 0.0 if self.latency.value <= LATENCY_FLOOR_US else float(self.latency.value) * 1e-6
         return Setting(density=float(self.density.value), workers=int(self.workers.value), link=link,
-                       rate_bps=float(self.rate.value) * 1e9,
-                       latency_s=float(self.latency.value) * 1e-6 if own_latency else None,
+                       rate_bps=float(self.rate.value) * 1e9, latency_s=latency_s if own_latency else None,
                        methods=tuple(self.methods.value))
 
     def study_arguments(self) -> dict[str, Any]:
