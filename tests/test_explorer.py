@@ -146,6 +146,28 @@ def test_link_presets_free_rate_latency_and_p_slider() -> None:
         Explorer(costs=COSTS, link="fast")
 
 
+
+def _snapped(slider: Any, value: float) -> float:
+    """What a log slider's front end sends back for ``value``: its step's nearest exponent."""
+    return float(10 ** (round(math.log10(value) / slider.step) * slider.step))
+
+
+def test_a_sliders_snap_from_the_front_end_is_no_change() -> None:
+    """A FloatLogSlider's front end rounds a value set from Python to its step and sends it
+    back (seen in Chromium: 40 ms came back as 39.81 ms); within half a step that is the
+    value Python set, so a preset's rate does not turn into a free rate."""
+    explorer = Explorer(costs=COSTS, methods=["gtopk"], link="1GbE", latency="40ms", density=0.003)
+    redraws = explorer.redraws
+    for slider in (explorer.rate, explorer.latency, explorer.density):
+        slider.value = _snapped(slider, slider.value)
+        assert slider.value != pytest.approx(explorer._exact[slider.description], rel=1e-6)
+    assert explorer.redraws == redraws and explorer.link.value == "1GbE"
+    setting = explorer.setting()
+    assert setting.network() == network_model("1GbE", "40000us") and setting.density == 0.003
+    explorer.latency.value = 1000.0  # a real move: the person's value
+    assert explorer.redraws == redraws + 1 and explorer.setting().latency_text == "1000us"
+
+
 def test_costs_come_from_a_calibration_runs_or_the_stated_default(tmp_path: Path) -> None:
     assert find_costs(tmp_path) is DEFAULT_COSTS and find_costs(None) is DEFAULT_COSTS
     workload = {"model": "mlp", "dataset": "mnist1d", "batch_size": 32, "model_kwargs": {}, "device": "cpu"}

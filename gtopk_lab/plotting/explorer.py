@@ -40,15 +40,15 @@ from concurrent.futures import Future
 from typing import Any
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from gtopk_lab.methods import available_methods
 from gtopk_lab.network.model import PRESETS, parse_bandwidth_bps, parse_latency_s
 from gtopk_lab.plotting.explorer_costs import Costs, costs_from_study, find_costs
 from gtopk_lab.plotting.explorer_model import (FREE_RATE, WORKERS, Prediction, Setting, measured_points, predict,
                                                study_arguments)
-from gtopk_lab.plotting.figures_base import method_color
-from gtopk_lab.plotting.widget_sync import ThreadSafeFigureWidget, editing, resync_widget_state
+from gtopk_lab.plotting.explorer_figures import BREAKDOWN_LAYOUT, EFFICIENCY_LAYOUT, draw_breakdown, draw_efficiency
+from gtopk_lab.plotting.widget_fit import FitSignal, fit_width
+from gtopk_lab.plotting.widget_sync import ThreadSafeFigureWidget
 
 __all__ = ["Explorer"]
 
@@ -56,12 +56,6 @@ _FIELD = {"description_width": "96px"}
 _WIDE = widgets.Layout(width="340px")
 #: The latency slider's left end (µs), which means a latency of 0.
 LATENCY_FLOOR_US = 0.1
-#: Colours of the breakdown's phases (not methods: every bar holds all three).
-PHASE_COLORS = {"compute": "#636EFA", "selection": "#FFA15A", "communication": "#EF553B"}
-
-
-def _batch(figure: go.Figure) -> Any:
-    return figure.batch_update()
 
 
 class Explorer:
@@ -114,6 +108,10 @@ class Explorer:
         self._lock = threading.RLock()
         self._syncing = False  # a control set by another control: no redraw of its own
         self._latency_override = False
+        # slider -> the exact value Python gave it: a log slider's front end snaps a value to
+        # its step and sends it back (40 ms came back as 39.81 ms, 1GbE's 0.889 Gbit/s as
+        # 0.891, which read as a free rate); within half a step that echo is not a change
+        self._exact: dict[str, float] = {}
         self._shape: tuple[Any, ...] | None = None
         self._build(initial, registry)
         self.redraw()
@@ -141,26 +139,21 @@ class Explorer:
                                          tooltip="launch this setting as a study on the Lab" if self.lab is not None
                                          else "no Lab given: Explorer(lab) can launch studies")
         self.message = widgets.HTML(layout=widgets.Layout(min_height="22px"))
-        self.efficiency_figure = ThreadSafeFigureWidget(layout={
-            "template": "plotly_white", "height": 440, "margin": {"t": 90},
-            "xaxis": {"title": {"text": "workers P"}, "type": "log", "dtick": math.log10(2)},
-            "yaxis": {"title": {"text": "efficiency (%)"}, "range": [0, 105]},
-            "legend": {"orientation": "h", "y": -0.2}})
-        self.breakdown_figure = ThreadSafeFigureWidget(layout={
-            "template": "plotly_white", "barmode": "stack", "margin": {"l": 130, "t": 50},
-            "xaxis": {"title": {"text": "seconds per iteration (predicted)"}},
-            "yaxis": {"autorange": "reversed"}, "legend": {"orientation": "h", "y": -0.3}})
+        self.efficiency_figure = ThreadSafeFigureWidget(layout=EFFICIENCY_LAYOUT)
+        self.breakdown_figure = ThreadSafeFigureWidget(layout=BREAKDOWN_LAYOUT)
+        self._put(self.density, s.density)
         self._link_changed(s.link, redraw=False)
         self._syncing = True
         try:  # a rate and a latency of one's own (the sliders clip them to their ranges)
             if s.link == FREE_RATE:
-                self.rate.value = s.rate_bps / 1e9
+                self._put(self.rate, s.rate_bps / 1e9)
             if s.latency_s is not None or s.link == FREE_RATE:  # a bare rate's latency is 0
-                self.latency.value = max(LATENCY_FLOOR_US, (s.latency_s or 0.0) * 1e6)
+                self._put(self.latency, max(LATENCY_FLOOR_US, (s.latency_s or 0.0) * 1e6))
                 self._latency_override = True
         finally:
             self._syncing = False
-        for control in (self.density, self.workers, self.methods):
+        self.density.observe(lambda _c: self._changed(self.density), names="value")
+        for control in (self.workers, self.methods):
             control.observe(lambda _c: self._changed(), names="value")
         self.link.observe(lambda c: self._link_changed(c["new"]), names="value")
         self.rate.observe(lambda _c: self._rate_changed(), names="value")
@@ -170,7 +163,9 @@ class Explorer:
                                 layout=widgets.Layout(grid_gap="2px"))
         top = widgets.HBox([controls, widgets.VBox([self.methods, widgets.HBox([self.run_button, self.message])])],
                            layout=widgets.Layout(flex_flow="row wrap", grid_gap="12px"))
-        self.widget = widgets.VBox([top, self.efficiency_figure, self.breakdown_figure],
+        self.fits = 0
+        self.widget = widgets.VBox([top, self.efficiency_figure, self.breakdown_figure,
+                                    FitSignal(self.fit_figures, ".gtopk-explorer")],
                                    layout=widgets.Layout(width="100%"))
         # CSS classes: how a browser test (or a user's stylesheet) finds the explorer's parts
         self.widget.add_class("gtopk-explorer")
@@ -186,9 +181,9 @@ class Explorer:
                 if link in PRESETS:
                     latency_s, rate_bps, _note = PRESETS[link]
                     if math.isfinite(rate_bps):
-                        self.rate.value = rate_bps / 1e9
+                        self._put(self.rate, rate_bps / 1e9)
                     if latency_s > 0:
-                        self.latency.value = latency_s * 1e6
+                        self._put(self.latency, latency_s * 1e6)
                     self._latency_override = False
                 self.rate.disabled = self.latency.disabled = link == "none"
             finally:
@@ -196,8 +191,22 @@ class Explorer:
             if redraw:
                 self.redraw()
 
+    def _put(self, slider: widgets.FloatLogSlider, value: float) -> None:
+        """Set a log slider from Python and remember the exact value (see ``_exact``)."""
+        self._exact[slider.description] = float(value)
+        slider.value = value
+
+    def _echo(self, slider: widgets.FloatLogSlider) -> bool:
+        """True when the slider's value is its front end's snap of the exact value Python set."""
+        exact = self._exact.get(slider.description)
+        return exact is not None and exact > 0 and slider.value > 0 and \
+            abs(math.log10(slider.value) - math.log10(exact)) <= slider.step / 2 + 1e-9
+
+    def _value(self, slider: widgets.FloatLogSlider) -> float:
+        return self._exact[slider.description] if self._echo(slider) else float(slider.value)
+
     def _rate_changed(self) -> None:
-        if self._syncing:
+        if self._syncing or self._echo(self.rate):
             return
         with self._lock:
             if self.link.value != FREE_RATE:
@@ -209,13 +218,13 @@ class Explorer:
             self.redraw()
 
     def _latency_changed(self) -> None:
-        if self._syncing:
+        if self._syncing or self._echo(self.latency):
             return
         self._latency_override = True
         self.redraw()
 
-    def _changed(self) -> None:
-        if not self._syncing:
+    def _changed(self, slider: widgets.FloatLogSlider | None = None) -> None:
+        if not self._syncing and not (slider is not None and self._echo(slider)):
             self.redraw()
 
     # --- the model -----------------------------------------------------------------------
@@ -224,9 +233,10 @@ class Explorer:
         link = str(self.link.value)
         own_latency = link == FREE_RATE or self._latency_override
         # the slider's left end is latency 0 (a log slider has no 0)
-        latency_s = 0.0 if self.latency.value <= LATENCY_FLOOR_US else float(self.latency.value) * 1e-6
-        return Setting(density=float(self.density.value), workers=int(self.workers.value), link=link,
-                       rate_bps=float(self.rate.value) * 1e9, latency_s=latency_s if own_latency else None,
+        latency_us = self._value(self.latency)
+        latency_s = 0.0 if latency_us <= LATENCY_FLOOR_US else latency_us * 1e-6
+        return Setting(density=min(1.0, self._value(self.density)), workers=int(self.workers.value), link=link,
+                       rate_bps=self._value(self.rate) * 1e9, latency_s=latency_s if own_latency else None,
                        methods=tuple(self.methods.value))
 
     def study_arguments(self) -> dict[str, Any]:
@@ -255,70 +265,18 @@ class Explorer:
             self.last_redraw_s = time.perf_counter() - started
             return prediction
 
-    def _title(self, p: Prediction) -> tuple[str, str]:
-        c = p.costs
-        note = (f"costs: {c.source}; d = {c.numel:,}, t_c = {c.compute_s * 1e3:.3g} ms, "
-                f"t_s = {c.selection_s * 1e3:.3g} ms, gamma = {c.gamma_at(p.setting.density):.2g} s/elem")
-        if p.missing:
-            note += f"; no formula without a layer layout: {', '.join(p.missing)}"
-        return f"Predicted scaling efficiency (alpha-beta model): {p.setting.describe()}", note
-
     def _draw_efficiency(self, p: Prediction) -> None:
-        fig = self.efficiency_figure
-        names = list(p.rows)
-        overlay = sorted({m["method"] for m in self.measured})
-        shape = (tuple(names), tuple(overlay))
-        title, note = self._title(p)
-        with editing(fig):
-            if shape != self._shape:  # the shown methods changed: new traces
-                with _batch(fig):
-                    fig.data = ()
-                traces = [go.Scatter(x=list(WORKERS), mode="lines+markers", name=m, legendgroup=m,
-                                     line={"color": method_color(m)}, marker={"size": 6},
-                                     hovertemplate=f"{m}<br>P=%{{x}}<br>%{{y:.1f}}%<br>"
-                                                   "t_iter %{customdata:.4g} s<extra></extra>")
-                          for m in names]
-                traces += [go.Scatter(mode="markers", name=f"{m} measured", legendgroup=m,
-                                      marker={"color": method_color(m), "symbol": "diamond", "size": 11,
-                                              "line": {"width": 1, "color": "#333"}},
-                                      hovertemplate=f"{m} measured<br>P=%{{x}}<br>%{{y:.1f}}%<extra></extra>")
-                           for m in overlay]
-                fig.add_traces(traces)
-                self._shape = shape
-            with _batch(fig):
-                for trace, m in zip(fig.data, names):
-                    rows = p.rows[m]
-                    trace.y = [r["scaling_efficiency"] * 100 for r in rows]
-                    trace.customdata = [r["iteration_s"] for r in rows]
-                for trace, m in zip(fig.data[len(names):], overlay):
-                    points = [q for q in self.measured if q["method"] == m]
-                    trace.x = [q["workers"] for q in points]
-                    trace.y = [q["efficiency"] * 100 for q in points]
-                fig.layout.title = {"text": title, "font": {"size": 15}}
-                fig.layout.annotations = [{"text": html.escape(note), "xref": "paper", "yref": "paper", "x": 0,
-                                           "y": 1.02, "xanchor": "left", "yanchor": "bottom", "showarrow": False,
-                                           "font": {"size": 11, "color": "#555"}}]
-                fig.layout.shapes = [{"type": "line", "x0": p.setting.workers, "x1": p.setting.workers,
-                                      "xref": "x", "yref": "paper", "y0": 0, "y1": 1,
-                                      "line": {"color": "#999", "dash": "dot", "width": 1}}]
-            resync_widget_state(fig)  # a front end still loading plotly would miss the deltas
+        self._shape = draw_efficiency(self.efficiency_figure, p, self.measured, self._shape)
 
     def _draw_breakdown(self, p: Prediction) -> None:
-        fig = self.breakdown_figure
-        at_p = p.at_p
-        names = list(at_p)
-        with editing(fig):
-            if len(fig.data) != len(PHASE_COLORS):
-                fig.add_traces([go.Bar(orientation="h", name=phase, marker={"color": color},
-                                       hovertemplate=f"%{{y}}<br>{phase} %{{x:.4g}} s<extra></extra>")
-                                for phase, color in PHASE_COLORS.items()])
-            with _batch(fig):
-                for trace, key in zip(fig.data, ("compute_s", "selection_s", "comm_s")):
-                    trace.y = names
-                    trace.x = [at_p[m][key] for m in names]
-                fig.layout.title = f"Iteration time at P = {p.setting.workers}: compute, selection, communication"
-                fig.layout.height = 150 + 26 * max(1, len(names))
-            resync_widget_state(fig)
+        draw_breakdown(self.breakdown_figure, p)
+
+    def fit_figures(self) -> None:
+        """Fit both figures to the width they have now (:mod:`~gtopk_lab.plotting.widget_fit`:
+        a FigureWidget drawn off screen or in a box keeps 700 px otherwise)."""
+        self.fits += 1
+        for figure in (self.efficiency_figure, self.breakdown_figure):
+            fit_width(figure)
 
     # --- Run as study ----------------------------------------------------------------------
     def run_study(self) -> "Future[Any] | None":
