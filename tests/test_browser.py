@@ -459,9 +459,16 @@ def test_explorer_rho_slider_redraws_the_prediction_and_submits_nothing(
     explorer.scroll_into_view_if_needed()
     page.wait_for_function(f"() => {{ const e = ({_EXPLORER})(); return e && e.traces.length === 2; }}",
                            timeout=30_000)
+    first = page.evaluate(_EXPLORER)
+    assert [t[0] for t in first["traces"]] == ["dense", "gtopk"], first  # the notebook's study_methods
+    assert "costs: stored runs in" in first["note"], first["note"]  # section 2's run, and it says so
+    assert "1 Gbit/s, latency 40 ms" in first["title"], first["title"]  # the notebook's link, as typed
+    # the paper's 1GbE preset (the notebook's 40 ms link leaves every curve latency-bound)
+    explorer.locator("select").first.select_option("1GbE")
+    page.wait_for_function(f"() => {{ const e = ({_EXPLORER})(); return e && e.title.includes('1GbE'); }}",
+                           timeout=20_000)
+    page.wait_for_timeout(500)
     before, runs_before = page.evaluate(_EXPLORER), _stored_runs(root)
-    assert [t[0] for t in before["traces"]] == ["dense", "gtopk"], before  # the notebook's study_methods
-    assert "costs: stored runs in" in before["note"], before["note"]  # section 2's run, and it says so
     quickstart.shot("browser_explorer_before", explorer)
     # drag the density handle to the right: rho grows, gTop-k sends more pairs per round
     handle = explorer.locator(".gtopk-explorer-density .noUi-handle").first
@@ -482,7 +489,7 @@ def test_explorer_rho_slider_redraws_the_prediction_and_submits_nothing(
     quickstart.shot("browser_explorer_after", explorer)
     curves = {name: (y_before, dict(after["traces"])[name]) for name, y_before in before["traces"]}
     old, new = curves["gtopk"]
-    assert new[1:] != old[1:] and new[-1] < old[-1], (before["title"], after["title"], curves)
+    assert new[1:] != old[1:] and new[3] < old[3] - 3, (before["title"], after["title"], curves)  # P = 8
     assert curves["dense"][0] == curves["dense"][1], curves  # dense sends d values whatever rho
     rho = lambda title: float(title.split("ρ=")[1].split(",")[0])  # noqa: E731
     assert rho(after["title"]) > rho(before["title"]), (before["title"], after["title"])

@@ -118,18 +118,18 @@ class Explorer:
 
     # --- widgets -------------------------------------------------------------------------
     def _build(self, s: Setting, registry: list[str]) -> None:
-        self.density = widgets.FloatLogSlider(value=s.density, base=10, min=-5, max=0, step=0.05,
+        self.density = widgets.FloatLogSlider(value=s.density, base=10, min=-5, max=0, step=0.01,
                                               description="density ρ", readout_format=".2g", style=_FIELD,
                                               layout=_WIDE)
         self.workers = widgets.SelectionSlider(options=[(str(p), p) for p in WORKERS], value=s.workers,
                                                description="workers P", style=_FIELD, layout=_WIDE)
         self.link = widgets.Dropdown(options=list(PRESETS) + [FREE_RATE], value=s.link, description="link",
                                      style=_FIELD, layout=_WIDE)
-        self.rate = widgets.FloatLogSlider(value=1.0, base=10, min=-2, max=math.log10(400), step=0.02,
+        self.rate = widgets.FloatLogSlider(value=1.0, base=10, min=-2, max=math.log10(400), step=0.001,
                                            description="rate Gbit/s", readout_format=".3g", style=_FIELD,
                                            layout=_WIDE)
         self.latency = widgets.FloatLogSlider(value=436.0, base=10, min=math.log10(LATENCY_FLOOR_US), max=5,
-                                              step=0.02,
+                                              step=0.001,
                                               description="latency µs", readout_format=".3g", style=_FIELD,
                                               layout=_WIDE)
         self.methods = widgets.SelectMultiple(options=registry, value=s.methods, rows=min(len(registry), 8),
