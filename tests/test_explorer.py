@@ -261,7 +261,10 @@ def test_run_as_study_builds_the_settings_study_and_overlays_its_points() -> Non
     assert measured["gtopk measured"] == ([1, 2], pytest.approx([95.0, 90.0]))
     # its dense P = 1 run is done: the curves now use the study's costs, and say so
     assert explorer.costs.source.startswith("latest study") and explorer.costs.compute_s == pytest.approx(0.02)
-    assert "latest study" in explorer.efficiency_figure.layout.annotations[0].text
+    note = explorer.efficiency_figure.layout.annotations[0].text
+    assert "latest study" in note and "diamonds: measured by the study at ρ=0.01, 1GbE, latency 500 us" in note
+    explorer.density.value = 0.1  # the sliders move on: the note still names the study's setting
+    assert "measured by the study at ρ=0.01," in explorer.efficiency_figure.layout.annotations[0].text
     assert Explorer(costs=COSTS).run_study() is None  # no Lab: the button is off and says so
     assert Explorer(costs=COSTS).run_button.disabled
 

@@ -65,16 +65,15 @@ class Explorer:
     :class:`~gtopk_lab.plotting.explorer_costs.Costs` (None: :func:`find_costs` of ``out``,
     else of ``lab.out``); ``methods``: names from the registry (default dense, topk, gtopk
     where registered); ``link``: a preset, or a rate as a run takes it (``"2.5Gbps"``: the
-    free rate); ``latency``: e.g. ``"0.5ms"`` (None: the preset's); ``base``: RunConfig fields of a launched study (over the costs'
-    workload); ``seeds``: its seeds; ``follow_study``: take a launched study's costs once
-    its dense P = 1 run is done.
+    free rate); ``latency``: e.g. ``"0.5ms"`` (None: the preset's); ``base``: RunConfig
+    fields of a launched study (over the costs' workload); ``seeds``: its seeds;
+    ``follow_study``: take a launched study's costs once its P = 1 baseline is done.
     """
 
     def __init__(self, lab: Any = None, *, costs: Costs | None = None, out: str | None = None,
                  methods: Sequence[str] | None = None, density: float = 0.001, workers: int = 32,
                  link: str = "1GbE", latency: str | None = None, base: Mapping[str, Any] | None = None,
-                 seeds: int = 1,
-                 follow_study: bool = True, refresh_s: float = 1.0) -> None:
+                 seeds: int = 1, follow_study: bool = True, refresh_s: float = 1.0) -> None:
         if costs is not None and not isinstance(costs, Costs):
             raise TypeError(f"costs has type {type(costs).__name__}: expected explorer_costs.Costs or None")
         if base is not None and not isinstance(base, Mapping):
@@ -266,7 +265,8 @@ class Explorer:
             return prediction
 
     def _draw_efficiency(self, p: Prediction) -> None:
-        self._shape = draw_efficiency(self.efficiency_figure, p, self.measured, self._shape)
+        label = self.study_setting.describe() if self.measured and self.study_setting is not None else ""
+        self._shape = draw_efficiency(self.efficiency_figure, p, self.measured, self._shape, label)
 
     def _draw_breakdown(self, p: Prediction) -> None:
         draw_breakdown(self.breakdown_figure, p)
@@ -323,14 +323,15 @@ class Explorer:
             with self._lock:
                 if study is not self.study:
                     return
-                self.measured = measured_points(study.points())
-                if self.follow_study and not self.costs.source.startswith("latest study"):
-                    done = study.points()
-                    if len(done) and "final" in done.columns and (
-                            done["final"].astype(bool) & (done["workers"] == 1)).any():
-                        costs = costs_from_study(study)
-                        if costs is not None:
-                            self.costs = costs
+                points = study.points()
+                self.measured = measured_points(points)
+                # the study's own costs once its P = 1 baseline is final (updated as more of
+                # its runs end), so the curves describe the workload the diamonds measured
+                if self.follow_study and len(points) and "final" in points.columns and (
+                        points["final"].astype(bool) & (points["workers"] == 1)).any():
+                    costs = costs_from_study(study)
+                    if costs is not None:
+                        self.costs = costs
                 self.redraw()
         except Exception as exc:  # noqa: BLE001 - a display error must never stop the study
             self._say(f"explorer refresh failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",

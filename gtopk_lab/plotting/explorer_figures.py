@@ -33,7 +33,7 @@ __all__ = ["EFFICIENCY_LAYOUT", "BREAKDOWN_LAYOUT", "PHASE_COLORS", "title_and_n
 PHASE_COLORS = {"compute": "#636EFA", "selection": "#FFA15A", "communication": "#EF553B"}
 #: The efficiency figure's fixed layout (the title, note and P mark change per redraw).
 EFFICIENCY_LAYOUT: dict[str, Any] = {
-    "template": "plotly_white", "height": 460, "margin": {"t": 110},
+    "template": "plotly_white", "height": 470, "margin": {"t": 125},
     "xaxis": {"title": {"text": "workers P"}, "type": "log", "dtick": math.log10(2)},
     "yaxis": {"title": {"text": "efficiency (%)"}, "range": [0, 105]},
     "legend": {"orientation": "h", "y": -0.2}}
@@ -56,13 +56,16 @@ def title_and_note(p: Prediction) -> tuple[str, str]:
 
 
 def draw_efficiency(fig: go.Figure, p: Prediction, measured: list[dict[str, Any]],
-                    shape: tuple[Any, ...] | None) -> tuple[Any, ...]:
+                    shape: tuple[Any, ...] | None, measured_label: str = "") -> tuple[Any, ...]:
     """Step 1 of the module docstring. ``shape``: the trace set drawn last (the traces are
-    rebuilt only when it changed); returns the one drawn now."""
+    rebuilt only when it changed); returns the one drawn now. ``measured_label``: the
+    setting the measured study ran (the note says it: the sliders may have moved since)."""
     names = list(p.rows)
     overlay = sorted({m["method"] for m in measured})
     new_shape = (tuple(names), tuple(overlay))
     title, note = title_and_note(p)
+    if overlay and measured_label:
+        note += "<br>" + html.escape(f"diamonds: measured by the study at {measured_label} (virtual clock)")
     with editing(fig):
         if new_shape != shape:  # the shown methods changed: new traces
             with fig.batch_update():
