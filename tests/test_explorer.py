@@ -278,6 +278,11 @@ def test_control_panel_has_the_explorer_as_a_tab() -> None:
     assert panel.explorer.study_arguments()["base"] == {"model": "mlp", "dataset": "mnist1d",
                                                         "epochs": panel.epochs.value, "max_iterations": 8}
     assert [t.name for t in panel.explorer.efficiency_figure.data] == ["dense", "gtopk"]
+    # the form's first density, link and latency
+    panel = ControlPanel(FakeLab(_points()), defaults={"methods": ["gtopk"], "density": [0.01, 0.1],
+                                                       "bandwidth": "1Gbps", "latency": "40ms"})
+    assert panel.explorer.setting().network() == network_model("1Gbps", "40ms")
+    assert panel.explorer.setting().density == 0.01
 
 
 @pytest.mark.timeout(400)

@@ -56,7 +56,7 @@ import plotly.graph_objects as go
 
 from gtopk_lab.network.model import DEFAULT_NETWORK
 from gtopk_lab.plotting import figures
-from gtopk_lab.plotting.explorer import Explorer
+from gtopk_lab.plotting.explorer import panel_explorer
 from gtopk_lab.plotting.widget_sync import ThreadSafeFigureWidget, copy_into
 from gtopk_lab.plotting.live_study import convergence_study_figure, scaling_study_figure
 from gtopk_lab.orchestration.arguments import check_seconds
@@ -217,9 +217,7 @@ class ControlPanel:
                                  self.compare_box])
         # the what-if explorer: the model's prediction before any run (its Run as study
         # launches on this panel's Lab, with the form's workload)
-        self.explorer = Explorer(self.lab, methods=list(f.methods.value) or None,
-                                 base={"model": d["model"], "dataset": d["dataset"], "epochs": int(d["epochs"]),
-                                       **self.extra})
+        self.explorer = panel_explorer(self.lab, d, list(f.methods.value), self.extra)
         self.tabs = widgets.Tab(children=[self.efficiency_figure, self.convergence_figure, runs_tab,
                                           self.explorer.widget])
         for i, title in enumerate(("efficiency (live)", "convergence (live)", "runs", "what-if")):

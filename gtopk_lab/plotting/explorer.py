@@ -50,7 +50,7 @@ from gtopk_lab.plotting.explorer_figures import BREAKDOWN_LAYOUT, EFFICIENCY_LAY
 from gtopk_lab.plotting.widget_fit import FitSignal, fit_width
 from gtopk_lab.plotting.widget_sync import ThreadSafeFigureWidget
 
-__all__ = ["Explorer"]
+__all__ = ["Explorer", "panel_explorer"]
 
 _FIELD = {"description_width": "96px"}
 _WIDE = widgets.Layout(width="340px")
@@ -345,3 +345,23 @@ class Explorer:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
         return self.widget._repr_mimebundle_(include=include, exclude=exclude)
+
+
+def panel_explorer(lab: Any, fields: Mapping[str, Any], methods: Sequence[str], extra: Mapping[str, Any]) -> Explorer:
+    """The ControlPanel's what-if tab: an Explorer at the form's first density, link and
+    latency (each a value or a list; a link the explorer cannot show, e.g. a calibration
+    file, leaves its 1GbE default), whose studies get the form's workload and ``extra``."""
+    def first(value: Any) -> Any:
+        return (value[0] if value else None) if isinstance(value, (list, tuple)) else value
+
+    base = {"model": fields["model"], "dataset": fields["dataset"], "epochs": int(fields["epochs"]), **extra}
+    setting: dict[str, Any] = {"density": float(first(fields.get("density")) or 0.001)}
+    link, latency = first(fields.get("bandwidth")), first(fields.get("latency"))
+    if isinstance(link, str) and link.strip():
+        setting["link"] = link.strip()
+        if isinstance(latency, str) and latency.strip():
+            setting["latency"] = latency.strip()
+    try:
+        return Explorer(lab, methods=list(methods) or None, base=base, **setting)
+    except ValueError:  # e.g. a calibration file's link: the explorer's own defaults
+        return Explorer(lab, methods=list(methods) or None, base=base, density=setting["density"])
