@@ -48,7 +48,7 @@ def _oracle(method: str, density: float, link: str = "1GbE", latency: str | None
             costs: Costs = COSTS) -> list[float]:
     rows = predict_scaling(costs.numel, density, costs.compute_s, network_model(link, latency), list(WORKERS),
                            selection_s=costs.selection_s, gamma_s_per_element=costs.gamma_s_per_element,
-                           methods=[(method, method, None)], selection_at_one=True, method_formulas=True)
+                           methods=[(method, method, None)], selection_at_one=True)
     return [r["scaling_efficiency"] * 100 for r in rows]
 
 
@@ -312,20 +312,13 @@ def test_run_as_study_on_a_local_cluster_lands_on_the_same_axes(tmp_path: Path) 
         assert threading.active_count() >= 1
 
 
-def test_method_formulas_price_each_method_as_it_runs() -> None:
-    """predict_scaling(method_formulas=True): local steps sync once per H, exact-k selectors
-    skip the count round; the default keeps the collective's formula (gtopk-lab model scaling)."""
+def test_predict_scaling_prices_local_steps_once_per_h() -> None:
+    """The explorer's diloco curve: the dense ring allreduce once every H iterations."""
     from gtopk_lab.methods import get_method
 
     net, d, k = network_model("1GbE"), 1_000_000, 1000
-    rows = lambda m, **kw: predict_scaling(d, k / d, 0.1, net, [8], selection_s=0.01,  # noqa: E731
-                                           methods=[(m, m, None)], **kw)[0]
+    row = predict_scaling(d, k / d, 0.1, net, [8], selection_s=0.01, methods=[("diloco", "diloco", None)])[0]
     alpha, beta = net.latency_s, 8 / net.bandwidth_bps
     ring = 2 * 7 * (alpha + beta * math.ceil(4 * d / 8))
     h = get_method("diloco").sync_every
-    assert h > 1 and rows("diloco", method_formulas=True)["comm_s"] == pytest.approx(ring / h)
-    assert rows("diloco")["comm_s"] == pytest.approx(ring)
-    exact = rows("topk", method_formulas=True)
-    counted = rows("topk")
-    assert exact["comm_s"] < counted["comm_s"]  # no count allgather with exact-k
-    assert exact["selection_s"] == counted["selection_s"] == 0.01
+    assert h > 1 and row["comm_s"] == pytest.approx(ring / h)
