@@ -322,3 +322,20 @@ def test_predict_scaling_prices_local_steps_once_per_h() -> None:
     ring = 2 * 7 * (alpha + beta * math.ceil(4 * d / 8))
     h = get_method("diloco").sync_every
     assert h > 1 and row["comm_s"] == pytest.approx(ring / h)
+
+
+def test_stored_runs_give_the_latest_workloads_costs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A results home holds many models' runs: the costs are the latest run's workload's."""
+    from gtopk_lab.orchestration import reading
+
+    def run(model: str, numel: int, at: str, compute: float) -> dict[str, Any]:
+        return {"run_id": f"{model}-{at}", "submitted_at": at, "status": "completed", "method": "dense",
+                "workers": 1, "model": model, "dataset": "mnist1d", "batch_size": 32, "numel": numel,
+                "time_breakdown_s": {"compute": compute, "update": 0.0, "selection": 0.0}}
+
+    frame = pd.DataFrame([run("mlp", 100, "2026-12-02T10:00:01", 0.01), run("cnn", 5000, "2026-12-02T10:00:03", 0.5),
+                          run("cnn", 5000, "2026-12-02T10:00:02", 0.3), run("mlp", 100, "2026-12-01T09:00:00", 9.0)])
+    monkeypatch.setattr(reading, "load_summaries", lambda out: frame)
+    costs = find_costs(tmp_path)
+    assert (costs.numel, costs.compute_s) == (5000, pytest.approx(0.4))  # the two cnn runs, not the mlp ones
+    assert costs.source == f"stored runs in {tmp_path} (cnn/mnist1d, 2 run(s))"

@@ -9,8 +9,9 @@ explorer's figure shows. They come from, in this order of preference (:func:`fin
    latest compute entry (``compute_time_s``, ``selection_time_s``, ``numel``, the workload),
    its merge gamma at the density nearest the one asked for (log distance); read only,
    nothing is measured or moved;
-2. a stored run or a study's runs (summaries): ``t_c`` = median compute + update of the
-   dense P = 1 runs (else of every run), ``t_s`` = median selection of the sparse methods'
+2. a stored run or a study's runs (summaries; of a results folder, its latest 20 runs of
+   the latest run's workload): ``t_c`` = median compute + update of the dense P = 1 runs
+   (else of every run), ``t_s`` = median selection of the sparse methods'
    runs, gamma = their median ``merge_gamma_s_per_element``;
 3. a stated default: ``gtopk-lab model scaling``'s (d = 25M, t_c = 0.15 s, t_s = 0).
 
@@ -166,9 +167,12 @@ def find_costs(out: str | Path | None = None) -> Costs:
             summaries = None
         if summaries is not None and len(summaries):
             done = summaries[summaries["status"] == "completed"]
-            if "run_id" in done.columns:
-                done = done.sort_values("run_id")
-            costs = costs_from_summaries(done.tail(20).to_dict("records"), f"stored runs in {out}")
+            order = [c for c in ("submitted_at", "run_id") if c in done.columns]
+            records = (done.sort_values(order) if order else done).to_dict("records")
+            # the latest run's workload only: a results home holds many models' runs
+            same = [r for r in records if records and all(
+                str(r.get(k)) == str(records[-1].get(k)) for k in ("model", "dataset", "batch_size", "numel"))]
+            costs = costs_from_summaries(same[-20:], f"stored runs in {out}")
             if costs is not None:
                 return costs
     return DEFAULT_COSTS
