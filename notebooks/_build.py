@@ -127,6 +127,25 @@ show(figures.time_breakdown_figure(pd.DataFrame([summary])))
 metrics[metrics.kind == "epoch"][["epoch", "train_loss", "test_loss", "test_accuracy", "virtual_time_s"]]
 """),
     md("""
+## Before a study: what the model predicts (what-if explorer)
+Move the sliders: density ρ (log scale), the P marked on the curves (1 ... 1024), the link
+(a preset or a free rate) and its latency, and the methods (the registry's). Every change
+redraws, from the alpha-beta(-gamma) model only (no run is submitted), the predicted
+scaling efficiency vs P and, below it, each method's time per iteration at that P. The line
+under the title says where the compute and selection times come from (here the run of
+section 2, stored under `out`; a calibration once a study has made one). **Run as study**
+runs the setting on the cluster, and its measured points join the same axes as diamonds.
+"""),
+    code("""
+from gtopk_lab.plotting.explorer import Explorer
+
+explorer = Explorer(lab, out=out, methods=study_methods, density=density, link=bandwidth, latency=latency,
+                    workers=1 << (max(study_workers).bit_length() - 1),  # the largest power of two in the list
+                    base={"model": model, "dataset": dataset, "epochs": epochs, "train_samples": train_samples,
+                          "max_iterations": study_max_iterations, "throttle": throttle, "sink_every": sink_every})
+explorer
+"""),
+    md("""
 ## 4. A study: scaling efficiency while it runs
 `lab.study(...)` launches a grid (here methods x P) and returns at once; P beyond the
 cluster's workers runs in the simulator as Dask tasks on the workers. The figure is the

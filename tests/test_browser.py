@@ -14,7 +14,9 @@ The tests then watch what a person would see, in notebook order:
    with ``lab.close()``): a bad P list shows one line naming the field, and a study
    launched by clicking fills the panel's efficiency figure, its run lines and its runs
    table; two rows selected by clicking are compared side by side;
-4. in a second notebook, figures whose plotly bundle takes 3 s to load (as on a loaded
+4. the quickstart's what-if explorer: dragging its rho slider redraws the predicted curves
+   and submits nothing;
+5. in a second notebook, figures whose plotly bundle takes 3 s to load (as on a loaded
    machine) still follow every update the kernel sends.
 
 Screenshots (the figures at the width JupyterLab gives them) go to the tests' tmp dir and
@@ -307,7 +309,7 @@ def test_study_efficiency_figure_gains_points_while_running(quickstart: Session)
         return int(found[0]["measured"]) if found else -1
 
     # on screen first, as a person would look at it (Run All leaves the last cell in view)
-    figure = page.locator(".jp-OutputArea .js-plotly-plot").filter(has_text=title).first
+    figure = page.locator(".jp-OutputArea .js-plotly-plot").filter(has_text=title, has_not_text="Predicted").first  # not the explorer's
     figure.scroll_into_view_if_needed()
     deadline = time.monotonic() + 20
     final = measured_now()
@@ -426,6 +428,73 @@ def test_control_panel_launches_a_study_by_clicking(quickstart: Session) -> None
                            " && f.width > 750 && Math.abs(f.drawn - f.width) <= 4)", timeout=15_000)
     quickstart.shot("browser_panel_compare", compare)
     print(f"panel study: {elapsed:.1f} s from click to every run ended")
+
+
+#: The quickstart's what-if explorer figure (the cell's, not the panel's what-if tab):
+#: {title, note, traces: [[name, y]]}.
+_EXPLORER = """() => {
+    const div = Array.from(document.querySelectorAll('.jp-OutputArea .gtopk-explorer .js-plotly-plot'))
+        .find(d => !d.closest('.gtopk-panel') && String((d.layout.title || {}).text || '').startsWith('Predicted'));
+    if (!div) return null;
+    return {title: div.layout.title.text, note: ((div.layout.annotations || [])[0] || {}).text || '',
+            traces: (div.data || []).map(t => [t.name, Array.from(t.y || [])])};
+}"""
+
+
+def _stored_runs(root: Path) -> int:
+    return sum(1 for _ in (root / "results").rglob("summary.json"))
+
+
+@pytest.mark.timeout(300)
+def test_explorer_rho_slider_redraws_the_prediction_and_submits_nothing(
+        quickstart: Session, jupyter_lab: tuple[str, Path]) -> None:
+    """Dragging the quickstart explorer's rho slider redraws its predicted curves (the
+    kernel's model, not a run), and no run is added to the results folder."""
+    page = quickstart.page
+    page.wait_for_function(_ALL_DONE, timeout=240_000)  # a busy kernel applies no widget message
+    root = jupyter_lab[1] / "root"
+    explorer = page.locator(".jp-OutputArea .gtopk-explorer").filter(
+        has_not=page.locator(".gtopk-panel")).first
+    explorer.wait_for(timeout=30_000)
+    explorer.scroll_into_view_if_needed()
+    page.wait_for_function(f"() => {{ const e = ({_EXPLORER})(); return e && e.traces.length === 2; }}",
+                           timeout=30_000)
+    first = page.evaluate(_EXPLORER)
+    assert [t[0] for t in first["traces"]] == ["dense", "gtopk"], first  # the notebook's study_methods
+    assert "costs: stored runs in" in first["note"], first["note"]  # section 2's run, and it says so
+    assert "1 Gbit/s, latency 40 ms" in first["title"], first["title"]  # the notebook's link, as typed
+    # the paper's 1GbE preset (the notebook's 40 ms link leaves every curve latency-bound)
+    explorer.locator("select").first.select_option("1GbE")
+    page.wait_for_function(f"() => {{ const e = ({_EXPLORER})(); return e && e.title.includes('1GbE'); }}",
+                           timeout=20_000)
+    page.wait_for_timeout(500)
+    before, runs_before = page.evaluate(_EXPLORER), _stored_runs(root)
+    quickstart.shot("browser_explorer_before", explorer)
+    # drag the density handle to the right: rho grows, gTop-k sends more pairs per round
+    handle = explorer.locator(".gtopk-explorer-density .noUi-handle").first
+    box = handle.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] / 2 + 60, box["y"] + box["height"] / 2, steps=8)
+    page.mouse.up()
+    try:
+        page.wait_for_function(f"(t) => {{ const e = ({_EXPLORER})(); return e && e.title !== t; }}",
+                               arg=before["title"], timeout=20_000)
+    except quickstart.sync_api.TimeoutError:
+        quickstart.shot("browser_explorer_failure", explorer)
+        raise AssertionError(f"the explorer did not redraw: {page.evaluate(_EXPLORER)}") from None
+    page.wait_for_timeout(800)
+    after = page.evaluate(_EXPLORER)
+    quickstart.shot("browser_explorer_after", explorer)
+    curves = {name: (y_before, dict(after["traces"])[name]) for name, y_before in before["traces"]}
+    old, new = curves["gtopk"]
+    assert new[1:] != old[1:] and new[3] < old[3] - 3, (before["title"], after["title"], curves)  # P = 8
+    assert curves["dense"][0] == curves["dense"][1], curves  # dense sends d values whatever rho
+    rho = lambda title: float(title.split("ρ=")[1].split(",")[0])  # noqa: E731
+    assert rho(after["title"]) > rho(before["title"]), (before["title"], after["title"])
+    assert _stored_runs(root) == runs_before  # the model only: nothing was submitted
+    assert explorer.locator(".gtopk-explorer-message").inner_text().strip() == ""
 
 
 #: A notebook whose figures' plotly bundle takes 3 s to import, as plotly's own 5 MB bundle

@@ -50,7 +50,7 @@ from gtopk_lab.orchestration.study_grid import StudyPoint
 from gtopk_lab.training.compute_charge import compute_calibration_task, merge_calibration_task
 
 __all__ = ["CALIBRATION_FILE", "COMPUTE_MODES", "calibrated_compute_time_s", "calibrated_costs",
-           "with_calibrated_costs", "workload_key"]
+           "stored_entries", "with_calibrated_costs", "workload_key"]
 
 CALIBRATION_FILE = "calibration.json"
 #: Held while a client reads, measures and writes calibration.json (orchestration.locks).
@@ -81,6 +81,13 @@ def _read(path: Path) -> list[dict[str, Any]]:
         moved = move_aside(path)
         logger.warning("calibration file %s: %s; moved it to %s and measuring again", path, exc.reason, moved)
         return []
+
+
+def stored_entries(path: str | Path) -> list[dict[str, Any]]:
+    """The entries of the calibration file ``path``, read only (none when it is missing;
+    a damaged file raises :class:`~gtopk_lab.atomic_io.DamagedFile`, left where it is):
+    what the what-if explorer reads without measuring anything."""
+    return _entries(Path(path))
 
 
 def _entries(path: Path) -> list[dict[str, Any]]:

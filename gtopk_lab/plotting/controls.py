@@ -21,6 +21,8 @@ The panel talks only to the public ``Lab`` / ``Study`` API (``lab.study(...) -> 
   responsive while a study runs.
 - **Run lines**: one line per run of every study launched from the panel (its status and
   rows so far), grouped by study, so a new study never overwrites an earlier one's lines.
+- **what-if** tab: the :class:`~gtopk_lab.plotting.explorer.Explorer` (the alpha-beta
+  model's efficiency and time per phase as sliders move; *Run as study* on this Lab).
 - **Runs** tab: ``lab.runs()`` as a sortable, filterable itables table
   (:mod:`gtopk_lab.plotting.runs_table` says why itables); select rows by clicking and
   press *Compare selected* for their convergence and their numbers side by side.
@@ -54,6 +56,7 @@ import plotly.graph_objects as go
 
 from gtopk_lab.network.model import DEFAULT_NETWORK
 from gtopk_lab.plotting import figures
+from gtopk_lab.plotting.explorer import panel_explorer
 from gtopk_lab.plotting.widget_sync import ThreadSafeFigureWidget, copy_into
 from gtopk_lab.plotting.live_study import convergence_study_figure, scaling_study_figure
 from gtopk_lab.orchestration.arguments import check_seconds
@@ -212,8 +215,12 @@ class ControlPanel:
             max_height="180px", overflow="auto", border="1px solid #e0e0e0", padding="2px 6px"))
         runs_tab = widgets.VBox([widgets.HBox([self.compare_button, self.refresh_button]), self.runs_table,
                                  self.compare_box])
-        self.tabs = widgets.Tab(children=[self.efficiency_figure, self.convergence_figure, runs_tab])
-        for i, title in enumerate(("efficiency (live)", "convergence (live)", "runs")):
+        # the what-if explorer: the model's prediction before any run (its Run as study
+        # launches on this panel's Lab, with the form's workload)
+        self.explorer = panel_explorer(self.lab, d, list(f.methods.value), self.extra)
+        self.tabs = widgets.Tab(children=[self.efficiency_figure, self.convergence_figure, runs_tab,
+                                          self.explorer.widget])
+        for i, title in enumerate(("efficiency (live)", "convergence (live)", "runs", "what-if")):
             self.tabs.set_title(i, title)
         # Full width for the tabs: the figures get the notebook's whole output width, so
         # their axis titles and legends have room (a form beside them halved it).
@@ -355,7 +362,8 @@ class ControlPanel:
         width or shows a new plot, and on a tab change)."""
         with self._lock:
             self.fits += 1
-            shown = [self.efficiency_figure, self.convergence_figure]
+            shown = [self.efficiency_figure, self.convergence_figure, self.explorer.efficiency_figure,
+                     self.explorer.breakdown_figure]
             shown += [w for w in self.compare_box.children if isinstance(w, go.FigureWidget)]
             for figure in shown:
                 fit_width(figure)
