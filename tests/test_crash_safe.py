@@ -23,6 +23,7 @@ from gtopk_lab.orchestration import results as store
 from gtopk_lab.orchestration.handle import RunHandle
 from gtopk_lab.orchestration.journal import FOLD_PARTS, RunJournal
 from gtopk_lab.orchestration.run_stream import part_files, write_heartbeat, write_part
+from testbed_support import wait_for as _wait
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -144,14 +145,6 @@ def _session(sid: int) -> list[int]:
     return found
 
 
-def _wait(condition, timeout_s: float, what: str, step_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} after {timeout_s:.0f} s"
-        time.sleep(step_s)
 
 
 @pytest.mark.timeout(300)

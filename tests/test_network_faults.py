@@ -43,6 +43,7 @@ from gtopk_lab.orchestration import results as store
 from gtopk_lab.orchestration.run_stream import part_files
 from gtopk_lab.testbed.links import namespace_pids
 from gtopk_lab.worker.faults import PEER_TIMEOUT, failure_cause
+from testbed_support import alive as _alive, root_view as _root_view, run_env as _env, wait_for as _wait
 
 PY = sys.executable
 CLI = [PY, "-m", "gtopk_lab.cli"]
@@ -58,29 +59,10 @@ def testbed_here() -> None:
         pytest.skip(problem)
 
 
-def _root_view() -> dict[str, object]:
-    """What the host's own namespace shows: namespaces, links, the testbed routes."""
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    routes = subprocess.run(["ip", "route", "show", "table", "all", "proto", "77"], capture_output=True,
-                            text=True).stdout
-    return {"netns": sorted(line.split()[0] for line in netns.splitlines() if line.strip()),
-            "links": sorted(line.split(":")[1].strip() for line in links.splitlines()),
-            "routes": routes.strip()}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().split(b") ", 1)[-1][:1] != b"Z"
-    except OSError:
-        return False
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
 
 
 def _rows(out: Path, run_id: str) -> pd.DataFrame:
@@ -109,14 +91,6 @@ def _done_by_any(out: Path, run_id: str) -> int:
     return int(iters["iteration"].max()) if len(iters) else -1
 
 
-def _wait(condition, timeout_s: float, what: str, step_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} after {timeout_s:.0f} s"
-        time.sleep(step_s)
 
 
 def _comm_per_iteration(rows: pd.DataFrame) -> pd.Series:

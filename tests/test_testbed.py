@@ -22,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -31,6 +30,7 @@ import pytest
 from gtopk_lab import testbed as testbed_pkg
 from gtopk_lab.testbed import Testbed
 from gtopk_lab.testbed.links import namespace_pids
+from testbed_support import alive as _alive, root_view as _root_view, run_env as _env
 
 pytestmark = pytest.mark.slow
 PY = sys.executable
@@ -45,29 +45,10 @@ def testbed_here() -> None:
         pytest.skip(problem)
 
 
-def _root_view() -> dict[str, object]:
-    """What the host's own namespace shows: namespaces, links, the testbed routes."""
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    routes = subprocess.run(["ip", "route", "show", "table", "all", "proto", "77"], capture_output=True,
-                            text=True).stdout
-    return {"netns": sorted(line.split()[0] for line in netns.splitlines() if line.strip()),
-            "links": sorted(line.split(":")[1].strip() for line in links.splitlines()),
-            "routes": routes.strip()}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().split(b") ", 1)[-1][:1] != b"Z"
-    except OSError:
-        return False
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
 
 
 @pytest.mark.timeout(120)
@@ -237,8 +218,10 @@ def test_p4_runs_complete_on_four_hosts_bound_to_their_interfaces(shaped_runs) -
 def test_calibration_of_a_testbed_link_gives_its_rate(shaped_runs) -> None:
     cal = shaped_runs["calibration"]
     assert len(cal["endpoints"]) == 2 and cal["endpoints"][0] != cal["endpoints"][1]
-    # 200 Mbit/s on the wire carry ~191 Mbit/s of TCP payload (1448 of 1514 bytes a frame)
-    assert 150e6 <= cal["bandwidth_bps"] <= 215e6, cal
+    # 200 Mbit/s on the wire carry ~191 Mbit/s of TCP payload (1448 of 1514 bytes a frame);
+    # tbf's burst lets a short message through faster, so a fit has read up to 216 Mbit/s
+    # (a loaded box); an unshaped veth would read several Gbit/s
+    assert 150e6 <= cal["bandwidth_bps"] <= 240e6, cal
     # the file is a network for the model (and for --bandwidth of a run: the dense test)
     model = subprocess.run([*CLI, "model", "scaling", "--bandwidth", str(shaped_runs["calibration_file"]),
                             "--workers", "4", "--json"], text=True, capture_output=True, env=_env())
