@@ -188,7 +188,7 @@ class RunConfig:
 
     # --- platform options (gtopk_lab.config_options; each accepts a dict of its fields) ---
     simulator: SimulatorOptions = field(default_factory=SimulatorOptions)
-    compute: ComputeOptions = field(default_factory=ComputeOptions)
+    compute_charge: ComputeOptions = field(default_factory=ComputeOptions)
     optimiser: OptimiserOptions = field(default_factory=OptimiserOptions)
     model_options: ModelOptions = field(default_factory=ModelOptions)
     output: OutputOptions = field(default_factory=OutputOptions)

@@ -4,26 +4,22 @@ What ``RunConfig.extra`` used to carry as an untyped dict (where a misspelt key 
 ignored) lives in typed fields of :class:`~gtopk_lab.config.RunConfig`, each validated when
 the config is built:
 
-====================  ================================  ===============================
-RunConfig field       attribute                         legacy ``extra`` key
-====================  ================================  ===============================
-``simulator``         ``rows``, ``compute``             ``sim_rows``, ``sim_compute``
-``compute``           ``compute_time_s``,               the same names;
-                      ``selection_time_s``,             ``calibration`` is
-                      ``merge_gamma_s_per_element``,    ``compute_calibration``
-                      ``calibration``
-``optimiser``         ``name``, ``betas``, ``eps``      ``optimizer``, ``betas``, ``eps``
-``model_options``     ``kwargs``, ``tokenizer``,        ``model_kwargs``, ``tokenizer``,
-                      ``validation_fraction``           ``validation_fraction``
-``output``            ``return_weights``,               the same names
-                      ``warmup_iterations``
-``collective_options``  keywords of the collective's    ``collective_options``
-                        state (Ok-Topk's ``warmup``...)
-``method_options``    a method's declared options       ``sync_every``, ``ef_decay``,
-                      (``Method.options``)              ``powersgd_rank``, ...
-``custom``            free settings of a custom         (any other key: refused)
-                      training function
-====================  ================================  ===============================
+- ``simulator`` (:class:`SimulatorOptions`): ``rows``, ``compute`` (legacy ``sim_rows``,
+  ``sim_compute``);
+- ``compute_charge`` (:class:`ComputeOptions`): ``compute_time_s``, ``selection_time_s``,
+  ``merge_gamma_s_per_element`` (the same legacy names), ``calibration``
+  (``compute_calibration``);
+- ``optimiser`` (:class:`OptimiserOptions`): ``name``, ``betas``, ``eps`` (``optimizer``,
+  ``betas``, ``eps``);
+- ``model_options`` (:class:`ModelOptions`): ``kwargs``, ``tokenizer``,
+  ``validation_fraction`` (``model_kwargs``, ``tokenizer``, ``validation_fraction``);
+- ``output`` (:class:`OutputOptions`): ``return_weights``, ``warmup_iterations`` (the same);
+- ``collective_options`` (dict): keywords of the collective's state, Ok-Topk's ``warmup``,
+  ``tau``, ... (the same), built once when the config is, so an unknown keyword fails then;
+- ``method_options`` (dict): options a registered method declares (``Method.options``:
+  ``sync_every``, ``ef_decay``, ``powersgd_rank``, ...), typed by the run's method;
+- ``custom`` (dict): free settings of a custom training function (never read here; any
+  other legacy key is refused, not put there).
 
 Every attribute defaults to None, "not set": the code that reads it applies its default
 (``sim_compute`` "median", ``optimizer`` the method's or "sgd", ...). None is kept apart
@@ -153,7 +149,7 @@ class ComputeOptions(_Options):
     ``merge_gamma_s_per_element`` (>= 0), ``calibration`` (a dict saying where and when they
     were measured; a study writes it). None: measured."""
 
-    FIELD: ClassVar[str] = "compute"
+    FIELD: ClassVar[str] = "compute_charge"
     LEGACY: ClassVar[dict[str, str]] = {"compute_time_s": "compute_time_s", "selection_time_s": "selection_time_s",
                                         "merge_gamma_s_per_element": "merge_gamma_s_per_element",
                                         "calibration": "compute_calibration"}

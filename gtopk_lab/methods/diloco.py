@@ -42,7 +42,7 @@ DILOCO_OPTIONS: dict[str, Any] = {"sync_every": 8, "outer_lr": 0.7, "outer_momen
 def nesterov_outer_optimizer(params: list[torch.nn.Parameter], config: Any) -> torch.optim.Optimizer:
     """Step 4's optimiser from the run's ``outer_lr`` / ``outer_momentum`` options (of the run's
     method, so other methods may reuse it with their own defaults)."""
-    options = get_method(config.method).run_options(config.extra)
+    options = get_method(config.method).run_options(config.method_options)
     lr, mu = options["outer_lr"], options["outer_momentum"]
     if not lr > 0 or not 0.0 <= mu < 1.0:
         raise ValueError(f"extra outer_lr={lr!r} / outer_momentum={mu!r} is invalid: expected lr > 0 "

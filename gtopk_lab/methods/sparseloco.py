@@ -286,7 +286,7 @@ def sparseloco_gtopk_bytes_per_rank(numel: int, k: int, workers: int, pair_bytes
 # =========================================================================== the methods
 def averaged_outer_optimizer(params: list[torch.nn.Parameter], config: Any) -> torch.optim.Optimizer:
     """Step 8: plain SGD of lr ``outer_lr`` (alpha) on G / P, no momentum."""
-    lr = get_method(config.method).run_options(config.extra)["outer_lr"]
+    lr = get_method(config.method).run_options(config.method_options)["outer_lr"]
     if not lr > 0:
         raise ValueError(f"extra outer_lr={lr!r} is invalid: expected a number > 0")
     return torch.optim.SGD(params, lr=lr, momentum=0.0)
