@@ -346,7 +346,8 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
         """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them. A stored
-        config of before the typed options (an ``extra`` dict) loads through the legacy mapping."""
+        config of before the typed options (an ``extra`` dict) loads through the legacy mapping;
+        its keys that are no option were a custom training function's and go to ``custom``."""
         names = {f.name for f in dataclasses.fields(cls)} | {"extra"}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -358,6 +359,8 @@ class RunConfig:
             data["density_warmup"] = tuple(data["density_warmup"])
         if isinstance(data.get("density_schedule"), list):
             data["density_schedule"] = tuple(data["density_schedule"])
+        if "extra" in data:
+            data = with_legacy_extra(data, stored=True)
         return cls(**data)
 
     def replace(self, **changes: Any) -> "RunConfig":

@@ -315,13 +315,22 @@ def legacy_extra(fields: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def with_legacy_extra(kwargs: dict[str, Any], reset: bool = False) -> dict[str, Any]:
+def with_legacy_extra(kwargs: dict[str, Any], reset: bool = False, stored: bool = False) -> dict[str, Any]:
     """``kwargs`` with its legacy ``extra`` dict mapped onto the option fields
     (:func:`options_from_extra`); a field set both ways is refused. ``reset``: every option
     field (``custom`` aside) that ``extra`` does not set gets its default, as a replaced
-    ``extra`` dropped the keys it lacked (``RunConfig.replace(extra=...)``)."""
+    ``extra`` dropped the keys it lacked (``RunConfig.replace(extra=...)``). ``stored``: a
+    stored config (``RunConfig.from_dict``), whose keys that are no option were a custom
+    training function's: they go to ``custom`` instead of being refused."""
     kwargs = dict(kwargs)
-    mapped = options_from_extra(kwargs.pop("extra"))
+    extra = kwargs.pop("extra")
+    if stored and isinstance(extra, Mapping):
+        known = set(LEGACY_KEYS) | method_option_names()
+        own = {k: v for k, v in extra.items() if k not in known}
+        if own:
+            kwargs["custom"] = {**own, **(kwargs.get("custom") or {})}
+            extra = {k: v for k, v in extra.items() if k in known}
+    mapped = options_from_extra(extra)
     clash = sorted(set(mapped) & set(kwargs))
     if clash:
         raise TypeError(f"extra sets {', '.join(clash)}, given as a field too: expected one of the two")
