@@ -211,3 +211,15 @@ def test_an_old_config_json_and_summary_load_and_resume_from_the_checkpoint(tmp_
     assert resumed["config_hash"] == old["config_hash"]
     # the config it stores now is the typed form of the same config
     assert RunConfig.from_dict({k: v for k, v in run.read_config().items() if k != "config_hash"}) == config
+
+
+@pytest.mark.timeout(30)
+def test_no_module_reads_the_legacy_extra_view() -> None:
+    """The library reads the typed fields; ``RunConfig.extra`` is a view for old callers only."""
+    import re
+
+    root = Path(__file__).resolve().parents[1] / "gtopk_lab"
+    pattern = re.compile(r"config\.extra\b|\bcfg\.extra\b")
+    hits = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py"))
+            for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert hits == [], hits
