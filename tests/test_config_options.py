@@ -150,7 +150,7 @@ def _hash_by_hand(data: dict) -> str:
     """The config hash as it was defined before the typed options, for a config that sets no
     later, policy or derived field away from its default (sha256 of the canonical JSON)."""
     data = {k: v for k, v in data.items() if k not in ("run_id", "max_restarts", "scheduler_timeout_s",
-                                                        "preset", "density_schedule", "grad_clip_mode")}
+                                                        "preset", "recipe", "density_schedule", "grad_clip_mode")}
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=list)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
