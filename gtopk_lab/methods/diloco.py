@@ -6,15 +6,15 @@ Source: Douillard, Feng, Rusu, Chhaparia, Donchev, Kuncoro, Ranzato, Szlam, Shen
 One round (H iterations) on rank i of P, from the shared weights ``theta`` (the anchor):
 
 1. H inner steps of the run's inner optimiser on rank i's own mini-batches, no communication
-   (AdamW by default, the paper's choice: ``lr``, ``weight_decay`` and ``extra`` betas/eps of
-   the run; ``extra={"optimizer": "sgd"}`` for SGD);
+   (AdamW by default, the paper's choice: ``lr``, ``weight_decay`` and ``optimiser`` betas/eps of
+   the run; ``optimiser={"name": "sgd"}`` for SGD);
 2. the pseudo-gradient ``Delta_i = theta - theta_i`` (d floats);
 3. a dense ring allreduce: ``Delta = (1/P) sum_i Delta_i``;
 4. the outer step from the anchor: Nesterov SGD ``theta <- theta - lr_out (Delta + mu m)``
    with ``m <- mu m + Delta`` (``torch.optim.SGD(nesterov=True)``); the paper's lr_out = 0.7,
    mu = 0.9. Every rank then continues from the same new theta.
 
-Options (``extra``): ``sync_every`` = H, default 8 here (the paper synchronises every 500
+Options (``method_options``): ``sync_every`` = H, default 8 here (the paper synchronises every 500
 steps on large models; 8 suits this project's small runs), ``outer_lr`` (0.7),
 ``outer_momentum`` (0.9; 0 gives plain SGD), ``optimizer`` ("adamw"). With H = 1, an inner
 SGD and an outer SGD of lr 1 without momentum, DiLoCo is dense data-parallel SGD.
@@ -35,7 +35,7 @@ from gtopk_lab.methods.registry import get_method, register_method
 
 __all__ = ["nesterov_outer_optimizer", "DILOCO", "DILOCO_OPTIONS"]
 
-#: DiLoCo's options and defaults (``extra`` overrides them per run).
+#: DiLoCo's options and defaults (``method_options`` overrides them per run).
 DILOCO_OPTIONS: dict[str, Any] = {"sync_every": 8, "outer_lr": 0.7, "outer_momentum": 0.9, "optimizer": "adamw"}
 
 

@@ -80,7 +80,7 @@ __all__ = ["CHUNK", "chunk_topk", "encode", "decode", "quantize", "encoded_bytes
            "sparseloco_allgather_program", "sparseloco_gtopk_program", "averaged_outer_optimizer",
            "SPARSELOCO_OPTIONS", "SPARSELOCO", "SPARSELOCO_GTOPK"]
 
-#: SparseLoCo's options and defaults (``extra`` overrides them per run).
+#: SparseLoCo's options and defaults (``method_options`` overrides them per run).
 SPARSELOCO_OPTIONS: dict[str, Any] = {"sync_every": 8, "optimizer": "adamw", "ef_decay": 0.95,
                                       "quant_bits": 2, "outer_lr": 1.0}
 
