@@ -28,7 +28,7 @@ from gtopk_lab.orchestration.lab import Lab
 
 
 def timed_train(config, sink=None, device=None):  # runs on the Dask workers (pickled by value)
-    """``train_rank`` with the sink wrapped in a timer (or removed when extra.bench_stream is False)."""
+    """``train_rank`` with the sink wrapped in a timer (or removed when custom bench_stream is False)."""
     import time as _time
 
     from gtopk_lab.training.loop import train_rank
@@ -41,7 +41,7 @@ def timed_train(config, sink=None, device=None):  # runs on the Dask workers (pi
         spent["s"] += _time.perf_counter() - t0
         spent["calls"] += 1
 
-    stream = config.extra.get("bench_stream", True)
+    stream = config.custom.get("bench_stream", True)
     result = train_rank(config, sink=timed if (stream and sink is not None) else None, device=device)
     result.summary["bench_sink_s"] = spent["s"]
     result.summary["bench_sink_calls"] = spent["calls"]
@@ -71,7 +71,7 @@ def main() -> None:
             stream_ms, plain_ms, sink_ms, events = [], [], [], 0
             for _ in range(args.repeats):
                 for stream in (True, False):
-                    cfg = base.replace(extra={"bench_stream": stream})
+                    cfg = base.replace(custom={"bench_stream": stream})
                     handle = lab.submit(cfg)
                     metrics, summary = handle.result()
                     if summary["status"] != "completed":

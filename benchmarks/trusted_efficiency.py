@@ -50,7 +50,7 @@ def main() -> None:
                                       bandwidth=bandwidth, base=base, compute=mode, skip_completed=False)
                     study.wait()
                     checked = study.check(tolerance=0.10)
-                    compute = {p.config.extra.get("compute_time_s") for p in study.points_list}
+                    compute = {p.config.compute_charge.compute_time_s for p in study.points_list}
                 checked["gap_points"] = 100 * (checked["efficiency_mean"] - checked["predicted"])
                 flagged = int((~checked["trusted"].fillna(False).astype(bool)).sum())
                 worst = checked.loc[checked["gap_points"].abs().idxmax()]

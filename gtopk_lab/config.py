@@ -5,7 +5,9 @@ CLI, through Dask, to every rank and into ``<out>/<run_id>/config.json``. It is 
 plain dataclass of JSON-friendly fields so it pickles, serialises and diffs easily.
 Every field is validated at construction: a bad value raises ``ValueError`` (or
 ``TypeError`` for a wrong type) whose message names the field, the value and what
-is allowed.
+is allowed. The platform settings (simulator, compute charge, optimiser, model, output,
+collective and method options) are typed groups of :mod:`gtopk_lab.config_options`; the
+legacy ``extra={...}`` dict is still accepted and mapped onto them (unknown keys refused).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gtopk_lab.comm.schedules import SPARSE_ALGORITHMS as ALGORITHMS
+from gtopk_lab.config_options import (
+    OPTION_FIELDS, OPTION_TYPES, ComputeOptions, ModelOptions, OptimiserOptions, OutputOptions,
+    SimulatorOptions, check_option_dicts, coerce_options, legacy_extra, with_legacy_extra,
+)
 from gtopk_lab.compression.residual import RESIDUAL_RULES
 from gtopk_lab.compression.selection import available_selectors
 from gtopk_lab.config_presets import (
@@ -64,6 +70,8 @@ def _remember_given(cls: type) -> type:
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if "extra" in kwargs:  # the legacy dict: mapped onto the typed option fields
+            kwargs = with_legacy_extra(kwargs)
         object.__setattr__(self, "_given", frozenset(names[:len(args)]) | frozenset(kwargs))
         object.__setattr__(self, "_derived", {})
         init(self, *args, **kwargs)
@@ -137,7 +145,7 @@ class RunConfig:
     #: A named configuration (config_presets.PRESETS): "paper" is the seed paper's gTop-k
     #: (tree, paper residual rule, density warm-up, the model's recipe) plus the method's own
     #: settings (``Method.preset_options``: Ok-Topk's dense warm-up in
-    #: ``extra["collective_options"]``); fields and options given win.
+    #: ``collective_options``); fields and options given win.
     preset: str | None = None
     #: The training recipe that fills the fields the caller did not give
     #: (gtopk_lab.recipe_defaults): "auto" = the recipe of ``model`` on ``dataset`` (the CNN
@@ -177,7 +185,19 @@ class RunConfig:
     #: rank at the next sink call).
     scheduler_timeout_s: float = 10.0
     run_id: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    # --- platform options (gtopk_lab.config_options; each accepts a dict of its fields) ---
+    simulator: SimulatorOptions = field(default_factory=SimulatorOptions)
+    compute_charge: ComputeOptions = field(default_factory=ComputeOptions)
+    optimiser: OptimiserOptions = field(default_factory=OptimiserOptions)
+    model_options: ModelOptions = field(default_factory=ModelOptions)
+    output: OutputOptions = field(default_factory=OutputOptions)
+    #: Keywords of the collective's state (Ok-Topk's ``warmup``, ``tau``, ...); None: none.
+    collective_options: dict[str, Any] | None = None
+    #: The method's declared options (``Method.options``: ``sync_every``, ``ef_decay``, ...).
+    method_options: dict[str, Any] = field(default_factory=dict)
+    #: Free settings of a custom training function (``Lab(train_fn=...)``); never read here.
+    custom: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.preset is not None:
@@ -198,6 +218,8 @@ class RunConfig:
             setattr(self, key, value)
         object.__setattr__(self, "_derived", {**getattr(self, "_derived", {}), **supplied})
         object.__setattr__(self, "_recipe", (name, tuple(sorted(supplied))))
+        for name in OPTION_TYPES:  # a dict of a group's fields becomes the group (validated)
+            setattr(self, name, coerce_options(name, getattr(self, name)))
         self._check_types()
         if self.method not in available_methods():
             raise _fail("method", self.method, f"one of {', '.join(available_methods())}")
@@ -213,20 +235,20 @@ class RunConfig:
             recipe, supplied_fields = self.applied_recipe
             object.__setattr__(self, "_recipe", (recipe, tuple(f for f in supplied_fields if f not in by_method)))
             self._check_types()
-        if method.preset_options is not None and isinstance(self.extra, dict):
+        if method.preset_options is not None:
             # the method's own settings for this model and preset (Ok-Topk's bands for language
             # models, its warm-up under "paper"): collective options below the run's; replace()
             # takes them out again
             options = dict(method.preset_options(self.preset, self.model if isinstance(self.model, str) else ""))
-            self.extra, applied = with_preset_options(self.extra, options)
+            given = {} if self.collective_options is None else {"collective_options": self.collective_options}
+            merged, applied = with_preset_options(given, options)
+            self.collective_options = merged.get("collective_options")
             object.__setattr__(self, "_preset_options", applied)
         if self.selector is not None:
             if self.selector not in available_selectors():
                 raise _fail("selector", self.selector, f"one of {', '.join(available_selectors())} or None")
             selector_for(method, self.selector)
-        method.run_options(self.extra)  # the method's options in extra: right types, H >= 1
-        if method.check_options is not None:  # the method's own keys in extra (ValueError naming one)
-            method.check_options(self.extra)
+        check_option_dicts(self, method)
         if self.algorithm not in ALGORITHMS:
             raise _fail("algorithm", self.algorithm, f"one of {', '.join(ALGORITHMS)}")
         if self.residual_rule not in RESIDUAL_RULES:
@@ -315,10 +337,18 @@ class RunConfig:
         """JSON-friendly dict (tuples become lists)."""
         return dataclasses.asdict(self)
 
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The option fields as the legacy ``extra`` dict (read-only; ``custom`` aside): what
+        ``RunConfig(extra=...)`` maps back onto this config's options."""
+        return legacy_extra({name: getattr(self, name) for name in OPTION_FIELDS if name != "custom"})
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
-        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them."""
-        names = {f.name for f in dataclasses.fields(cls)}
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them. A stored
+        config of before the typed options (an ``extra`` dict) loads through the legacy mapping;
+        its keys that are no option were a custom training function's and go to ``custom``."""
+        names = {f.name for f in dataclasses.fields(cls)} | {"extra"}
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown config field(s): {', '.join(unknown)}")
@@ -329,6 +359,8 @@ class RunConfig:
             data["density_warmup"] = tuple(data["density_warmup"])
         if isinstance(data.get("density_schedule"), list):
             data["density_schedule"] = tuple(data["density_schedule"])
+        if "extra" in data:
+            data = with_legacy_extra(data, stored=True)
         return cls(**data)
 
     def replace(self, **changes: Any) -> "RunConfig":
@@ -339,9 +371,11 @@ class RunConfig:
         a changed ``model`` or ``preset`` (``replace(preset=None)`` drops them).
         """
         names = [f.name for f in dataclasses.fields(self)]
-        unknown = sorted(set(changes) - set(names))
+        unknown = sorted(set(changes) - set(names) - {"extra"})
         if unknown:
             raise TypeError(f"unknown config field(s): {', '.join(unknown)}")
+        if "extra" in changes:  # legacy: the whole extra replaced; the options it does not set reset
+            changes = with_legacy_extra(changes, reset=True)
         given = getattr(self, "_given", None)
         derived = getattr(self, "_derived", {})
         defaults = {f.name: f.default for f in dataclasses.fields(self)
@@ -349,8 +383,10 @@ class RunConfig:
         keep = {name: getattr(self, name) for name in names
                 if given is None or name in given or name not in defaults  # extra: a factory default
                 or getattr(self, name) != derived.get(name, defaults[name])}  # set after construction
-        if "extra" in keep:  # a method's preset options are derived too (e.g. Ok-Topk's warm-up)
-            keep["extra"] = without_preset_options(keep["extra"], getattr(self, "_preset_options", {}))
+        if keep.get("collective_options") is not None:  # a method's preset options are derived too
+            stripped = without_preset_options({"collective_options": keep["collective_options"]},
+                                              getattr(self, "_preset_options", {}))
+            keep["collective_options"] = stripped.get("collective_options")
         return type(self)(**{**keep, **changes})
 
     @property
@@ -379,7 +415,8 @@ _TYPES: dict[str, type] = {
     "momentum_correction": bool, "seed": int, "bandwidth": str, "latency": str, "throttle": bool,
     "virtual_merge_cpu": bool,
     "device": str, "eval_every_epochs": int, "sink_every": int, "checkpoint": bool,
-    "max_restarts": int, "scheduler_timeout_s": float, "run_id": str, "selector": str, "data_dir": str, "extra": dict,
+    "max_restarts": int, "scheduler_timeout_s": float, "run_id": str, "selector": str, "data_dir": str,
+    "collective_options": dict, "method_options": dict, "custom": dict,
 }
 
 
@@ -395,7 +432,8 @@ def _density_schedule(value: Any) -> tuple[float, ...]:
 
 def hashed_fields(data: dict[str, Any]) -> dict[str, Any]:
     """What ``config_hash`` hashes of a config dict: all but ``run_id``, ``POLICY_FIELDS``,
-    ``DERIVED_FIELDS`` and the ``LATER_FIELDS`` at their earlier value. O(fields)."""
+    ``DERIVED_FIELDS`` and the ``LATER_FIELDS`` at their earlier value; the option fields as
+    the legacy ``extra`` dict (so a run keeps the hash it had before they were typed). O(fields)."""
     out = dict(data)
     for name in ("run_id", "config_hash", *POLICY_FIELDS, *DERIVED_FIELDS):
         out.pop(name, None)
@@ -404,6 +442,9 @@ def hashed_fields(data: dict[str, Any]) -> dict[str, Any]:
             out.pop(name)
     if out.get("grad_clip") is None:
         out.pop("grad_clip_mode", None)  # no clip: where it would act changes nothing
+    if any(name in out for name in OPTION_FIELDS):  # hashed as the legacy extra dict they replace
+        options = {name: out.pop(name) for name in OPTION_FIELDS if name in out}
+        out["extra"] = {**(out.get("extra") or {}), **legacy_extra(options)}
     return out
 
 

@@ -5,7 +5,8 @@
 one help text wherever it is typed: ``--max-iterations 20``, ``--throttle/--no-throttle``,
 ``--lr-milestones 80,120`` (``80 120`` also parses), ``--density-warmup 0.004,1``
 (``0.004 1`` too), ``--density-schedule 0.015625,0.004``, ``--preset paper``, ``--selector
-none``, ``--extra key=json`` (repeatable). A value that does not parse ends in argparse's
+none``, ``--compute-charge compute_time_s=0.01`` (an option group's fields, repeatable),
+``--method-options sync_every=4``, ``--extra key=json`` (the legacy keys, repeatable). A value that does not parse ends in argparse's
 usage error (exit 2, one line naming the flag); a value that
 parses but :class:`RunConfig` rejects raises its ``ValueError`` when the config is built.
 
@@ -28,7 +29,7 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.counts import split_list
 from gtopk_lab.methods import available_methods
 
-__all__ = ["FIELD_HELP", "add_config_flags", "config_kwargs", "flag_of", "flag_spec"]
+__all__ = ["FIELD_HELP", "FLAG_FIELDS", "add_config_flags", "config_kwargs", "flag_of", "flag_spec"]
 
 #: One line of help per RunConfig field (the flag adds its default). A test checks that
 #: every field has one, so a new field cannot become an undocumented flag.
@@ -79,8 +80,21 @@ FIELD_HELP: dict[str, str] = {
     "max_restarts": "Dask runs: restarts (from the newest checkpoint) when a rank's worker leaves or dies",
     "scheduler_timeout_s": "Dask runs: seconds a rank trains on while its worker has no scheduler connection",
     "run_id": "name of the run's results folder (none: a fresh id)",
-    "extra": "KEY=JSON extra setting, repeatable (a value that is not JSON stays a string)",
+    "simulator": "KEY=JSON simulator option (rows=all|rank0, compute=median|max|straggler), repeatable",
+    "compute_charge": "KEY=JSON fixed compute charge (compute_time_s, selection_time_s, merge_gamma_s_per_element), "
+               "repeatable",
+    "optimiser": "KEY=JSON optimiser option (name=sgd|adamw, betas=[0.9,0.95], eps), repeatable",
+    "model_options": "KEY=JSON model/data option (kwargs={...}, tokenizer=byte|char, validation_fraction), "
+                     "repeatable",
+    "output": "KEY=JSON output option (return_weights=true, warmup_iterations=N), repeatable",
+    "collective_options": "KEY=JSON keyword of the collective's state (Ok-Topk: warmup, tau, tau_r), repeatable",
+    "method_options": "KEY=JSON option the method declares (sync_every, ef_decay, powersgd_rank, ...), repeatable",
+    "custom": "KEY=JSON setting of a custom training function, repeatable",
+    "extra": "KEY=JSON legacy option key (sim_rows, compute_time_s, optimizer, sync_every, ...), repeatable; "
+             "an unknown key is refused",
 }
+#: Every RunConfig keyword that has a flag: the fields, then the legacy ``extra`` dict.
+FLAG_FIELDS: tuple[str, ...] = (*(f.name for f in dataclasses.fields(RunConfig)), "extra")
 
 _NONE_WORDS = ("none", "null", "")
 
@@ -170,6 +184,9 @@ def flag_spec(name: str) -> dict[str, Any]:
     Defaults are suppressed, so a flag that is not given leaves the field to RunConfig
     (or to a recipe).
     """
+    if name == "extra":  # not a field: the legacy dict RunConfig maps onto its options
+        return {"dest": name, "default": argparse.SUPPRESS, "action": _ExtraItem, "metavar": "KEY=JSON",
+                "help": FIELD_HELP[name]}
     fields = {f.name: f for f in dataclasses.fields(RunConfig)}
     f = fields[name]
     hint = _hints()[name]
@@ -184,7 +201,7 @@ def flag_spec(name: str) -> dict[str, Any]:
     spec: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
     if base is bool:
         return spec | {"action": argparse.BooleanOptionalAction, "help": f"{text} (default {default})"}
-    if origin is dict or base is dict:
+    if origin is dict or base is dict or dataclasses.is_dataclass(base):  # an option group takes a dict
         return spec | {"action": _ExtraItem, "metavar": "KEY=JSON", "help": text}
     if name == "density_warmup":
         return spec | {"action": _Joined, "nargs": "+", "metavar": "RHO,EPOCHS",
@@ -207,12 +224,11 @@ def add_config_flags(parser: argparse.ArgumentParser, exclude: Sequence[str] | s
                      title: str = "run configuration (RunConfig fields)") -> None:
     """Add one flag per RunConfig field (but ``exclude``) to ``parser``, in a group."""
     group = parser.add_argument_group(title)
-    for f in dataclasses.fields(RunConfig):
-        if f.name not in exclude:
-            group.add_argument(flag_of(f.name), **flag_spec(f.name))
+    for name in FLAG_FIELDS:
+        if name not in exclude:
+            group.add_argument(flag_of(name), **flag_spec(name))
 
 
 def config_kwargs(args: argparse.Namespace, exclude: Sequence[str] | set[str] = frozenset()) -> dict[str, Any]:
     """The RunConfig keyword arguments given on the command line (flags not given are absent)."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
-            if f.name not in exclude and hasattr(args, f.name)}
+    return {name: getattr(args, name) for name in FLAG_FIELDS if name not in exclude and hasattr(args, name)}

@@ -1,5 +1,5 @@
 """Rank functions for tests/test_faults.py: ``train_rank``'s signature, real gloo
-collectives, epoch checkpoints, and faults on demand (``config.extra``).
+collectives, epoch checkpoints, and faults on demand (``config.custom``).
 
 `dask worker` subprocesses import this module by name (tests/ is on their PYTHONPATH), so
 it imports nothing from pytest or the tests.
@@ -46,7 +46,7 @@ def allocate_under_rlimit() -> None:
 
 
 def total_iterations(config: RunConfig) -> int:
-    return config.max_iterations or config.epochs * int(config.extra.get("iters_per_epoch", 4))
+    return config.max_iterations or config.epochs * int(config.custom.get("iters_per_epoch", 4))
 
 
 def step(w: torch.Tensor, g: torch.Tensor, world: int) -> None:
@@ -76,14 +76,14 @@ def toy_train(config: RunConfig, sink=None, device=None, checkpoint_dir: str | N
               resume_from: str | None = None) -> SimpleNamespace:
     """A deterministic all-reduce "training" loop with epoch checkpoints.
 
-    ``config.extra``: ``iters_per_epoch`` (4), ``sleep_s`` per iteration (0.01),
+    ``config.custom``: ``iters_per_epoch`` (4), ``sleep_s`` per iteration (0.01),
     ``oom_rank``/``oom_at`` (that rank allocates under RLIMIT_AS at that iteration),
     ``marker_dir`` (each rank writes ``rank<R>-from<I>.json`` when it ends: how, when,
     from which iteration, and ``began``: when the rank started training). The summary's
     ``final_train_loss`` is the weights' sum.
     """
     began = time.time()
-    extra = config.extra
+    extra = config.custom
     rank, world = dist.get_rank(), dist.get_world_size()
     per_epoch = int(extra.get("iters_per_epoch", 4))
     w = torch.zeros(4, dtype=torch.float64)

@@ -15,6 +15,7 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.methods import get_method
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.network.model import NetworkModel
+from gtopk_lab.config_options import ComputeOptions
 from gtopk_lab.training.compute_charge import clock_merge_options, compute_time_fields
 from gtopk_lab.training.simulator import simulate
 
@@ -58,17 +59,17 @@ def test_simulated_ranks_wait_for_the_slowest_calibrated_merge() -> None:
      {"include_merge_cpu": False, "merge_gamma_s_per_element": None}),  # the run said no merges
 ])
 def test_merge_options(merge_cpu: bool, extra: dict, fixed: float | None, want: dict) -> None:
-    assert clock_merge_options(merge_cpu, extra, fixed) == want
+    assert clock_merge_options(merge_cpu, ComputeOptions(**extra), fixed) == want
 
 
 def test_summary_fields_say_where_the_compute_came_from() -> None:
     calibration = {"calibration": "calibrated", "host": "h", "measured_at": "t", "repeats": 15}
-    calibrated = compute_time_fields({"compute_calibration": calibration, "merge_gamma_s_per_element": 1e-7},
-                                     0.002, None)
+    calibrated = compute_time_fields(ComputeOptions(compute_time_s=0.002, calibration=calibration,
+                                                    merge_gamma_s_per_element=1e-7), 0.002, None)
     assert calibrated["compute_time_source"] == "calibrated"
     assert calibrated["compute_calibration"] == calibration and calibrated["merge_gamma_s_per_element"] == 1e-7
-    assert compute_time_fields({}, 0.002, None)["compute_time_source"] == "fixed"
-    assert compute_time_fields({"compute_calibration": calibration}, None, None)["compute_time_source"] == "measured"
+    assert compute_time_fields(ComputeOptions(), 0.002, None)["compute_time_source"] == "fixed"
+    assert compute_time_fields(ComputeOptions(calibration=calibration), None, None)["compute_time_source"] == "measured"
 
 
 def test_a_calibrated_simulated_gtopk_run_takes_the_alpha_beta_gamma_time() -> None:

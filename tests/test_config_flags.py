@@ -11,10 +11,11 @@ import pytest
 from gtopk_lab.cli.main import build_parser as cli_parser
 from gtopk_lab.cli.main import main as cli_main
 from gtopk_lab.config import RunConfig
-from gtopk_lab.config_flags import FIELD_HELP, config_kwargs, flag_of
+from gtopk_lab.config_flags import FIELD_HELP, FLAG_FIELDS, config_kwargs, flag_of
 from gtopk_lab.training import torchrun
 
-FIELDS = [f.name for f in dataclasses.fields(RunConfig)]
+FIELDS = list(FLAG_FIELDS)  # the RunConfig fields and the legacy --extra
+assert FIELDS[:-1] == [f.name for f in dataclasses.fields(RunConfig)] and FIELDS[-1] == "extra"
 
 #: For every RunConfig field, argv snippets that set it (after the flag) and the value parsed.
 SAMPLES: dict[str, list[tuple[list[str], object]]] = {
@@ -57,7 +58,15 @@ SAMPLES: dict[str, list[tuple[list[str], object]]] = {
     "max_restarts": [(["2"], 2)],
     "scheduler_timeout_s": [(["30"], 30.0)],
     "run_id": [(["my-run"], "my-run")],
-    "extra": [(["a=1"], {"a": 1}), (["b=text"], {"b": "text"})],
+    "simulator": [(["rows=all"], {"rows": "all"})],
+    "compute_charge": [(["compute_time_s=0.01"], {"compute_time_s": 0.01})],
+    "optimiser": [(["name=adamw"], {"name": "adamw"})],
+    "model_options": [(['kwargs={"vocab_size": 50}'], {"kwargs": {"vocab_size": 50}})],
+    "output": [(["return_weights=true"], {"return_weights": True})],
+    "collective_options": [(["warmup=8"], {"warmup": 8})],
+    "method_options": [(["sync_every=4"], {"sync_every": 4})],
+    "custom": [(["note=x"], {"note": "x"})],
+    "extra": [(["sim_rows=all"], {"sim_rows": "all"}), (["compute_time_s=0.01"], {"compute_time_s": 0.01})],
 }
 BOOLS = ("momentum_correction", "throttle", "virtual_merge_cpu", "checkpoint")
 
@@ -121,15 +130,15 @@ def test_flags_not_given_are_absent() -> None:
 
 
 def test_lr_milestones_comma_form_gives_the_same_config_through_both_entries() -> None:
-    argv = ["--lr-milestones", "80,120", "--density-warmup", "0.004,1", "--workers", "2", "--extra", "a=[1,2]"]
+    argv = ["--lr-milestones", "80,120", "--density-warmup", "0.004,1", "--workers", "2", "--extra", "betas=[0.8,0.9]"]
     via_run = RunConfig(**config_kwargs(_parse_run(argv)))
     via_torchrun = torchrun.config_from_args(_parse_torchrun(argv), world_size=None)
     assert via_run == via_torchrun
     assert via_run.lr_milestones == (80, 120) and via_run.density_warmup == (0.004, 1)
-    assert via_run.extra == {"a": [1, 2]}
+    assert via_run.extra == {"betas": (0.8, 0.9)} and via_run.optimiser.betas == (0.8, 0.9)
     # the torchrun entry's older space-separated form still parses to the same config
     old = torchrun.config_from_args(_parse_torchrun(["--lr-milestones", "80", "120", "--density-warmup",
-                                                     "0.004", "1", "--workers", "2", "--extra", "a=[1,2]"]),
+                                                     "0.004", "1", "--workers", "2", "--extra", "betas=[0.8,0.9]"]),
                                     world_size=None)
     assert old == via_run
 

@@ -20,7 +20,11 @@ ALLOWED: dict[str, set[str]] = {
     "momentum_correction": {"True"}, "throttle": {"True"}, "virtual_merge_cpu": {"True"},
     "checkpoint": {"True"}, "lr": {"1.5"}, "lr_decay": {"1.5"}, "weight_decay": {"1.5"},
     "lr_warmup_epochs": {"1.5"}, "dirichlet_alpha": {"1.5"}, "scheduler_timeout_s": {"1.5"},
-    "lr_milestones": {"[]"}, "extra": {"{}"}, "run_id": {"None", "'x'"},
+    "lr_milestones": {"[]"}, "run_id": {"None", "'x'"},
+    # the option groups and dicts: {} is "nothing set"; collective_options None too
+    **{name: {"{}"} for name in ("simulator", "compute_charge", "optimiser", "model_options", "output",
+                                 "method_options", "custom")},
+    "collective_options": {"None", "{}"},
 }
 
 

@@ -34,14 +34,14 @@ def _row(config: RunConfig, rank: int, it: int, world: int) -> dict:
 
 
 def allreduce_train(config: RunConfig, sink=None, device=None):
-    """All-reduce loop; ``config.extra`` may ask a rank to raise at an iteration."""
+    """All-reduce loop; ``config.custom`` may ask a rank to raise at an iteration."""
     import torch
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     rows, buf = [], []
-    fail_rank = config.extra.get("fail_rank")
-    fail_at = config.extra.get("fail_at", -1)
+    fail_rank = config.custom.get("fail_rank")
+    fail_at = config.custom.get("fail_at", -1)
     for it in range(config.max_iterations or 10):
         if rank == fail_rank and it == fail_at:
             raise FloatingPointError(f"injected failure at iteration {it}")
@@ -53,7 +53,7 @@ def allreduce_train(config: RunConfig, sink=None, device=None):
         if len(buf) >= config.sink_every and sink is not None:
             sink(buf)
             buf = []
-        time.sleep(config.extra.get("sleep_s", 0.01))
+        time.sleep(config.custom.get("sleep_s", 0.01))
     if buf and sink is not None:
         sink(buf)
     return SimpleNamespace(rows=rows, summary={"iterations": len(rows) // 1,
@@ -70,7 +70,7 @@ def lab(tmp_path_factory):
 @pytest.mark.timeout(90)
 def test_rank_exception_fails_run_with_traceback_and_releases_workers(lab):
     cfg = RunConfig(method="dense", workers=2, max_iterations=30, sink_every=2,
-                    extra={"fail_rank": 1, "fail_at": 5})
+                    custom={"fail_rank": 1, "fail_at": 5})
     t0 = time.monotonic()
     metrics, summary = lab.submit(cfg).result(timeout_s=60)
     assert summary["status"] == "failed"
@@ -91,7 +91,7 @@ def test_rank_exception_fails_run_with_traceback_and_releases_workers(lab):
 @pytest.mark.timeout(120)
 def test_killed_worker_fails_run_naming_lost_rank_then_next_run_succeeds(lab):
     cfg = RunConfig(method="dense", workers=2, max_iterations=2000, sink_every=5,
-                    extra={"sleep_s": 0.02})
+                    custom={"sleep_s": 0.02})
     handle = lab.submit(cfg)
     deadline = time.monotonic() + 30
     while len(handle.metrics) < 10 and time.monotonic() < deadline:
@@ -119,7 +119,7 @@ def test_killed_worker_fails_run_naming_lost_rank_then_next_run_succeeds(lab):
 @pytest.mark.timeout(60)
 def test_cancel_running_and_queued_runs(lab):
     long = RunConfig(method="dense", workers=2, max_iterations=5000, sink_every=2,
-                     extra={"sleep_s": 0.02})
+                     custom={"sleep_s": 0.02})
     running = lab.submit(long)
     queued = lab.submit(long)  # both workers are busy: it waits in the queue
     time.sleep(0.5)

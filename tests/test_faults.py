@@ -58,8 +58,8 @@ def lab(deployment, tmp_path_factory) -> Iterator[Lab]:
 
 
 def _config(tmp_path: Path, **kw) -> RunConfig:
-    extra = {"iters_per_epoch": 4, "sleep_s": 0.05, "marker_dir": str(tmp_path), **kw.pop("extra", {})}
-    base = dict(method="dense", workers=2, epochs=6, sink_every=2, device="cpu", extra=extra)
+    custom = {"iters_per_epoch": 4, "sleep_s": 0.05, "marker_dir": str(tmp_path), **kw.pop("custom", {})}
+    base = dict(method="dense", workers=2, epochs=6, sink_every=2, device="cpu", custom=custom)
     base.update(kw)
     return RunConfig(**base)
 
@@ -89,7 +89,7 @@ def _worker_name(lab: Lab, address: str) -> str:
 def test_out_of_memory_rank_fails_the_run_naming_rank_and_cause(lab, tmp_path):
     """Rank 1 allocates 1 GiB under RLIMIT_AS (torch: "can't allocate memory"); rank 0,
     blocked in the all-reduce, is freed at once, far inside the collective timeout."""
-    handle = lab.submit(_config(tmp_path, extra={"oom_rank": 1, "oom_at": 3}))
+    handle = lab.submit(_config(tmp_path, custom={"oom_rank": 1, "oom_at": 3}))
     _, summary = handle.result(timeout_s=45)
     assert summary["status"] == "failed"
     first = summary["error"].splitlines()[0]
@@ -199,7 +199,7 @@ def test_scheduler_killed_mid_run_ends_run_and_ranks_then_resumes_on_a_new_sched
     latest = read_latest(store.checkpoint_folder(lab.out, handle.run_id))
     assert latest is not None and latest["epoch"] >= 1
     with Lab(n_workers=2, out=lab.out, timeout_s=TIMEOUT_S, train_fn=fault_ranks.toy_train) as fresh:
-        fast = handle.config.replace(extra={**handle.config.extra, "sleep_s": 0.0})
+        fast = handle.config.replace(custom={**handle.config.custom, "sleep_s": 0.0})
         _, done = fresh.submit(fast, resume=True).result(timeout_s=60)
     assert done["status"] == "completed", done["error"]
     assert done["final_train_loss"] == float(fault_ranks.expected_weights(handle.config).sum())
@@ -214,5 +214,5 @@ def test_scheduler_killed_mid_run_ends_run_and_ranks_then_resumes_on_a_new_sched
         its = list(metrics[metrics["rank"] == rank]["iteration"])
         assert len(its) == len(set(its)) and set(range(latest["iteration"], total)) <= set(its)
         missing = set(range(total)) - set(its)
-        assert all(latest["iteration"] - config.extra["iters_per_epoch"] <= i < latest["iteration"]
+        assert all(latest["iteration"] - config.custom["iters_per_epoch"] <= i < latest["iteration"]
                    for i in missing), (missing, latest)

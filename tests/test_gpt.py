@@ -200,7 +200,7 @@ def test_make_optimizer_adamw_and_sgd_default():
     custom = make_optimizer(model, cfg.replace(extra={"optimizer": "adamw", "betas": [0.8, 0.99],
                                                       "eps": 1e-6}))
     assert custom.param_groups[0]["betas"] == (0.8, 0.99) and custom.param_groups[0]["eps"] == 1e-6
-    for extra, message in (({"optimizer": "adam"}, "optimizer='adam' is invalid: expected one of sgd, adamw"),
+    for extra, message in (({"optimizer": "adam"}, "optimiser.name='adam' is invalid: expected one of sgd, adamw"),
                            ({"optimizer": "adamw", "betas": [0.9]}, "betas=\\[0.9\\] is invalid"),
                            ({"optimizer": "adamw", "betas": [0.9, 1.0]}, "betas=.* is invalid"),
                            ({"optimizer": "adamw", "eps": 0}, "eps=0 is invalid")):

@@ -167,7 +167,7 @@ def test_oktopk_equals_a_port_of_the_reference_allreducer(p: int, model: str, sc
     numel, k, calls = 20_000, 200, 70
     config = RunConfig(method="oktopk", model=model, dataset="synthetic")
     assert config.residual_rule == "paper"  # the reference's rule is the method's default
-    options = config.extra.get("collective_options", {})
+    options = config.collective_options or {}
     ref = ReferenceOkTopk(p, numel, k, tau=32, tau_r=64, script=script)
     ref_residual = [torch.zeros(numel) for _ in range(p)]
     runs = {}

@@ -70,7 +70,7 @@ def _ef21_path(name: str, iterations: int) -> list[float]:
     model = _Weights([1.0, -3.0])
     optimizer = make_optimizer(model, config)
     method = get_method(name)
-    step = RankStep(method, 2, torch.device("cpu"), options=config.extra)
+    step = RankStep(method, 2, torch.device("cpu"), options=config.method_options)
     path = []
     for iteration in range(iterations):
         local = step.prepare(model.w.detach().clone(), 1)

@@ -25,7 +25,7 @@ def test_config_hash_ignores_run_id_and_sees_every_other_field():
     assert store.config_hash(a) == store.config_hash(a.replace(run_id="x"))
     assert store.config_hash(a) == store.config_hash(a.to_dict())
     assert store.config_hash(a) != store.config_hash(a.replace(density=0.02))
-    assert store.config_hash(a) != store.config_hash(a.replace(extra={"note": 1}))
+    assert store.config_hash(a) != store.config_hash(a.replace(custom={"note": 1}))
     rid = store.new_run_id(a)
     assert "gtopk-p2" in rid and store.config_hash(a)[:8] in rid and rid != store.new_run_id(a)
 

@@ -162,7 +162,7 @@ def test_paper_preset_sets_oktopks_reference_warmup_and_given_options_win() -> N
         unregister_method("test-preset-options")
     with pytest.raises(TypeError, match=r"^preset_options=3 is invalid: expected a callable or None$"):
         Method(name="x", collective="gtopk", preset_options=3)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"^extra\['collective_options'\]=\[1\] has type list: expected dict$"):
+    with pytest.raises(TypeError, match=r"^collective_options=\[1\] has type list: expected dict$"):
         RunConfig(method="oktopk", preset="paper", extra={"collective_options": [1]})
 
 

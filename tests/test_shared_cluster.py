@@ -176,7 +176,7 @@ def _config(marker_dir: Path, **kw) -> RunConfig:
     marker_dir.mkdir(parents=True, exist_ok=True)
     extra = {"iters_per_epoch": 4, "sleep_s": 0.04, "marker_dir": str(marker_dir)}
     return RunConfig(**{"method": "dense", "workers": 2, "epochs": 3, "sink_every": 2, "device": "cpu",
-                        "extra": extra, **kw})
+                        "custom": extra, **kw})
 
 
 #: The other client: a Lab in its own process, driven by JSON lines on stdin. For each

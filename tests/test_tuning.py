@@ -36,9 +36,9 @@ def test_best_lr_differs_between_two_methods_and_the_comparison_runs_there() -> 
     assert result.best_lr == by_hand == {"dense": 0.1, "diloco": 0.001}
     assert len(trials) == 4 and trials["value"].map(math.isfinite).all()
     tuning, final = seen[:4], seen[4:]
-    assert all(c.extra["validation_fraction"] == 0.2 for c in tuning)  # never the test split
+    assert all(c.model_options.validation_fraction == 0.2 for c in tuning)  # never the test split
     assert [(c.method, c.lr) for c in final] == [("dense", 0.1), ("diloco", 0.001)]
-    assert all("validation_fraction" not in c.extra for c in final)
+    assert all(c.model_options.validation_fraction is None for c in final)
     comparison = result.comparison
     assert comparison["best_lr"].tolist() == [0.1, 0.001]
     assert comparison["lr_budget"].tolist() == [[0.001, 0.1]] * 2 and (comparison["tuning_runs"] == 4).all()

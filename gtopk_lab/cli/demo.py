@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
             from gtopk_lab.orchestration.calibration import CALIBRATION_FILE, with_calibrated_costs
 
             scaling = with_calibrated_costs(lab, scaling, out)
-            compute_s = scaling[0].config.extra["compute_time_s"]
+            compute_s = scaling[0].config.compute_charge.compute_time_s
             print(f"compute: {compute_s * 1e3:.2f} ms per iteration charged to every rank (calibrated on a "
                   f"worker, one thread; {out / CALIBRATION_FILE}); selection measured, communication "
                   "modelled", file=sys.stderr)

@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
             points = with_calibrated_costs(lab, points, args.out)
             if not args.json:
-                shown = sorted({p.config.extra["compute_time_s"] * 1e3 for p in points})
+                shown = sorted({p.config.compute_charge.compute_time_s * 1e3 for p in points})
                 print(f"compute: {', '.join(f'{ms:.2f}' for ms in shown)} ms per iteration charged to every rank, "
                       f"merges at a calibrated gamma ({os.path.join(str(args.out), CALIBRATION_FILE)}); "
                       "selection measured, communication modelled", file=sys.stderr)

@@ -15,7 +15,7 @@ the same trajectory as ``gtopk_lab.training.loop.train_rank`` with the same meth
 (tests/test_ddp_hook.py, tests/test_step_conformance.py check it). Every registered per-step
 method works, a plugin's too; a local-steps one (``Method.local_steps``: DiLoCo, SparseLoCo)
 is refused with one line when the state is built. ``options`` carries a method's settings as
-a run's ``extra`` would, and the step sees the parameters' shapes, so PowerSGD runs per layer::
+a run's ``method_options`` would, and the step sees the parameters' shapes, so PowerSGD runs per layer::
 
     state = SparseHookState(method="powersgd", warmup_iterations=2,
                             options={"powersgd_rank": 2, "powersgd_min_compression_rate": 1.0})
@@ -93,7 +93,7 @@ class SparseHookState:
     reference rule, else mass), ``warmup_iterations`` (dense
     iterations first, >= 0), ``selection`` (model | bucket), ``selector`` (registry name; None:
     the method's), ``process_group`` (None: default), ``options`` (the method's options, as in a
-    run's ``extra``; checked by the method). Internal state: ``iteration`` (completed backward
+    run's ``method_options``; checked by the method). Internal state: ``iteration`` (completed backward
     passes), one :class:`~gtopk_lab.training.step.RankStep` per parameter set (the whole model,
     or one per bucket) kept across calls, ``last_stats`` (CommStats of the last sparse
     collective).
@@ -108,7 +108,7 @@ class SparseHookState:
     selection: str = "model"
     selector: str | None = None
     process_group: Any = None
-    #: the method's options as a run's ``extra`` holds them (e.g. ``powersgd_rank``)
+    #: the method's options as a run's ``method_options`` holds them (e.g. ``powersgd_rank``)
     options: dict[str, Any] = field(default_factory=dict)
     # internal state
     iteration: int = 0

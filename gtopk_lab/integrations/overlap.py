@@ -140,7 +140,7 @@ class WaitFreeBackprop:
     ``residual_rule`` paper | mass (None: the method's, else mass); ``scope`` layer | model; ``overlap`` (layer scope only);
     ``min_group_numel`` (>= 0); ``network`` for the modelled figures (default: unthrottled);
     ``group`` process group; ``timeout_s`` for :meth:`finish`; ``options`` the method's
-    options, as a run's ``extra`` holds them.
+    options, as a run's ``method_options`` holds them.
 
     Each group has one :class:`~gtopk_lab.training.step.RankStep` (built from one
     :class:`~gtopk_lab.training.step_settings.StepSettings`, with the group's parameter shapes

@@ -170,15 +170,15 @@ class Method:
       lr 1, i.e. the averaged update) steps on the aggregate / P.
     - ``requires_lossless``: refuse a collective that drops entries (EF21-shaped methods).
     - ``time_s`` / ``bytes_per_rank``: override the collective's formulas (same signatures).
-    - ``check_options``: ``(extra) -> Any``, raises ``ValueError`` naming the key for a bad
-      method option in ``RunConfig.extra`` (called when the config is built; the collective
+    - ``check_options``: ``(options) -> Any``, raises ``ValueError`` naming the key for a bad
+      method option in ``RunConfig.method_options`` (called when the config is built; the collective
       reads the options from ``CommCall.options``).
     - ``preset_options``: ``(preset, model) -> options``, the collective options (keywords of
       the collective's ``make_state``) this method takes on ``model`` under ``preset`` (None
       when the run names no preset), e.g. Ok-Topk's reference warm-up ``{"warmup": 512}``
       under ``"paper"`` and the LSTM script's ``{"bands": "lstm"}`` for language models;
       ``{}`` for none. ``RunConfig`` merges them under the run's
-      ``extra["collective_options"]`` (the run's entries win) and the summary records the
+      ``collective_options`` (the run's entries win) and the summary records the
       state's settings; None: the method takes none.
     - ``paper_selector``: the registered selector of the method's paper when ``selector`` is
       the project's own (``gaussiank``: ``"gaussiank-paper"``); the ``paper`` preset uses it
@@ -190,13 +190,14 @@ class Method:
       phrases (``summary()`` appends them to the description; docs/beyond_papers.md
       lists them all).
     - ``options``: the method's hyper-parameters and their defaults, e.g.
-      ``{"ef_decay": 0.95}``; a run overrides one with the ``config.extra`` entry of the same
-      name (:meth:`run_options`; the value must have the default's type). They reach the
+      ``{"ef_decay": 0.95}``; a run overrides one with the ``config.method_options`` entry of
+      the same name (:meth:`run_options`; the value must have the default's type). Declared
+      names are what ``method_options`` accepts (any other key is refused). They reach the
       memory factory (keyword ``options``), the collective (``CommCall.options``) and the
-      outer optimiser (``run_options(config.extra)``). An option may also default a
-      platform key of ``extra`` (``"optimizer": "adamw"``). Local-steps methods always have
-      ``sync_every`` (default: the field ``sync_every``), so a run may set H with
-      ``extra={"sync_every": H}``.
+      outer optimiser (``run_options(config.method_options)``). An option may also default a
+      platform option (``"optimizer": "adamw"``: the default of ``config.optimiser.name``).
+      Local-steps methods always have ``sync_every`` (default: the field ``sync_every``), so
+      a run may set H with ``method_options={"sync_every": H}``.
 
     Display facts (every table, figure and listing reads them from the registered entry;
     :func:`~gtopk_lab.methods.registry.register_method` fills in the ones left unset):

@@ -24,7 +24,7 @@ One iteration t on rank i of P (d parameters, k = density * d):
    over iterations so that the leader's indices stay representative of every rank's
    gradient. Default ``beta = 0.1`` (option ``lowpass_beta``): the paper uses a small filter
    coefficient in its experiments, but its exact value could not be checked offline when this
-   was written, so 0.1 is this project's choice; set ``extra={"lowpass_beta": 1.0}`` for
+   was written, so 0.1 is this project's choice; set ``method_options={"lowpass_beta": 1.0}`` for
    plain EF.
 
 Steps 2-4 are one per-rank tensor program (:func:`cltk_program`), run by both drivers of

@@ -6,15 +6,15 @@ Source: Douillard, Feng, Rusu, Chhaparia, Donchev, Kuncoro, Ranzato, Szlam, Shen
 One round (H iterations) on rank i of P, from the shared weights ``theta`` (the anchor):
 
 1. H inner steps of the run's inner optimiser on rank i's own mini-batches, no communication
-   (AdamW by default, the paper's choice: ``lr``, ``weight_decay`` and ``extra`` betas/eps of
-   the run; ``extra={"optimizer": "sgd"}`` for SGD);
+   (AdamW by default, the paper's choice: ``lr``, ``weight_decay`` and ``optimiser`` betas/eps of
+   the run; ``optimiser={"name": "sgd"}`` for SGD);
 2. the pseudo-gradient ``Delta_i = theta - theta_i`` (d floats);
 3. a dense ring allreduce: ``Delta = (1/P) sum_i Delta_i``;
 4. the outer step from the anchor: Nesterov SGD ``theta <- theta - lr_out (Delta + mu m)``
    with ``m <- mu m + Delta`` (``torch.optim.SGD(nesterov=True)``); the paper's lr_out = 0.7,
    mu = 0.9. Every rank then continues from the same new theta.
 
-Options (``extra``): ``sync_every`` = H, default 8 here (the paper synchronises every 500
+Options (``method_options``): ``sync_every`` = H, default 8 here (the paper synchronises every 500
 steps on large models; 8 suits this project's small runs), ``outer_lr`` (0.7),
 ``outer_momentum`` (0.9; 0 gives plain SGD), ``optimizer`` ("adamw"). With H = 1, an inner
 SGD and an outer SGD of lr 1 without momentum, DiLoCo is dense data-parallel SGD.
@@ -35,14 +35,14 @@ from gtopk_lab.methods.registry import get_method, register_method
 
 __all__ = ["nesterov_outer_optimizer", "DILOCO", "DILOCO_OPTIONS"]
 
-#: DiLoCo's options and defaults (``extra`` overrides them per run).
+#: DiLoCo's options and defaults (``method_options`` overrides them per run).
 DILOCO_OPTIONS: dict[str, Any] = {"sync_every": 8, "outer_lr": 0.7, "outer_momentum": 0.9, "optimizer": "adamw"}
 
 
 def nesterov_outer_optimizer(params: list[torch.nn.Parameter], config: Any) -> torch.optim.Optimizer:
     """Step 4's optimiser from the run's ``outer_lr`` / ``outer_momentum`` options (of the run's
     method, so other methods may reuse it with their own defaults)."""
-    options = get_method(config.method).run_options(config.extra)
+    options = get_method(config.method).run_options(config.method_options)
     lr, mu = options["outer_lr"], options["outer_momentum"]
     if not lr > 0 or not 0.0 <= mu < 1.0:
         raise ValueError(f"extra outer_lr={lr!r} / outer_momentum={mu!r} is invalid: expected lr > 0 "

@@ -38,7 +38,8 @@ orthonormalisation; communication two allreduces of ``U + C_P`` and ``C_Q`` floa
 about ``2 (P-1)/P * 4 (U + C_P + C_Q)`` bytes and ``4 log2 P`` messages
 (:func:`powersgd_time_s`, :func:`powersgd_bytes_per_rank`).
 
-Options (``RunConfig.extra``, checked when the config is built):
+Options (``RunConfig.method_options``, declared in ``Method.options``, checked when the config
+is built):
 
 - ``powersgd_rank`` (int >= 1, default 1, torch's default; the paper's image experiments
   mostly use 2): the rank r;
@@ -54,6 +55,7 @@ iteration 0, so the method is compared as itself. Error feedback is always on (t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -298,6 +300,8 @@ POWERSGD = register_collective(Collective(
 register_method(Method(
     name="powersgd", selector=None, collective="powersgd", memory=LowRankErrorFeedback, color="#FECB52",
     check_options=powersgd_options,
+    # declared, so RunConfig.method_options knows the names (powersgd_options checks the values)
+    options={f"{OPTION_PREFIX}{f.name}": f.default for f in dataclasses.fields(PowerSGDOptions)},
     description="PowerSGD (Vogels et al., NeurIPS'19): rank-r per layer, error feedback, warm start",
     departures=("rank 1 by default (torch's hook; the paper's image runs mostly use 2)",
                 "compression from iteration 0 (no start_powerSGD_iter)",

@@ -1,7 +1,7 @@
 """PowerSGD's options, its layer plan and its orthonormalisation (steps 2 and 5 of
 :mod:`gtopk_lab.methods.powersgd`, whose docstring states the algorithm).
 
-- :func:`powersgd_options` checks the ``powersgd_*`` keys of ``RunConfig.extra``;
+- :func:`powersgd_options` checks the ``powersgd_*`` keys of ``RunConfig.method_options``;
 - :func:`layer_plan` decides which layers are compressed with which rank (torch's
   ``min_compression_rate`` rule) and the order the hook draws their Q in;
 - :func:`orthonormalize`: Gram-Schmidt for r <= 2, QR otherwise, as the hook.
@@ -18,7 +18,7 @@ import torch
 
 __all__ = ["OPTION_PREFIX", "PowerSGDOptions", "powersgd_options", "LayerPlan", "layer_plan", "orthonormalize"]
 
-#: Every ``RunConfig.extra`` key of this method starts with it (unknown ones are refused).
+#: Every ``RunConfig.method_options`` key of this method starts with it (unknown ones are refused).
 OPTION_PREFIX = "powersgd_"
 
 
@@ -34,13 +34,13 @@ class PowerSGDOptions:
 
 
 def powersgd_options(extra: Mapping[str, Any] | None) -> PowerSGDOptions:
-    """The options in ``extra`` (``RunConfig.extra``); ``ValueError`` naming the key when one
+    """The options in ``extra`` (``RunConfig.method_options``); ``ValueError`` naming the key when one
     is invalid or unknown. Keys without the ``powersgd_`` prefix are not this method's."""
     extra = extra or {}
     known = {f"{OPTION_PREFIX}{name}" for name in ("rank", "min_compression_rate", "warm_start", "seed")}
     unknown = sorted(k for k in extra if isinstance(k, str) and k.startswith(OPTION_PREFIX) and k not in known)
     if unknown:
-        raise ValueError(f"extra[{unknown[0]!r}] is invalid: unknown PowerSGD option; expected one of "
+        raise ValueError(f"method_options[{unknown[0]!r}] is invalid: unknown PowerSGD option; expected one of "
                          f"{', '.join(sorted(known))}")
 
     def get(name: str, default: Any) -> Any:
@@ -48,17 +48,17 @@ def powersgd_options(extra: Mapping[str, Any] | None) -> PowerSGDOptions:
 
     rank = get("rank", 1)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"extra['powersgd_rank']={rank!r} is invalid: expected an integer >= 1")
+        raise ValueError(f"method_options['powersgd_rank']={rank!r} is invalid: expected an integer >= 1")
     rate = get("min_compression_rate", 2.0)
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate < 0:
-        raise ValueError(f"extra['powersgd_min_compression_rate']={rate!r} is invalid: "
+        raise ValueError(f"method_options['powersgd_min_compression_rate']={rate!r} is invalid: "
                          "expected a finite number >= 0")
     warm = get("warm_start", True)
     if not isinstance(warm, bool):
-        raise ValueError(f"extra['powersgd_warm_start']={warm!r} is invalid: expected true or false")
+        raise ValueError(f"method_options['powersgd_warm_start']={warm!r} is invalid: expected true or false")
     seed = get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise ValueError(f"extra['powersgd_seed']={seed!r} is invalid: expected an integer in [0, 2**32)")
+        raise ValueError(f"method_options['powersgd_seed']={seed!r} is invalid: expected an integer in [0, 2**32)")
     return PowerSGDOptions(rank=rank, min_compression_rate=float(rate), warm_start=warm, seed=seed)
 
 

@@ -80,7 +80,7 @@ __all__ = ["CHUNK", "chunk_topk", "encode", "decode", "quantize", "encoded_bytes
            "sparseloco_allgather_program", "sparseloco_gtopk_program", "averaged_outer_optimizer",
            "SPARSELOCO_OPTIONS", "SPARSELOCO", "SPARSELOCO_GTOPK"]
 
-#: SparseLoCo's options and defaults (``extra`` overrides them per run).
+#: SparseLoCo's options and defaults (``method_options`` overrides them per run).
 SPARSELOCO_OPTIONS: dict[str, Any] = {"sync_every": 8, "optimizer": "adamw", "ef_decay": 0.95,
                                       "quant_bits": 2, "outer_lr": 1.0}
 
@@ -286,7 +286,7 @@ def sparseloco_gtopk_bytes_per_rank(numel: int, k: int, workers: int, pair_bytes
 # =========================================================================== the methods
 def averaged_outer_optimizer(params: list[torch.nn.Parameter], config: Any) -> torch.optim.Optimizer:
     """Step 8: plain SGD of lr ``outer_lr`` (alpha) on G / P, no momentum."""
-    lr = get_method(config.method).run_options(config.extra)["outer_lr"]
+    lr = get_method(config.method).run_options(config.method_options)["outer_lr"]
     if not lr > 0:
         raise ValueError(f"extra outer_lr={lr!r} is invalid: expected a number > 0")
     return torch.optim.SGD(params, lr=lr, momentum=0.0)

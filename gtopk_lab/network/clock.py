@@ -123,7 +123,7 @@ class VirtualClock:
         # thread: a Dask worker's own threads (event loop, heartbeats, event streaming) then
         # do not count as the rank's compute, as they do in the process-wide clock.
         self.cpu_timer = cpu_timer or time.process_time
-        # A fixed compute time per iteration (RunConfig.extra["compute_time_s"]): the rank
+        # A fixed compute time per iteration (RunConfig.compute_charge.compute_time_s): the rank
         # says what to charge (charge()) and its CPU time is not read, so a loaded machine
         # cannot move the virtual clock.
         self.charged_compute = bool(charged_compute)

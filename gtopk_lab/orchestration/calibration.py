@@ -5,8 +5,8 @@ under contention that no one-core-per-rank cluster has, and the figure then show
 contention instead of the method (benchmarks/RESULTS.md, "Efficiency figures you can
 trust"): 4 real ranks time-share 2 cores, the P = 1 baseline ran at another moment of another
 job's load, and a simulated point's slowest of P merges grows with P. Charging every rank,
-real or simulated, one calibrated compute time (``RunConfig.extra["compute_time_s"]``) and
-its merges at one calibrated gamma (``extra["merge_gamma_s_per_element"]``) removes all
+real or simulated, one calibrated compute time (``RunConfig.compute_charge.compute_time_s``) and
+its merges at one calibrated gamma (``compute.merge_gamma_s_per_element``) removes all
 three; the selection stays measured and the communication modelled
 (:mod:`gtopk_lab.training.compute_charge`). :func:`calibrated_costs`:
 
@@ -67,7 +67,7 @@ logger = logging.getLogger("gtopk_lab.orchestration.lab")
 def workload_key(config: RunConfig) -> dict[str, Any]:
     """What one rank's compute time depends on (not the method, P, the density or the network)."""
     return {"model": config.model, "dataset": config.dataset, "batch_size": config.batch_size,
-            "model_kwargs": config.extra.get("model_kwargs", {}), "device": config.device}
+            "model_kwargs": config.model_options.kwargs or {}, "device": config.device}
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
@@ -159,22 +159,22 @@ def calibrated_compute_time_s(lab: Any, config: RunConfig, out: str | Path, repe
 
 
 def with_calibrated_costs(lab: Any, points: Sequence[StudyPoint], out: str | Path) -> list[StudyPoint]:
-    """The ``points`` with their workload's calibrated costs in ``extra``: ``compute_time_s``,
-    ``merge_gamma_s_per_element`` and ``compute_calibration`` (``{"calibration": "calibrated",
-    "host", "measured_at", "repeats", "file"}``, what the summary states). A point whose
-    ``extra`` already fixes ``compute_time_s`` keeps its own. O(points) plus one calibration
+    """The ``points`` with their workload's calibrated costs in ``config.compute_charge``:
+    ``compute_time_s``, ``merge_gamma_s_per_element`` and ``calibration`` (``{"calibration":
+    "calibrated", "host", "measured_at", "repeats", "file"}``, what the summary states). A point
+    whose ``compute_charge`` already fixes ``compute_time_s`` keeps its own. O(points) plus one calibration
     per new workload."""
     done: list[StudyPoint] = []
     for point in points:
-        extra = point.config.extra
-        if "compute_time_s" in extra:
+        if point.config.compute_charge.compute_time_s is not None:
             done.append(point)
             continue
         costs = calibrated_costs(lab, point.config, out)
         described = {"calibration": "calibrated", "host": costs["host"], "measured_at": costs["measured_at"],
                      "repeats": costs["repeats"], "file": CALIBRATION_FILE}
-        config = point.config.replace(extra={**extra, "compute_time_s": costs["compute_time_s"],
-                                             "merge_gamma_s_per_element": costs["merge_gamma_s_per_element"],
-                                             "compute_calibration": described})
+        compute = dataclasses.replace(point.config.compute_charge, compute_time_s=costs["compute_time_s"],
+                                      merge_gamma_s_per_element=costs["merge_gamma_s_per_element"],
+                                      calibration=described)
+        config = point.config.replace(compute_charge=compute)
         done.append(dataclasses.replace(point, config=config))
     return done

@@ -91,9 +91,11 @@ class RunHandle(RunLife):
     """
 
     def __init__(self, lab: HandleOwner, config: RunConfig, timeout_s: float,
-                 simulated: bool = False, skip_completed: bool = False) -> None:
+                 simulated: bool = False, skip_completed: bool = False, digest: str | None = None) -> None:
         self.lab = lab
         self.config = config
+        # the config's hash, computed once per config object (``digest``: the submitter's)
+        self._hashed: tuple[RunConfig, str] | None = (config, digest) if digest else None
         #: P virtual ranks in one Dask task (``worker.sim_task.run_simulated``) on one worker,
         #: instead of P rank tasks on P workers
         self.simulated = bool(simulated)
@@ -166,9 +168,17 @@ class RunHandle(RunLife):
         return "simulated" if self.simulated else "real"
 
     @property
+    def config_hash(self) -> str:
+        """``config_hash(self.config)``, computed once per config (its run id aside, which the
+        hash leaves out, the handle's config does not change)."""
+        if self._hashed is None or self._hashed[0] is not self.config:
+            self._hashed = (self.config, config_hash(self.config))
+        return self._hashed[1]
+
+    @property
     def point_key(self) -> str:
         """The run's point in its results folder (config hash, plus the source when simulated)."""
-        return point_key(config_hash(self.config), self.source)
+        return point_key(self.config_hash, self.source)
 
     @property
     def workers_needed(self) -> int:
@@ -401,9 +411,9 @@ class RunHandle(RunLife):
             if backend:
                 extra["backend"] = backend
             summary = run_summary(self.config, rank0_summary, status=status, error=error, extra=extra,
-                                  identity=self.identity)
+                                  identity=self.identity, digest=self.config_hash)
             try:
-                write_run(out, self.config, self.metrics, summary)
+                write_run(out, self.config, self.metrics, summary, digest=self.config_hash)
             except Exception as exc:  # disk full etc.: still end the handle
                 summary["error"] = (error or "") + f"\n(could not write the run folder: {exc!r})"
             self.status = status
@@ -417,7 +427,9 @@ class RunHandle(RunLife):
         :meth:`mark_done` next."""
         with self.files_lock, self._lock:
             self.run_id = run_id
+            digest = self.config_hash  # the run id is not hashed
             self.config = self.config.replace(run_id=run_id)
+            self._hashed = (self.config, digest)
             self._rows, self._provisional, self._undelivered, self._unjournaled = list(rows), set(), [], []
             self._reindex()
             self.summary = {**summary, "skipped": True}

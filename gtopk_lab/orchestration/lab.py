@@ -267,18 +267,25 @@ class Lab:
             check_bool(name, flag)
         check_optional_bool("progress", progress)
         labels = run_labels(labels)
+        # built and hashed once: the hash leaves out the run id and hashes a calibration-file
+        # bandwidth as its constants, so neither change below moves it
+        digest = _results.config_hash(config)
+        changes: dict[str, Any] = {}
         if config.run_id is None:
-            config = config.replace(run_id=_results.new_run_id(config))
+            changes["run_id"] = _results.new_run_id(config, digest)
         # a calibration file is read here: workers get its constants, not a path they may lack
         bandwidth = portable_bandwidth(config.bandwidth)
         if bandwidth != config.bandwidth:
-            config = config.replace(bandwidth=bandwidth)
+            changes["bandwidth"] = bandwidth
+        if changes:
+            config = config.replace(**changes)
         if self._monitor.is_active(str(config.run_id)):
             raise ValueError(f"run_id={config.run_id!r} is invalid: a run with this id is active")
         self._check_capacity(config.replace(workers=1) if simulate else config, wait_for_workers,
                              timeout_s)
 
-        handle = RunHandle(self, config, timeout_s, simulated=simulate, skip_completed=skip_completed)
+        handle = RunHandle(self, config, timeout_s, simulated=simulate, skip_completed=skip_completed,
+                           digest=digest)
         store = _results.RunStore(self.out, handle.run_id)
         handle.labels = labels
         handle.identity = labels_of(with_labels({}, labels, earlier=store.read_summary() if resume else None))
@@ -294,9 +301,9 @@ class Lab:
                 handle.resume = latest is not None
                 stored = _results.rows_on_resume(store.read_metrics(), folder, latest)
                 handle.preload_rows(stored.to_dict("records"), redo_from=latest["iteration"] if latest else 0)
-            store.write_config(config)
+            store.write_config(config, digest)
             store.write_summary(_results.run_summary(config, None, status="queued", identity=handle.identity,
-                                                     extra={"submitted_at": handle.submitted_at}))
+                                                     extra={"submitted_at": handle.submitted_at}, digest=digest))
             self.client.subscribe_topic(topic_for(handle.run_id), handle.on_event)
         except BaseException:
             self._monitor.abandon(handle)

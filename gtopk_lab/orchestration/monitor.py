@@ -233,7 +233,7 @@ class RunMonitor(WorkerRelease):
         handle.queue_reason = reason
         _results.RunStore(self.out, handle.run_id).write_summary(_results.run_summary(
             handle.config, None, status="queued", identity=handle.identity,
-            extra={"submitted_at": handle.submitted_at, "queue_reason": reason}))
+            extra={"submitted_at": handle.submitted_at, "queue_reason": reason}, digest=handle.config_hash))
 
     def _start(self, handle: RunHandle, workers: list[str]) -> None:
         self._restart_deadlines.pop(handle.run_id, None)
@@ -245,7 +245,7 @@ class RunMonitor(WorkerRelease):
         _results.RunStore(self.out, handle.run_id).write_summary(_results.run_summary(
             handle.config, None, status="running", identity=handle.identity,
             extra={"submitted_at": handle.submitted_at, "started_at": handle.started_at,
-                   "dask_workers": handle.workers}))
+                   "dask_workers": handle.workers}, digest=handle.config_hash))
         config_dict = handle.config.to_dict()
         folder = _results.checkpoint_folder(self.out, handle.run_id)
         ckpt_kwargs = {"checkpoint_dir": folder if handle.config.checkpoint else None,

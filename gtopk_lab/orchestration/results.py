@@ -131,10 +131,10 @@ class RunStore:
         self.run_id = run_id
         self.path = self.out / run_id
 
-    def write_config(self, config: RunConfig) -> None:
-        """config.json: the full config plus its hash."""
+    def write_config(self, config: RunConfig, digest: str | None = None) -> None:
+        """config.json: the full config plus its hash (``digest`` when the caller has it)."""
         data = config.to_dict()
-        data["config_hash"] = config_hash(config)
+        data["config_hash"] = digest or config_hash(config)
         write_json_atomic(self.path / CONFIG_FILE, data)
 
     def write_metrics(self, metrics: pd.DataFrame) -> None:
@@ -169,7 +169,7 @@ class RunStore:
 
 def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, status: str,
                 error: str | None = None, extra: dict[str, Any] | None = None,
-                identity: dict[str, Any] | None = None) -> dict[str, Any]:
+                identity: dict[str, Any] | None = None, digest: str | None = None) -> dict[str, Any]:
     """The run summary (summary.json): rank 0's summary completed with every contract key.
 
     Not ``training.rows.build_summary``, which is one rank's summary (the ``rank0_summary``
@@ -184,7 +184,8 @@ def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, stat
     ``recipe_fields`` (the training recipe that applied and the fields it supplied,
     comma-separated; :mod:`gtopk_lab.recipe_defaults`) and ``provenance``
     (:func:`gtopk_lab.provenance.provenance`: versions, git commit, host, device, network
-    calibration).
+    calibration). ``digest``: the config's hash when the caller has
+    it (a run's handle hashes its config once).
     """
     summary: dict[str, Any] = {key: None for key in SUMMARY_KEYS}
     summary.update({"method": config.method, "workers": config.workers, "density": config.density,
@@ -194,7 +195,7 @@ def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, stat
     summary["run_id"] = config.run_id
     summary["status"] = status
     summary["error"] = error
-    summary["config_hash"] = config_hash(config)
+    summary["config_hash"] = digest or config_hash(config)
     for key in ("algorithm", "bandwidth", "latency", "model", "dataset", "selector", "residual_rule",
                 "preset"):
         summary.setdefault(key, getattr(config, key))
@@ -210,13 +211,13 @@ def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, stat
 
 
 def write_run(out: str | os.PathLike[str], config: RunConfig, metrics: pd.DataFrame,
-              summary: dict[str, Any]) -> Path:
+              summary: dict[str, Any], digest: str | None = None) -> Path:
     """Write all three files of a finished run (metrics first, summary last), then delete
     what its live run streamed (parts, heartbeat): ``metrics`` holds every row now."""
     if not config.run_id:
         raise ValueError("run_id=None is invalid: a stored run needs a run id")
     store = RunStore(out, config.run_id)
-    store.write_config(config)
+    store.write_config(config, digest)
     store.write_metrics(metrics)
     store.write_summary(summary)
     if summary.get("status") in FINAL_STATUSES:

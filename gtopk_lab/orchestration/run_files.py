@@ -104,10 +104,11 @@ def config_hash(config: RunConfig | dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def new_run_id(config: RunConfig) -> str:
-    """A fresh, sortable, readable run id: ``<UTC time>-<method>-p<P>-<hash8>-<rand4>``."""
+def new_run_id(config: RunConfig, digest: str | None = None) -> str:
+    """A fresh, sortable, readable run id: ``<UTC time>-<method>-p<P>-<hash8>-<rand4>``
+    (``digest``: the config's hash when the caller has it)."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{config.method}-p{config.workers}-{config_hash(config)[:8]}-{secrets.token_hex(2)}"
+    return f"{stamp}-{config.method}-p{config.workers}-{(digest or config_hash(config))[:8]}-{secrets.token_hex(2)}"
 
 
 def utc_now() -> str:

@@ -5,7 +5,7 @@ the LR: sparse and local-steps methods often want their own. :func:`tune_and_com
 every method the same budget and reports it:
 
 1. **tune**: for every method, every LR of ``lrs`` and every seed, one run of ``base`` with
-   ``extra["validation_fraction"] = f``: it trains on the training set minus a held-out
+   ``model_options.validation_fraction = f``: it trains on the training set minus a held-out
    ``f`` of it and evaluates on that part (:func:`~gtopk_lab.training.data.validation_split`);
    the test split is never seen;
 2. **pick**: per method the LR whose runs have the best mean of ``metric`` over the seeds
@@ -24,6 +24,7 @@ none): :meth:`Lab.tune <gtopk_lab.orchestration.lab.Lab.tune>` passes the cluste
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from typing import Any
 import pandas as pd
 
 from gtopk_lab.config import RunConfig
+from gtopk_lab.config_options import coerce_options, with_legacy_extra
 
 __all__ = ["TuneResult", "tune_and_compare", "DEFAULT_VALIDATION_FRACTION", "DEFAULT_TUNING_METRIC"]
 
@@ -114,10 +116,12 @@ def tune_and_compare(run: Runner, methods: str | Sequence[str], lrs: Sequence[fl
     if isinstance(validation_fraction, bool) or not isinstance(validation_fraction, (int, float)) \
             or not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"validation_fraction={validation_fraction!r} is invalid: expected a fraction in (0, 1)")
-    extra = dict(base_fields.pop("extra", {}) or {})
-    tune_extra = {**extra, "validation_fraction": float(validation_fraction)}
+    if "extra" in base_fields:  # a legacy extra dict: onto the typed options
+        base_fields = with_legacy_extra(base_fields)
+    given = coerce_options("model_options", base_fields.pop("model_options", {}))
+    held_out = dataclasses.replace(given, validation_fraction=float(validation_fraction))
     # every config is validated before any run starts
-    tuning = [RunConfig(**base_fields, method=m, lr=lr, seed=s, extra=tune_extra)
+    tuning = [RunConfig(**base_fields, method=m, lr=lr, seed=s, model_options=held_out)
               for m in method_list for lr in lr_list for s in seed_list]
     summaries = list(run(tuning))
     if len(summaries) != len(tuning):
@@ -134,7 +138,7 @@ def tune_and_compare(run: Runner, methods: str | Sequence[str], lrs: Sequence[fl
         best[method] = float(mean.idxmin())  # idxmin takes the first (smallest LR) of ties
     budget = {"lr_budget": lr_list, "tuning_seeds": seed_list, "tuning_runs": len(tuning),
               "validation_fraction": validation_fraction, "tuning_metric": metric}
-    final = [RunConfig(**base_fields, method=m, lr=best[m], seed=s, extra=extra)
+    final = [RunConfig(**base_fields, method=m, lr=best[m], seed=s, model_options=given)
              for m in method_list for s in seed_list]
     compared = list(run(final))
     if len(compared) != len(final):

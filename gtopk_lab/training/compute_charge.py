@@ -4,7 +4,7 @@ In one process the P virtual ranks' forward/backward passes run one after the ot
 shared, busy machine: their measured times differ by 3-5x for reasons no real cluster
 shares (another rank's process on the same two cores, the OS), and the slowest of P such
 measurements grows with P. Charging that maximum makes efficiency fall with P for no
-reason of the method's. The rules (``config.extra["sim_compute"]``):
+reason of the method's. The rules (``config.simulator.compute``, legacy ``extra["sim_compute"]``):
 
 - ``"median"`` (default): every rank is charged the median of this iteration's P
   measurements: the typical rank, unbiased in P (at P = 1 it is the one measurement);
@@ -24,9 +24,9 @@ Every measurement is kept (8 bytes each) so that the summary shows its spread
 **Calibrated costs** (what a study charges by default, ``gtopk_lab.orchestration.calibration``):
 one rank's compute measured once per workload on an idle worker thread (median of a few
 passes) and the merges' gamma measured there too, at the workload's k
-(:func:`merge_calibration_task`), both written into every point's ``extra``
-(``compute_time_s``, ``merge_gamma_s_per_element``, and ``compute_calibration`` saying
-where and when). Every rank, real or simulated, is then charged the same compute, and each
+(:func:`merge_calibration_task`), both written into every point's ``config.compute_charge``
+(``compute_time_s``, ``merge_gamma_s_per_element``, and ``calibration`` saying where and
+when). Every rank, real or simulated, is then charged the same compute, and each
 collective's merges ``gamma * merged_elements`` (:func:`clock_merge_options`), so neither
 the 2-core box's time-sharing nor another job's load moves virtual time; the selection stays
 measured and the communication modelled. :func:`compute_time_fields` states it in the
@@ -42,6 +42,7 @@ import statistics
 from array import array
 from typing import Any
 
+from gtopk_lab.config_options import COMPUTE_CHARGES, ComputeOptions
 from gtopk_lab.network.calibrate import measure_gamma_s_per_element
 from gtopk_lab.training.compute_time import measure_iteration_times
 
@@ -55,7 +56,6 @@ __all__ = ["COMPUTE_CHARGES", "DEFAULT_COMPUTE_CHARGE", "ComputeCharge", "fixed_
 #: at load 4 on the 2-core box.
 CALIBRATION_QUANTILE = 0.25
 
-COMPUTE_CHARGES: tuple[str, ...] = ("median", "max", "straggler")
 DEFAULT_COMPUTE_CHARGE = "median"
 
 
@@ -91,7 +91,7 @@ class ComputeCharge:
 
 
 def _fixed_time(name: str, value: Any, allow_zero: bool) -> float | None:
-    """Validate an optional fixed time in seconds (keyword or ``config.extra`` entry)."""
+    """Validate an optional fixed time in seconds (a keyword of ``simulate``)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -105,16 +105,16 @@ def _fixed_time(name: str, value: Any, allow_zero: bool) -> float | None:
     return value
 
 
-def fixed_times(extra: dict[str, Any], compute_time_s: Any = None,
+def fixed_times(options: ComputeOptions, compute_time_s: Any = None,
                 selection_time_s: Any = None) -> tuple[float | None, float | None]:
     """(compute, selection) seconds to charge every rank per iteration instead of measuring,
-    each None where measured: the keywords, else ``extra["compute_time_s"]`` /
-    ``extra["selection_time_s"]`` (a ``RunConfig.extra``). A fixed selection needs a fixed
+    each None where measured: the keywords, else ``options.compute_time_s`` /
+    ``options.selection_time_s`` (a ``RunConfig.compute``). A fixed selection needs a fixed
     compute time; TypeError / ValueError name the field otherwise."""
     compute = _fixed_time("compute_time_s", compute_time_s if compute_time_s is not None
-                          else extra.get("compute_time_s"), allow_zero=False)
+                          else options.compute_time_s, allow_zero=False)
     selection = _fixed_time("selection_time_s", selection_time_s if selection_time_s is not None
-                            else extra.get("selection_time_s"), allow_zero=True)
+                            else options.selection_time_s, allow_zero=True)
     if selection is not None and compute is None:
         raise ValueError(f"selection_time_s={selection!r} is invalid without compute_time_s: "
                          "expected both fixed, or compute_time_s alone (selection then measured)")
@@ -130,38 +130,39 @@ def charged_selection_s(sparse: bool, fixed_selection_s: float | None, measured_
     return fixed_selection_s if fixed_selection_s is not None else measured_s
 
 
-def merge_gamma(extra: dict[str, Any]) -> float | None:
-    """``extra["merge_gamma_s_per_element"]`` (seconds per merged element, >= 0), or None when
-    absent (merges measured); ``TypeError`` / ``ValueError`` naming the entry otherwise."""
-    return _fixed_time("merge_gamma_s_per_element", extra.get("merge_gamma_s_per_element"), allow_zero=True)
+def merge_gamma(options: ComputeOptions) -> float | None:
+    """``options.merge_gamma_s_per_element`` (seconds per merged element, >= 0, checked by
+    ``ComputeOptions``) as a float, or None when absent (merges measured)."""
+    gamma = options.merge_gamma_s_per_element
+    return None if gamma is None else float(gamma)
 
 
-def clock_merge_options(virtual_merge_cpu: bool, extra: dict[str, Any], fixed_compute_s: float | None
+def clock_merge_options(virtual_merge_cpu: bool, options: ComputeOptions, fixed_compute_s: float | None
                         ) -> dict[str, Any]:
     """The ``VirtualClock`` keywords for merges: ``include_merge_cpu`` and
     ``merge_gamma_s_per_element``.
 
-    1. a calibrated gamma (``extra["merge_gamma_s_per_element"]``): merges charged as
+    1. a calibrated gamma (``options.merge_gamma_s_per_element``): merges charged as
        ``gamma * merged_elements``, with a fixed compute time too;
     2. else measured merges, only when compute is measured as well (measured merges would
        bring back the CPU noise a fixed compute time removes);
     3. ``virtual_merge_cpu=False`` (``RunConfig``) charges no merges at all.
     """
-    gamma = merge_gamma(extra)
+    gamma = merge_gamma(options)
     include = bool(virtual_merge_cpu) and (gamma is not None or fixed_compute_s is None)
     return {"include_merge_cpu": include, "merge_gamma_s_per_element": gamma if include else None}
 
 
-def compute_time_fields(extra: dict[str, Any], fixed_compute_s: float | None,
+def compute_time_fields(options: ComputeOptions, fixed_compute_s: float | None,
                         fixed_selection_s: float | None) -> dict[str, Any]:
     """What a run summary says of its compute charge: ``compute_time_source`` ("measured",
-    "fixed", or "calibrated" when ``extra["compute_calibration"]`` describes the fixed time),
+    "fixed", or "calibrated" when ``options.calibration`` describes the fixed time),
     ``fixed_compute_time_s``, ``fixed_selection_time_s``, ``merge_gamma_s_per_element`` and
     ``compute_calibration`` (where and when it was measured; None without one)."""
-    calibration = extra.get("compute_calibration") if fixed_compute_s is not None else None
+    calibration = options.calibration if fixed_compute_s is not None else None
     source = "measured" if fixed_compute_s is None else ("calibrated" if calibration else "fixed")
     return {"compute_time_source": source, "fixed_compute_time_s": fixed_compute_s,
-            "fixed_selection_time_s": fixed_selection_s, "merge_gamma_s_per_element": merge_gamma(extra),
+            "fixed_selection_time_s": fixed_selection_s, "merge_gamma_s_per_element": merge_gamma(options),
             "compute_calibration": dict(calibration) if isinstance(calibration, dict) else None}
 
 

@@ -69,7 +69,7 @@ def _measure(config: RunConfig, repeats: int, warmup: int, device: Any) -> dict[
     dataset = load_dataset(config.dataset, model=config.model,
                            train_samples=train, test_samples=10, seed=config.seed,
                            data_dir=config.data_dir,
-                           num_classes=config.extra.get("model_kwargs", {}).get("vocab_size"))
+                           num_classes=(config.model_options.kwargs or {}).get("vocab_size"))
     replica = Replica(config.replace(workers=1), 1, dev)
     x, y = dataset.x_train[:config.batch_size], dataset.y_train[:config.batch_size]
     if len(x) < config.batch_size:

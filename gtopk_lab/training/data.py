@@ -27,7 +27,7 @@ every rank the same ``n_train // P`` samples, but with class proportions drawn f
 Dirichlet of concentration ``config.dirichlet_alpha``. Every rank computes the whole
 partition from the seed, so real ranks and the simulator's virtual ranks hold the same
 shards. Within a shard each epoch uses a fresh permutation seeded by (seed, epoch, rank).
-Evaluation uses the full test split, or with ``config.extra["validation_fraction"] = f``
+Evaluation uses the full test split, or with ``config.model_options.validation_fraction = f``
 (:func:`validation_split`, what LR tuning uses) a validation split carved from the training
 set: a seeded permutation of the training samples, its last ``round(f n)`` held out and
 evaluated on, the rest trained on; the test split is then not touched.

@@ -39,7 +39,7 @@ from torch import nn
 GPT_DEFAULT = dict(vocab_size=256, block_size=128, n_layer=4, n_head=4, n_embd=192)
 #: CI size (``gpt_tiny``; 72,000 parameters): fast enough for a unit test on one core.
 GPT_TINY = dict(vocab_size=256, block_size=64, n_layer=2, n_head=2, n_embd=48)
-#: Keyword arguments both registry entries accept (``RunConfig.extra["model_kwargs"]``).
+#: Keyword arguments both registry entries accept (``RunConfig.model_options.kwargs``).
 GPT_KWARGS: tuple[str, ...] = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd",
                                "dropout", "tie_weights")
 

@@ -14,7 +14,7 @@ rank (the :class:`~gtopk_lab.training.step.RankStep` of that method holds a
    (``Method.outer_optimizer(params, config)``; default SGD with lr 1, i.e. the averaged
    update) and the new weights are the next anchor
 
-H is the run's ``sync_every`` option (``extra["sync_every"]``, default ``Method.sync_every``).
+H is the run's ``sync_every`` option (``RunConfig.method_options["sync_every"]``, default ``Method.sync_every``).
 Cost per round: H inner steps, one O(d) pseudo-gradient, one outer step; d floats for the
 anchor plus the outer optimiser's state.
 """

@@ -108,7 +108,7 @@ class _RealRank:
         self.config, self.rank, self.world, self.has_group = config, rank, world, has_group
         self.dev, self.dataset, self.replica, self.state = dev, dataset, replica, state
         self.clock, self.buffer = clock, buffer
-        #: charged instead of measured (``RunConfig.extra["compute_time_s"]``), as the simulator does
+        #: charged instead of measured (``RunConfig.compute_charge.compute_time_s``), as the simulator does
         self.fixed_compute_s, self.fixed_selection_s = fixed_compute_s, fixed_selection_s
         self.ipe = state.shard.iterations_per_epoch
         self.coordinator = rank == 0
@@ -228,11 +228,11 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
     state = RankState(settings, config, rank, replica, dataset)
     if dev.type == "cuda":  # CUDA dropout masks differ between ranks, as on CPU
         torch.cuda.manual_seed(config.seed + 1 + rank)
-    fixed_compute_s, fixed_selection_s = fixed_times(config.extra)
+    fixed_compute_s, fixed_selection_s = fixed_times(config.compute_charge)
     # as in the simulator: merges measured only with measured compute, else from a calibrated gamma
     clock = VirtualClock(network_of(config), throttle=config.throttle,
                          cpu_timer=rank_cpu_timer(dev), charged_compute=fixed_compute_s is not None,
-                         **clock_merge_options(config.virtual_merge_cpu, config.extra, fixed_compute_s))
+                         **clock_merge_options(config.virtual_merge_cpu, config.compute_charge, fixed_compute_s))
     buffer = RowBuffer(sink, config.sink_every)
     ranks = _RealRank(config, rank, world, has_group, dev, dataset, replica, state, clock, buffer,
                       fixed_compute_s, fixed_selection_s)
@@ -252,12 +252,12 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
                                        "merge_cpu_s": clock.total_merge_cpu_s,
                                        "virtual_merge_cpu": clock.include_merge_cpu,
                                        "setup_wall_s": timeline.started_at - setup_start,
-                                       **compute_time_fields(config.extra, fixed_compute_s,
+                                       **compute_time_fields(config.compute_charge, fixed_compute_s,
                                                              fixed_selection_s),
                                        "state_bytes_per_param": state_bytes_per_parameter(
                                            state.step, replica.numel),
                                        **state.step.describe()})
-        weights = replica.flat_weights().cpu() if config.extra.get("return_weights") else None
+        weights = replica.flat_weights().cpu() if config.output.return_weights else None
         return RankResult(rows=buffer.rows, summary=summary, final_weights=weights)
     finally:  # rows produced before an exception still reach the sink
         buffer.flush()

@@ -57,7 +57,7 @@ class ModelSpec:
     #: "classification" or "language_model" (tokens in, per-token logits out).
     task: str = "classification"
     description: str = ""
-    #: Keyword arguments accepted by the factory (from ``RunConfig.extra["model_kwargs"]``).
+    #: Keyword arguments accepted by the factory (from ``RunConfig.model_options.kwargs``).
     kwargs: tuple[str, ...] = field(default_factory=tuple)
     #: Language models that take any sequence length up to their context (the GPTs):
     #: ``input_shape`` is then the default length, and datasets may use another one.

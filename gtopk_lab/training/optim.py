@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from gtopk_lab.config import RunConfig
+from gtopk_lab.config_options import OPTIMIZERS as _OPTIMIZERS
 from gtopk_lab.config_presets import RECIPES
 from gtopk_lab.methods import get_method
 
@@ -75,40 +76,43 @@ def density_at(config: RunConfig, epoch: float) -> float:
     return stages[index] if 0 <= index < len(stages) else config.density
 
 
-#: Optimisers ``make_optimizer`` builds, chosen by ``config.extra["optimizer"]`` (default "sgd").
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
-#: AdamW defaults (nanoGPT's betas); override with ``extra["betas"]`` / ``extra["eps"]``.
+#: Optimisers ``make_optimizer`` builds (``config_options.OPTIMIZERS``), chosen by
+#: ``config.optimiser.name`` (default the method's, else "sgd").
+OPTIMIZERS: tuple[str, ...] = _OPTIMIZERS
+#: AdamW defaults (nanoGPT's betas); override with ``optimiser.betas`` / ``optimiser.eps``.
 ADAMW_BETAS: tuple[float, float] = (0.9, 0.95)
 ADAMW_EPS = 1e-8
 
 
 def optimizer_name(config: RunConfig) -> str:
-    """``config.extra["optimizer"]``; when absent the method's ``options["optimizer"]`` (DiLoCo's
+    """``config.optimiser.name``; when None the method's ``options["optimizer"]`` (DiLoCo's
     inner AdamW), else "sgd"; anything else raises ``ValueError``."""
-    name = config.extra.get("optimizer", get_method(config.method).options.get("optimizer", "sgd"))
+    name = config.optimiser.name
+    if name is None:
+        name = get_method(config.method).options.get("optimizer", "sgd")
     if name not in OPTIMIZERS:
-        raise ValueError(f"extra optimizer={name!r} is invalid: expected one of {', '.join(OPTIMIZERS)}")
+        raise ValueError(f"optimiser.name={name!r} is invalid: expected one of {', '.join(OPTIMIZERS)}")
     return name
 
 
 def _adamw_hyper(config: RunConfig) -> tuple[tuple[float, float], float]:
-    betas = config.extra.get("betas", ADAMW_BETAS)
+    betas = config.optimiser.betas or ADAMW_BETAS
     try:
         b1, b2 = (float(b) for b in betas)
         ok = 0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0
     except (TypeError, ValueError):
         ok = False
     if not ok:
-        raise ValueError(f"extra betas={betas!r} is invalid for optimizer 'adamw': expected two numbers "
+        raise ValueError(f"optimiser.betas={betas!r} is invalid for optimizer 'adamw': expected two numbers "
                          "in [0, 1), e.g. [0.9, 0.95]")
-    eps = config.extra.get("eps", ADAMW_EPS)
+    eps = ADAMW_EPS if config.optimiser.eps is None else config.optimiser.eps
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
-        raise ValueError(f"extra eps={eps!r} is invalid for optimizer 'adamw': expected a number > 0")
+        raise ValueError(f"optimiser.eps={eps!r} is invalid for optimizer 'adamw': expected a number > 0")
     return (b1, b2), float(eps)
 
 
 def make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.Optimizer:
-    """SGD (default) or AdamW over the model's parameters, from ``config.extra["optimizer"]``.
+    """SGD (default) or AdamW over the model's parameters, from ``config.optimiser.name``.
 
     SGD: with ``momentum_correction`` the velocity is kept per worker *before* sparsification
     (see :mod:`gtopk_lab.training.step`), so the gradient steps without momentum (dense runs
@@ -118,8 +122,8 @@ def make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.Optimizer
     ``DGCSGD.step`` (:class:`DecayMomentumSGD`), so it is neither sparsified nor delayed.
     The learning rate is overwritten each iteration from :func:`lr_at`.
 
-    AdamW (``extra={"optimizer": "adamw"}``): ``lr`` and ``weight_decay`` from the config,
-    ``betas`` (default (0.9, 0.95)) and ``eps`` (default 1e-8) from ``extra``; ``momentum``
+    AdamW (``optimiser={"name": "adamw"}``): ``lr`` and ``weight_decay`` from the config,
+    ``betas`` (default (0.9, 0.95)) and ``eps`` (default 1e-8) from ``optimiser``; ``momentum``
     is unused. As in nanoGPT, decoupled weight decay applies to parameters with >= 2
     dimensions (weight matrices, embeddings) and not to biases or LayerNorm gains. Like SGD
     it steps on the aggregated (sparse-summed) gradient, identically on every rank.
@@ -127,7 +131,7 @@ def make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.Optimizer
     """
     if optimizer_name(config) == "adamw":
         if config.momentum_correction and get_method(config.method).sparse:
-            raise ValueError("momentum_correction=True is invalid with extra optimizer='adamw': DGC's "
+            raise ValueError("momentum_correction=True is invalid with optimiser.name='adamw': DGC's "
                              "local velocity is an SGD-momentum scheme; expected momentum_correction=False")
         betas, eps = _adamw_hyper(config)
         params = [p for p in model.parameters() if p.requires_grad]

@@ -35,7 +35,7 @@ class RankResult:
 
     rows: list[dict] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
-    #: Flat copy of the final parameters, only when ``config.extra["return_weights"]`` is
+    #: Flat copy of the final parameters, only when ``config.output.return_weights`` is
     #: true (tests compare real and simulated runs with it); None otherwise.
     final_weights: torch.Tensor | None = None
 

@@ -60,7 +60,7 @@ class Replica:
         self.world_size = world_size
         self.device = device
         self.spec = get_model_spec(config.model)
-        model_kwargs = dict(config.extra.get("model_kwargs", {}))
+        model_kwargs = dict(config.model_options.kwargs or {})
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         self.model: nn.Module = build_model(config.model, **model_kwargs).to(device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]

@@ -25,14 +25,14 @@ MAX_WARMUP_ITERATIONS = 10
 def sync_block(config: RunConfig) -> int:
     """Iterations per synchronisation of the run's method (H of local-steps methods, else 1)."""
     method = get_method(config.method)
-    return int(method.run_options(config.extra).get("sync_every", 1)) if method.local_steps else 1
+    return int(method.run_options(config.method_options).get("sync_every", 1)) if method.local_steps else 1
 
 
 def warmup_iterations(config: RunConfig, iterations: int) -> int:
     """Iterations at the start of this run's rows left out of its steady throughput:
-    ``config.extra["warmup_iterations"]`` or ``min(10, max(1, n // 10))`` of ``n`` rows,
+    ``config.output.warmup_iterations`` or ``min(10, max(1, n // 10))`` of ``n`` rows,
     never so many that fewer than two steady iterations remain (then none)."""
-    chosen = config.extra.get("warmup_iterations")
+    chosen = config.output.warmup_iterations
     if chosen is None:
         chosen = min(MAX_WARMUP_ITERATIONS, max(1, iterations // 10))
     if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen < 0:

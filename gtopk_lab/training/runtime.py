@@ -84,14 +84,14 @@ def network_of(config: RunConfig) -> NetworkModel:
 def run_dataset(config: RunConfig) -> Dataset:
     """The run's dataset (every rank loads the same; each trains on its own shard), checked
     against the model's input shape."""
-    model_kwargs = config.extra.get("model_kwargs", {})
+    model_kwargs = config.model_options.kwargs or {}
     dataset = load_dataset(config.dataset, model=config.model, train_samples=config.train_samples,
                            test_samples=config.test_samples, seed=config.seed, data_dir=config.data_dir,
                            num_classes=model_kwargs.get("vocab_size"),
                            # a GPT built with another context trains on windows of that length
                            seq_len=model_kwargs.get("block_size"),
-                           tokenizer=config.extra.get("tokenizer", "byte"))
-    if config.extra.get("validation_fraction") is not None:  # LR tuning: evaluate on held-out training data
-        dataset = validation_split(dataset, config.extra["validation_fraction"], config.seed)
+                           tokenizer=config.model_options.tokenizer or "byte")
+    if config.model_options.validation_fraction is not None:  # LR tuning: evaluate on held-out training data
+        dataset = validation_split(dataset, config.model_options.validation_fraction, config.seed)
     check_model_fits(config.model, dataset)
     return dataset

@@ -16,7 +16,7 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    programs without transport; identical ``CommStats``)
 3. ``VirtualClock.simulate_collective(compute_s, stats)``: virtual time advances by the
    slowest rank's *charged* compute plus the slowest rank's modelled communication. The
-   charge follows ``config.extra["sim_compute"]``
+   charge follows ``config.simulator.compute``
    (:mod:`~gtopk_lab.training.compute_charge`): by default every rank is charged the median
    of the P measurements (one process on a shared machine is no cluster of stragglers);
    ``"straggler"`` draws each rank's charge from the run's measured distribution, ``"max"``
@@ -32,8 +32,8 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
 Steps 1, 2 and 4 are the driver's three seams (``_VirtualRanks.iteration``): P gradients and
 P contributions, one ``Collective.simulate`` call, P finishes.
 
-**Fixed compute time** (``compute_time_s=`` / ``config.extra["compute_time_s"]``, and
-optionally ``selection_time_s=`` / ``config.extra["selection_time_s"]``): on a loaded machine
+**Fixed compute time** (``compute_time_s=`` / ``config.compute_charge.compute_time_s``, and
+optionally ``selection_time_s=`` / ``config.compute_charge.selection_time_s``): on a loaded machine
 one rank's measured forward/backward varies 3-5x between iterations, and step 3 takes the
 slowest of P such measurements, so measured virtual time drifts upward with P for reasons that
 have nothing to do with the method. With a fixed compute time every virtual rank is charged
@@ -53,7 +53,7 @@ Only one model exists, so memory is one replica plus, per virtual rank, a residu
 
 Rows: the same schema as ``train_rank``'s. ``iter`` rows are emitted for every virtual rank
 when P <= 32 and for virtual rank 0 only above that (``rows="all"`` / ``"rank0"`` or
-``config.extra["sim_rows"]`` overrides; rows of rank 0 only add ``comm_peak_rounds`` and
+``config.simulator.rows`` overrides; rows of rank 0 only add ``comm_peak_rounds`` and
 ``comm_peak_wire_bytes``, the largest collective of any rank, which
 :mod:`~gtopk_lab.analysis.reprice` needs when rank 0 is not the slowest). In simulated rows
 ``comm_s`` is the *modelled* communication time (there is no real transfer), ``compute_s`` / ``selection_s`` are the
@@ -116,7 +116,7 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
 
     ``rows``: "all" (iter rows of every virtual rank), "rank0", or None (all when
     P <= :data:`ALL_ROWS_MAX_WORKERS`). ``compute_time_s`` / ``selection_time_s`` (default:
-    ``config.extra["compute_time_s"]`` / ``["selection_time_s"]``, else None = measure):
+    ``config.compute_charge.compute_time_s`` / ``.selection_time_s``, else None = measure):
     fixed per-rank times charged to the virtual clock instead of measured CPU time (see
     "Fixed compute time" in the module docstring); ``selection_time_s`` needs
     ``compute_time_s``. Cost per iteration: P forward/backward passes and selections, the
@@ -130,8 +130,8 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     """
     if not isinstance(config, RunConfig):
         raise TypeError(f"config has type {type(config).__name__}: expected RunConfig")
-    fixed_compute_s, fixed_selection_s = fixed_times(config.extra, compute_time_s, selection_time_s)
-    rows = rows or config.extra.get("sim_rows")
+    fixed_compute_s, fixed_selection_s = fixed_times(config.compute_charge, compute_time_s, selection_time_s)
+    rows = rows or config.simulator.rows
     if rows is None:
         rows = "all" if config.workers <= ALL_ROWS_MAX_WORKERS else "rank0"
     if rows not in ("all", "rank0"):
@@ -146,7 +146,7 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     # Fixed compute removes CPU noise from virtual time; charging measured merges would
     # bring it back, so merges count only when compute is measured too, or from a calibrated gamma.
     clock = VirtualClock(network_of(config), throttle=False,
-                         **clock_merge_options(config.virtual_merge_cpu, config.extra, fixed_compute_s))
+                         **clock_merge_options(config.virtual_merge_cpu, config.compute_charge, fixed_compute_s))
     buffer = RowBuffer(sink, config.sink_every)
     ranks = _VirtualRanks(config, settings, dev, dataset, replica, clock, buffer,
                           emit=range(world) if rows == "all" else range(1),
@@ -168,7 +168,7 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                        # totals start at its checkpoint)
                                        "compute_s_virtual": (clock.total_compute_s / max(
                                            timeline.total - timeline.start_iteration, 1)),
-                                       **compute_time_fields(config.extra, fixed_compute_s,
+                                       **compute_time_fields(config.compute_charge, fixed_compute_s,
                                                              fixed_selection_s),
                                        "state_bytes_per_param": state_bytes_per_parameter(
                                            ranks.states[0].step, replica.numel),
@@ -178,7 +178,7 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                        **ranks.states[0].step.describe()})
         # In a simulation wall throughput is the simulator's own speed, not the cluster's.
         summary["samples_per_s_wall"] = math.nan if world > 1 else summary["samples_per_s_wall"]
-        weights = replica.flat_weights().cpu() if config.extra.get("return_weights") else None
+        weights = replica.flat_weights().cpu() if config.output.return_weights else None
         return RankResult(rows=buffer.rows, summary=summary, final_weights=weights)
     finally:
         buffer.flush()
@@ -222,7 +222,7 @@ class _VirtualRanks:
         self.collective = self.states[0].step.collective
         self.swap_buffers = len(self.states[0].buffers) > 0
         self.ipe = self.states[0].shard.iterations_per_epoch
-        self.charge = ComputeCharge(config.extra.get("sim_compute"), config.seed)
+        self.charge = ComputeCharge(config.simulator.compute, config.seed)
 
     def _contribute(self, state: RankState, point: Point) -> _RankWork:
         """One rank's gradient and contribution (phase 1), timed."""

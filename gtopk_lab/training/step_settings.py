@@ -52,8 +52,8 @@ class StepSettings:
     overriding the method's (``RunConfig.selector``). ``algorithm``: the run's pattern, used
     when the method fixes none. ``grad_clip`` / ``grad_clip_mode``: see
     :class:`~gtopk_lab.training.step.RankStep`. ``momentum_correction`` / ``momentum``: DGC's
-    local velocity (sparse methods only). ``options``: the run's ``extra`` (the method reads its
-    declared options from it; the collective gets the whole mapping). ``collective_options``:
+    local velocity (sparse methods only). ``options``: the run's ``method_options`` (the method
+    reads its declared options from it; the collective gets the whole mapping). ``collective_options``:
     keywords of the collective's ``make_state``. ``config``: the run's
     :class:`~gtopk_lab.config.RunConfig`, which a local-steps method's ``outer_optimizer``
     factory is given (None outside a run).
@@ -110,7 +110,7 @@ class StepSettings:
                    residual_rule=config.residual_rule, selector=config.selector, algorithm=config.algorithm,
                    grad_clip=config.grad_clip, grad_clip_mode=config.grad_clip_mode,
                    momentum_correction=config.momentum_correction, momentum=config.momentum,
-                   options=config.extra, collective_options=config.extra.get("collective_options"),
+                   options=config.method_options, collective_options=config.collective_options,
                    config=config)
 
     # --- what the settings say about the step ------------------------------------------------

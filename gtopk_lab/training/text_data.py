@@ -43,9 +43,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gtopk_lab.config_options import TOKENIZERS
 from gtopk_lab.training.dataset import Dataset
 
-TOKENIZERS: tuple[str, ...] = ("byte", "char")
 #: Fraction of the corpus (its last bytes) used for validation.
 VALIDATION_FRACTION = 0.1
 
