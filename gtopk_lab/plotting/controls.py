@@ -60,7 +60,7 @@ from gtopk_lab.plotting.explorer import panel_explorer
 from gtopk_lab.plotting.widget_sync import ThreadSafeFigureWidget, copy_into
 from gtopk_lab.plotting.live_study import convergence_study_figure, scaling_study_figure
 from gtopk_lab.orchestration.arguments import check_seconds
-from gtopk_lab.plotting.panel_fields import FieldError, StudyRequest, check_defaults, first_line
+from gtopk_lab.plotting.panel_fields import FieldError, StudyRequest, check_defaults, first_line, status_line_html
 from gtopk_lab.plotting.panel_form import BANDWIDTH_CHOICES, StudyForm
 from gtopk_lab.plotting.runs_table import compare_frame, runs_frame, runs_table_widget, selects, update_runs_table
 from gtopk_lab.plotting.widget_fit import FitSignal, fit_width
@@ -416,11 +416,7 @@ class ControlPanel:
         return fig
 
     def _say(self, text: str, error: bool = False) -> None:
-        color = "#b00020" if error else "#2e7d32"
-        # one line: the box never grows into a wall of text, the full text is the tooltip
-        self.message.value = (f"<span title='{html.escape(text)}' style='color:{color};white-space:nowrap;"
-                              f"overflow:hidden;text-overflow:ellipsis;display:inline-block;max-width:900px'>"
-                              f"{html.escape(text)}</span>")
+        self.message.value = status_line_html(text, error, max_width_px=900)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
         if self.lab_closed():

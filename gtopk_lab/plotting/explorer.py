@@ -31,7 +31,6 @@ Example::
 
 from __future__ import annotations
 
-import html
 import math
 import threading
 import time
@@ -47,6 +46,7 @@ from gtopk_lab.plotting.explorer_costs import Costs, costs_from_study, find_cost
 from gtopk_lab.plotting.explorer_model import (FREE_RATE, WORKERS, Prediction, Setting, measured_points, predict,
                                                study_arguments)
 from gtopk_lab.plotting.explorer_figures import BREAKDOWN_LAYOUT, EFFICIENCY_LAYOUT, draw_breakdown, draw_efficiency
+from gtopk_lab.plotting.panel_fields import status_line_html
 from gtopk_lab.plotting.widget_fit import FitSignal, fit_width
 from gtopk_lab.plotting.widget_sync import ThreadSafeFigureWidget
 
@@ -338,10 +338,7 @@ class Explorer:
                       error=True)
 
     def _say(self, text: str, error: bool = False) -> None:
-        color = "#b00020" if error else "#2e7d32"
-        self.message.value = (f"<span title='{html.escape(text)}' style='color:{color};white-space:nowrap;"
-                              f"overflow:hidden;text-overflow:ellipsis;display:inline-block;max-width:520px'>"
-                              f"{html.escape(text)}</span>")
+        self.message.value = status_line_html(text, error, max_width_px=520)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
         return self.widget._repr_mimebundle_(include=include, exclude=exclude)

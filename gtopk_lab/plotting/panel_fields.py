@@ -19,6 +19,7 @@ Client side only.
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -243,3 +244,12 @@ def _check_model(model: str, dataset: str) -> None:
     if not isinstance(dataset, str) or dataset not in spec.datasets:
         raise FieldError("dataset", f"{dataset!r} does not fit model {model!r}: it fits "
                                     f"{', '.join(spec.datasets)}")
+
+
+def status_line_html(text: str, error: bool = False, max_width_px: int = 900) -> str:
+    """A widget's one-line status: green, or red for an error, cut with an ellipsis at
+    ``max_width_px`` so the box never grows into a wall of text; the full text is the tooltip."""
+    color = "#b00020" if error else "#2e7d32"
+    return (f"<span title='{html.escape(text)}' style='color:{color};white-space:nowrap;"
+            f"overflow:hidden;text-overflow:ellipsis;display:inline-block;max-width:{int(max_width_px)}px'>"
+            f"{html.escape(text)}</span>")
