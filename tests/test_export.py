@@ -78,3 +78,32 @@ def test_missing_kaleido_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setitem(sys.modules, "kaleido", None)  # import kaleido -> ImportError
     with pytest.raises(RuntimeError, match=r"kaleido is not installed: pip install 'gtopk-lab\[export\]'"):
         save_figure(_figure(), tmp_path / "a.png")
+
+
+def test_a_render_before_kaleidos_page_is_ready_is_tried_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kaleido's tab not yet ready (ReferenceError: kaleido_scopes is not defined, seen once under
+    load) costs another try; any other error is one line at once."""
+    _needs_browser()
+    from kaleido.errors import JavascriptError
+
+    real_run, calls = export._run, []
+
+    def flaky_once(coroutine_function):
+        calls.append(1)
+        if len(calls) == 1:
+            raise JavascriptError("{'description': 'ReferenceError: kaleido_scopes is not defined'}")
+        return real_run(coroutine_function)
+
+    monkeypatch.setattr(export, "_run", flaky_once)
+    [path] = save_figures([(_figure(), tmp_path / "a.png")])
+    assert len(calls) == 2 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    def broken(coroutine_function):
+        calls.append(1)
+        raise JavascriptError("{'description': 'TypeError: x is not a function'}")
+
+    calls.clear()
+    monkeypatch.setattr(export, "_run", broken)
+    with pytest.raises(RuntimeError, match="kaleido could not render") as info:
+        save_figures([(_figure(), tmp_path / "b.png")])
+    assert len(calls) == 1 and "\n" not in str(info.value)

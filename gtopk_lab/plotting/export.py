@@ -80,6 +80,18 @@ def _formats(paths: Sequence[Path]) -> list[str | None]:
     return formats
 
 
+#: Renders tried when kaleido's page had not defined its functions yet (see _page_not_ready).
+RENDER_ATTEMPTS = 3
+
+
+def _page_not_ready(exc: BaseException) -> bool:
+    """kaleido 1.x evaluated its render call before the browser tab had run kaleido's own
+    scripts (``ReferenceError: kaleido_scopes is not defined``): seen once on a 2-core box
+    with two busy loops beside it; a fresh browser renders the same figure."""
+    text = str(exc)
+    return "JavascriptError" in type(exc).__name__ and "is not defined" in text and "kaleido" in text
+
+
 def save_figures(items: Sequence[tuple[go.Figure, str | os.PathLike[str]]], *, width: int | None = None,
                  height: int | None = None, scale: float = 1.0) -> list[Path]:
     """Write each ``(figure, path)`` (module docstring, steps 1-4); returns the paths.
@@ -107,11 +119,16 @@ def save_figures(items: Sequence[tuple[go.Figure, str | os.PathLike[str]]], *, w
                 for i in images:
                     rendered[i] = await k.calc_fig(figs[i], opts={**opts, "format": formats[i]})
 
-        try:
-            _run(render)
-        except Exception as exc:  # noqa: BLE001 - kaleido's own errors: one line naming the browser
-            raise RuntimeError(f"kaleido could not render with {browser}: {type(exc).__name__}: "
-                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+        for attempt in range(RENDER_ATTEMPTS):
+            try:
+                _run(render)
+                break
+            except Exception as exc:  # noqa: BLE001 - kaleido's own errors: one line naming the browser
+                if attempt + 1 < RENDER_ATTEMPTS and _page_not_ready(exc):
+                    rendered.clear()
+                    continue
+                raise RuntimeError(f"kaleido could not render with {browser}: {type(exc).__name__}: "
+                                   f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
     for i, path in enumerate(paths):
         path.parent.mkdir(parents=True, exist_ok=True)
         data = rendered[i] if i in rendered else figs[i].to_html(include_plotlyjs=True, full_html=True).encode()
