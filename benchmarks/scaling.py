@@ -38,6 +38,7 @@ import torch
 
 from gtopk_lab.analysis.predict import collective_time_s
 from gtopk_lab.config import RunConfig, k_for
+from gtopk_lab.methods import get_method
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.training.compute_time import measure_iteration_times
 from gtopk_lab.training.simulator import simulate
@@ -94,15 +95,13 @@ def main() -> None:
                   f"(simulated in {time.perf_counter() - t0:.0f} s)", flush=True)
         t1_cpu = comm[("dense", 1)][0]
         for method in args.methods:
-            sel_paper = paper_tsel if method != "dense" else 0.0
-            collective = {"dense": "dense", "topk": "topk", "gtopk": "gtopk"}[method]
+            sel_paper = paper_tsel if get_method(method).kind == "sparse" else 0.0
             for p in args.workers:
                 t_cpu, comm_s = comm[(method, p)]
                 tables.setdefault(f"{model}|cpu", {})[(method, p)] = efficiency(t1_cpu, t_cpu)
                 tables.setdefault(f"{model}|paper", {})[(method, p)] = efficiency(
                     paper_tc, paper_tc + sel_paper + comm_s)
-                pred = collective_time_s(net, collective, d, k, p, algorithm="butterfly" if method == "gtopk"
-                                             else None, gamma_s_per_element=0.0)
+                pred = collective_time_s(net, method, d, k, p, gamma_s_per_element=0.0)
                 tables.setdefault(f"{model}|ab", {})[(method, p)] = efficiency(
                     paper_tc, paper_tc + sel_paper + pred)
         print(f"\n{model}: compute {tc:.3f} s / selection {tsel * 1e3:.1f} ms (ours, CPU) vs "

@@ -56,11 +56,11 @@ def test_modern_methods_are_listed_and_their_options_are_checked() -> None:
     for name in MODERN:
         assert f"\n{name} " in out.getvalue()
     assert _config("sparseloco", extra={"ef_decay": 0}).extra["ef_decay"] == 0  # an int for a float
-    with pytest.raises(ValueError, match="extra ef_decay='high'"):
+    with pytest.raises(ValueError, match="method_options ef_decay='high'"):
         _config("sparseloco", extra={"ef_decay": "high"})
-    with pytest.raises(ValueError, match="extra sync_every=0"):
+    with pytest.raises(ValueError, match="method_options sync_every=0"):
         _config("diloco", extra={"sync_every": 0})
-    with pytest.raises(ValueError, match="extra quant_bits=3"):
+    with pytest.raises(ValueError, match="method_options quant_bits=3"):
         RankStep(get_method("sparseloco"), 100, CPU, options={"quant_bits": 3})
     # EF21 needs the exact sum: register_method refuses gTop-k (it drops entries)
     with pytest.raises(ValueError, match="collective='gtopk'"):

@@ -350,10 +350,10 @@ class Method:
             if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             if isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, type(default)):
-                raise ValueError(f"extra {key}={value!r} is invalid for method {self.name!r}: expected "
+                raise ValueError(f"method_options {key}={value!r} is invalid for method {self.name!r}: expected "
                                  f"{type(default).__name__} (default {default!r})")
             if key == "sync_every":
-                _positive_int("extra sync_every", value)
+                _positive_int("method_options sync_every", value)
             out[key] = value
         return out
 

@@ -96,7 +96,7 @@ class LowPassMemory:
                  options: Mapping[str, Any] | None = None) -> None:
         beta = float((options or {}).get("lowpass_beta", DEFAULT_LOWPASS_BETA))
         if not 0.0 < beta <= 1.0:
-            raise ValueError(f"extra lowpass_beta={beta!r} is invalid: expected a number in (0, 1]")
+            raise ValueError(f"method_options lowpass_beta={beta!r} is invalid: expected a number in (0, 1]")
         self.beta = beta
         self.memory = torch.zeros(numel, device=device)
 

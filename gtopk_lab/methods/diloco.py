@@ -45,7 +45,7 @@ def nesterov_outer_optimizer(params: list[torch.nn.Parameter], config: Any) -> t
     options = get_method(config.method).run_options(config.method_options)
     lr, mu = options["outer_lr"], options["outer_momentum"]
     if not lr > 0 or not 0.0 <= mu < 1.0:
-        raise ValueError(f"extra outer_lr={lr!r} / outer_momentum={mu!r} is invalid: expected lr > 0 "
+        raise ValueError(f"method_options outer_lr={lr!r} / outer_momentum={mu!r} is invalid: expected lr > 0 "
                          "and momentum in [0, 1)")
     return torch.optim.SGD(params, lr=lr, momentum=mu, nesterov=mu > 0)
 

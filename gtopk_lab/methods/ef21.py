@@ -56,7 +56,7 @@ class EF21Memory:
                  options: Mapping[str, Any] | None = None) -> None:
         eta = float((options or {}).get("ef21_momentum", 1.0))
         if not 0.0 < eta <= 1.0:
-            raise ValueError(f"extra ef21_momentum={eta!r} is invalid: expected a number in (0, 1]")
+            raise ValueError(f"method_options ef21_momentum={eta!r} is invalid: expected a number in (0, 1]")
         self.eta = eta
         self.estimate = torch.zeros(numel, device=device)
         self.total = torch.zeros(numel, device=device)

@@ -97,10 +97,10 @@ class SparseLoCoMemory:
                  options: Mapping[str, Any] | None = None) -> None:
         beta = float((options or {}).get("ef_decay", SPARSELOCO_OPTIONS["ef_decay"]))
         if not 0.0 <= beta <= 1.0:
-            raise ValueError(f"extra ef_decay={beta!r} is invalid: expected a number in [0, 1]")
+            raise ValueError(f"method_options ef_decay={beta!r} is invalid: expected a number in [0, 1]")
         bits = (options or {}).get("quant_bits", SPARSELOCO_OPTIONS["quant_bits"])
         if bits not in QUANT_BITS:  # checked here so that a bad value fails before training
-            raise ValueError(f"extra quant_bits={bits!r} is invalid: expected one of {QUANT_BITS}")
+            raise ValueError(f"method_options quant_bits={bits!r} is invalid: expected one of {QUANT_BITS}")
         self.beta = beta
         self.residual = torch.zeros(numel, device=device)
 
@@ -288,7 +288,7 @@ def averaged_outer_optimizer(params: list[torch.nn.Parameter], config: Any) -> t
     """Step 8: plain SGD of lr ``outer_lr`` (alpha) on G / P, no momentum."""
     lr = get_method(config.method).run_options(config.method_options)["outer_lr"]
     if not lr > 0:
-        raise ValueError(f"extra outer_lr={lr!r} is invalid: expected a number > 0")
+        raise ValueError(f"method_options outer_lr={lr!r} is invalid: expected a number > 0")
     return torch.optim.SGD(params, lr=lr, momentum=0.0)
 
 

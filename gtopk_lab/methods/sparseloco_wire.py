@@ -68,7 +68,7 @@ def encode(values: torch.Tensor, indices: torch.Tensor, numel: int, bits: int) -
     """The message of a sparse vector (ascending unique indices) as one uint8 tensor (module
     docstring). Deterministic: the same input gives the same bytes on every driver."""
     if bits not in QUANT_BITS:
-        raise ValueError(f"extra quant_bits={bits!r} is invalid: expected one of {QUANT_BITS}")
+        raise ValueError(f"method_options quant_bits={bits!r} is invalid: expected one of {QUANT_BITS}")
     nchunks = -(-numel // CHUNK)
     idx = indices.long()
     chunk = idx // CHUNK
