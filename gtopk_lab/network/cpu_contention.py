@@ -7,8 +7,9 @@ and the finish (stats, result). On a core per rank it is a few hundred microseco
 the model can leave it out; when P ranks share fewer cores, and other jobs take some of
 those, a rank's off-wire work waits for a core behind the other ranks' and the jobs', so
 it lasts ``max(1, P / cores)`` times its CPU time, like a merge. On a 2-core box at
-P = 4 beside two busy loops (cores the ranks got: ~1.3) that is ~0.5 ms x 3 = 1.6 ms a
-gTop-k call, the bulk of what the model missed (docs/network.md, "Off-wire CPU").
+P = 4 beside two busy loops (cores the ranks got: 1.1-1.35) that is ~0.5 ms x 3 = 1.5-1.8 ms
+a gTop-k call, a third to a half of what the model missed; the rest is scheduling wake-up
+latency (docs/network.md, "Off-wire CPU").
 
 Algorithm:
 
