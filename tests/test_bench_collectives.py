@@ -34,6 +34,13 @@ def test_throttled_bench_reports_both_models(capsys) -> None:
             assert r["gamma_s_per_element"] is None and r["model_abg_s"] == r["model_s"]
         else:  # gamma from the collective's own untimed calls
             assert r["gamma_s_per_element"] == r["gamma_in_collective_s_per_element"] > 0
+        if r["collective"] == "gtopk_allreduce":  # profiled: + off-wire CPU x max(1, P / cores)
+            factor = max(1.0, 2 / r["available_cores"])
+            assert r["off_wire_cpu_s"] > 0
+            assert r["model_abgc_s"] == pytest.approx(r["model_abg_s"] + r["off_wire_cpu_s"] * factor)
+            assert r["measured_vs_abgc"] == pytest.approx(r["median_s"] / r["model_abgc_s"])
+        else:  # no profile: no off-wire term
+            assert "model_abgc_s" not in r
     assert rows[1]["bytes_sent_per_rank"] == 2000 * 8  # exact count: no count allgather
     dense = rows[0]
     assert dense["model_s"] == pytest.approx(2 * 800_000 / 2 * 8 / 10e6)  # ring: 2 (P-1)/P * bytes

@@ -30,6 +30,7 @@ from gtopk_lab.comm.torch_dist import dense_allreduce, gtopk_allreduce, topk_all
 from gtopk_lab.compression.selection import get_selector
 from gtopk_lab.config import k_for
 from gtopk_lab.network.calibrate import measure_gamma_s_per_element
+from gtopk_lab.network.cpu_contention import off_wire_cpu_s, off_wire_time_s
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.pacing import throttled_call
 
@@ -138,6 +139,19 @@ def _gamma_in_collective(network: Any, call: Any, args: tuple, kwargs: dict) -> 
     return statistics.median(per_call) if per_call else float("nan")
 
 
+def _add_off_wire_term(row: dict[str, Any], workers: int, cores: float) -> None:
+    """With a profile, add ``off_wire_cpu_s`` (slowest rank's prep + pack + unpack + finish CPU
+    per call) and ``model_abgc_s`` = alpha-beta-gamma + that CPU x max(1, P / cores)
+    (:mod:`gtopk_lab.network.cpu_contention`): when ranks outnumber the cores they get, their
+    off-wire work waits for a core like their merges do."""
+    ranks = (row.get("profile") or {}).get("ranks") or []
+    if not ranks:
+        return
+    cpu = max(off_wire_cpu_s(r["phases_cpu_s"]) for r in ranks)
+    row["off_wire_cpu_s"] = cpu
+    row["model_abgc_s"] = row["model_abg_s"] + off_wire_time_s(cpu, workers, cores)
+
+
 def _nanmax(values: Any) -> float:
     """Largest value that is not NaN (NaN if there is none)."""
     return max((v for v in values if v == v), default=float("nan"))
@@ -237,6 +251,7 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
                                                                      gamma_s_per_element=abg_gamma,
                                                                      exact_k=True)
                 row["host_cores"] = cores
+                _add_off_wire_term(row, p, available)
             out.append(row)
     for row in out:
         dense = next(r for r in out if r["numel"] == row["numel"] and r["workers"] == row["workers"]
@@ -248,4 +263,6 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
                                     if row.get("model_s") else None)
         row["measured_vs_abg"] = (row["median_s"] / row["model_abg_s"]
                                   if row.get("model_abg_s") else None)
+        row["measured_vs_abgc"] = (row["median_s"] / row["model_abgc_s"]
+                                   if row.get("model_abgc_s") else None)
     return out

@@ -70,6 +70,7 @@ def print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
            f"{'bytes/dense':>11} {'time/dense':>10} {'merge ms':>9}"
     if modelled:
         head += f" {'ab ms':>9} {'meas/ab':>8} {'gamma ns':>8} {'cores':>5} {'abg ms':>9} {'meas/abg':>8}"
+        head += f" {'abgc ms':>9} {'meas/abgc':>9}"  # + off-wire CPU x max(1, P/cores), profiled rows
     print(head)
     for r in rows:
         name = r["collective"] + ("" if r["algorithm"] == "ring" else f"/{r['algorithm']}")
@@ -81,6 +82,10 @@ def print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
             line += (f" {r['model_s'] * 1e3:>9.2f} {r['measured_vs_model']:>8.2f}"
                      f" {'-' if gamma is None else f'{gamma * 1e9:.1f}':>8}"
                      f" {r['available_cores']:>5.2f} {r['model_abg_s'] * 1e3:>9.2f} {r['measured_vs_abg']:>8.2f}")
+            if r.get("model_abgc_s"):
+                line += f" {r['model_abgc_s'] * 1e3:>9.2f} {r['measured_vs_abgc']:>9.2f}"
+            else:
+                line += f" {'-':>9} {'-':>9}"
         print(line)
 
 

@@ -1,0 +1,67 @@
+"""Off-wire CPU of a collective when its ranks outnumber the cores they get.
+
+The alpha-beta-gamma model charges the wire (paced rounds) and the merges (gamma, slowed
+by :func:`gtopk_lab.network.formulas.merge_contention`). A call also does CPU work that is
+neither: the prep (checks, wire dtypes, the local sort), each round's pack and unpack,
+and the finish (stats, result). On a core per rank it is a few hundred microseconds and
+the model can leave it out; when P ranks share fewer cores, and other jobs take some of
+those, a rank's off-wire work waits for a core behind the other ranks' and the jobs', so
+it lasts ``max(1, P / cores)`` times its CPU time, like a merge. On a 2-core box at
+P = 4 beside two busy loops (cores the ranks got: 1.1-1.35) that is ~0.5 ms x 3 = 1.5-1.8 ms
+a gTop-k call, a third to a half of what the model missed; the rest is scheduling wake-up
+latency (docs/network.md, "Off-wire CPU").
+
+Algorithm:
+
+1. ``c`` = the slowest rank's CPU seconds per call in the off-wire phases (prep, pack,
+   unpack, finish; :data:`OFF_WIRE_PHASES`), measured once from the per-round profile
+   (:mod:`gtopk_lab.bench.profile`); the send/recv phase is left out: its CPU (the
+   transport's copies) runs inside the paced wire time, which the pacer stretches to
+   alpha + beta n anyway;
+2. ``s = max(1, ranks / cores)`` (:func:`cpu_contention`), ``cores`` the cores the ranks
+   got (fractional under other jobs; None: a core per rank, s = 1);
+3. the term is ``c * s`` seconds, added to the alpha-beta-gamma time.
+
+Cost: O(phases). Worker-side module: standard library only; composable with other
+additive terms (e.g. real-TCP terms) since it returns seconds to add.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+__all__ = ["OFF_WIRE_PHASES", "cpu_contention", "off_wire_cpu_s", "off_wire_time_s"]
+
+#: profile phases whose CPU is on the critical path but neither wire time nor merge
+OFF_WIRE_PHASES = ("prep", "pack", "unpack", "finish")
+
+
+def cpu_contention(ranks: int, cores: float | None) -> float:
+    """Step 2: ``max(1, ranks / cores)``; 1.0 when ``cores`` is None (a core per rank)."""
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise ValueError(f"ranks={ranks!r} is invalid: expected an integer >= 1")
+    if cores is None:
+        return 1.0
+    if isinstance(cores, bool) or not isinstance(cores, (int, float)) or not 0 < cores < math.inf:
+        raise ValueError(f"cores={cores!r} is invalid: expected a number of cores > 0 or None")
+    return max(1.0, ranks / cores)
+
+
+def off_wire_cpu_s(phases_cpu_s: Mapping[str, float]) -> float:
+    """Step 1 for one rank: CPU seconds per call in :data:`OFF_WIRE_PHASES` (missing: 0)."""
+    total = 0.0
+    for phase in OFF_WIRE_PHASES:
+        value = float(phases_cpu_s.get(phase, 0.0))
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"phases_cpu_s[{phase!r}]={value!r} is invalid: expected a finite number >= 0")
+        total += value
+    return total
+
+
+def off_wire_time_s(cpu_s_per_call: float, ranks: int, cores: float | None) -> float:
+    """Step 3: seconds the off-wire CPU adds to a call, ``c * max(1, ranks / cores)``."""
+    if isinstance(cpu_s_per_call, bool) or not isinstance(cpu_s_per_call, (int, float)) \
+            or not (cpu_s_per_call >= 0 and math.isfinite(cpu_s_per_call)):
+        raise ValueError(f"cpu_s_per_call={cpu_s_per_call!r} is invalid: expected a finite number >= 0")
+    return float(cpu_s_per_call) * cpu_contention(ranks, cores)
