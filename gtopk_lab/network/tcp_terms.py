@@ -1,0 +1,144 @@
+"""Terms of real TCP that the alpha-beta model misses (issue 28, item 4): composable extras.
+
+The alpha-beta model (:mod:`gtopk_lab.network.model`) charges a round
+``alpha + beta * max(sent, recv)``. On a real TCP link three more things cost time;
+:class:`TcpTerms` adds each as a separate, independently switchable term (all zero by
+default, so ``TcpTerms()`` reproduces the plain model exactly):
+
+1. **Per-message CPU** ``cpu_s_per_message``: the kernel/gloo cost of posting and
+   completing one message, paid once per round by each rank. Cost: O(1) per round.
+2. **TCP slow start** (``rtt_s``, ``init_window_bytes``): a connection idle longer than
+   an RTO restarts at the initial window and doubles it each round trip. A message of
+   ``n`` bytes needs ``r = ceil(log2(n / W0 + 1))`` round trips if its window never
+   reaches the bandwidth-delay product ``B = rtt * bandwidth / 8``; the extra over the
+   bandwidth term is ``max(0, r * rtt - beta * n)`` counted until the window reaches
+   ``B`` (:func:`slow_start_extra_s`). Matters for short-to-medium messages on links with
+   a large BDP; zero when ``rtt_s`` is 0. Cost: O(1) per round.
+3. **Incast** ``incast_s_per_sender``: when ``s`` senders hit one receiver in the same
+   round, drops and retransmits in the receiver's queue cost about
+   ``incast_s_per_sender * (s - 1)`` on top of the receiver's bandwidth term.
+4. **A straggler's link** sets the pace of every synchronous round:
+   :func:`bottleneck_beta` gives the per-byte cost of the slowest link of a round.
+
+Another helper's per-message CPU/contention term for in-process pacing (issue 27) is
+separate; these terms compose with it by addition, as each returns seconds to add.
+
+Constants: fitted by :func:`fit_per_message_cpu` on P <= 4 measurements and checked on
+P = 8 held out with :func:`relative_errors` (benchmarks/tcp_model.py, when it exists).
+
+Worker-side module: imports only the standard library and the network model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from gtopk_lab.network.model import NetworkModel
+
+__all__ = ["TcpTerms", "bottleneck_beta", "fit_per_message_cpu", "relative_errors", "slow_start_extra_s"]
+
+
+def slow_start_extra_s(nbytes: float, bandwidth_bps: float, rtt_s: float, init_window_bytes: float) -> float:
+    """Seconds slow start adds to one ``nbytes`` message over the bandwidth term (step 2).
+
+    1. No RTT or unthrottled link or empty message: 0.
+    2. ``B = rtt * bandwidth / 8`` (bytes in flight at full rate). If ``W0 >= B``: 0.
+    3. Window doubling: after ``r`` round trips ``W0 * (2**r - 1)`` bytes are sent; the
+       window reaches ``B`` after ``R = ceil(log2(B / W0))`` round trips, having sent
+       ``S = W0 * (2**R - 1)`` bytes.
+    4. If ``n <= S``: ``r = ceil(log2(n / W0 + 1))`` rounds, extra ``r * rtt - beta * n``;
+       else extra ``R * rtt - beta * S`` (the rest flows at full rate). Clamped at 0.
+    """
+    if nbytes <= 0 or rtt_s <= 0 or math.isinf(bandwidth_bps):
+        return 0.0
+    if init_window_bytes <= 0:
+        raise ValueError(f"init_window_bytes={init_window_bytes!r} is invalid: expected bytes > 0")
+    beta = 8.0 / bandwidth_bps
+    bdp = rtt_s * bandwidth_bps / 8.0
+    if init_window_bytes >= bdp:
+        return 0.0
+    rounds_to_bdp = math.ceil(math.log2(bdp / init_window_bytes))
+    sent_in_ramp = init_window_bytes * (2 ** rounds_to_bdp - 1)
+    if nbytes <= sent_in_ramp:
+        r = math.ceil(math.log2(nbytes / init_window_bytes + 1))
+        return max(0.0, r * rtt_s - beta * nbytes)
+    return max(0.0, rounds_to_bdp * rtt_s - beta * sent_in_ramp)
+
+
+def bottleneck_beta(bandwidths_bps: Sequence[float]) -> float:
+    """Seconds per byte of the slowest link of a synchronous round (step 4); 0 if all unthrottled."""
+    if not bandwidths_bps:
+        raise ValueError("bandwidths_bps is invalid: expected at least one rate")
+    slowest = min(float(b) for b in bandwidths_bps)
+    if not slowest > 0:
+        raise ValueError(f"bandwidths_bps={list(bandwidths_bps)!r} is invalid: expected rates > 0")
+    return 0.0 if math.isinf(slowest) else 8.0 / slowest
+
+
+@dataclass(frozen=True)
+class TcpTerms:
+    """The extra TCP terms (module docstring); all zero = the plain alpha-beta model."""
+
+    cpu_s_per_message: float = 0.0
+    rtt_s: float = 0.0
+    init_window_bytes: float = 10 * 1448.0  # Linux's initial window: 10 segments of 1448 B
+    incast_s_per_sender: float = 0.0
+
+    def __post_init__(self) -> None:
+        for fname in ("cpu_s_per_message", "rtt_s", "init_window_bytes", "incast_s_per_sender"):
+            value = getattr(self, fname)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{fname}={value!r} has type {type(value).__name__}: expected float")
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{fname}={value!r} is invalid: expected a finite number >= 0")
+        if self.init_window_bytes <= 0:
+            raise ValueError(f"init_window_bytes={self.init_window_bytes!r} is invalid: expected bytes > 0")
+
+    def extra_round_s(self, net: NetworkModel, sent: int, recv: int, senders: int = 1) -> float:
+        """Seconds these terms add to one round of ``net.steps_time_s`` (steps 1-3)."""
+        if senders < 1:
+            raise ValueError(f"senders={senders!r} is invalid: expected >= 1")
+        return (self.cpu_s_per_message
+                + slow_start_extra_s(max(sent, recv), net.bandwidth_bps, self.rtt_s, self.init_window_bytes)
+                + self.incast_s_per_sender * (senders - 1))
+
+    def steps_time_s(self, net: NetworkModel, steps: Sequence[tuple[int, int]],
+                     senders: Sequence[int] | None = None) -> float:
+        """``net.steps_time_s(steps)`` plus :meth:`extra_round_s` of every round.
+
+        ``senders``: per round, how many ranks send to this rank at once (default 1).
+        """
+        if senders is not None and len(senders) != len(steps):
+            raise ValueError(f"senders has {len(senders)} entries: expected one per round ({len(steps)})")
+        total = net.steps_time_s(steps)
+        for i, (sent, recv) in enumerate(steps):
+            total += self.extra_round_s(net, sent, recv, 1 if senders is None else senders[i])
+        return total
+
+
+def fit_per_message_cpu(measured_s: Sequence[float], modelled_s: Sequence[float],
+                        rounds: Sequence[int]) -> float:
+    """Least-squares ``c >= 0`` in ``measured ~ modelled + c * rounds`` (P <= 4 points).
+
+    1. Residuals ``d_i = measured_i - modelled_i``.
+    2. ``c = sum(d_i * m_i) / sum(m_i ** 2)`` with ``m_i`` the rounds; clamped at 0.
+    """
+    if not (len(measured_s) == len(modelled_s) == len(rounds)) or not rounds:
+        raise ValueError("measured_s, modelled_s and rounds are invalid: expected equal, non-empty lengths")
+    denom = sum(float(m) ** 2 for m in rounds)
+    if denom == 0:
+        raise ValueError("rounds is invalid: expected at least one round > 0")
+    num = sum((float(a) - float(b)) * float(m) for a, b, m in zip(measured_s, modelled_s, rounds))
+    return max(0.0, num / denom)
+
+
+def relative_errors(measured_s: Sequence[float], predicted_s: Sequence[float]) -> list[float]:
+    """``(predicted - measured) / measured`` per point (the held-out P = 8 check)."""
+    if len(measured_s) != len(predicted_s):
+        raise ValueError("measured_s and predicted_s are invalid: expected equal lengths")
+    for m in measured_s:
+        if not m > 0:
+            raise ValueError(f"measured_s contains {m!r}: expected times > 0")
+    return [(float(p) - float(m)) / float(m) for m, p in zip(measured_s, predicted_s)]
