@@ -19,6 +19,10 @@ def modern_methods_cells(md: Cell, code: Cell, params: Cell, setup: str) -> list
         md("""
 # Beyond gTop-k: the methods that came after it, on one clock
 
+**Run All** at the defaults took 976 s (16 min) on 2 cores, measured at load 2-8 on a shared
+box (commit 5e480f6, `benchmarks/RESULTS.md`); a batched simulator is being built to bring it
+under 5 minutes, and CI runs it with small parameters.
+
 Dense S-SGD, Top-k and gTop-k side by side with the methods of the years after the paper
 (docs/modern_methods.md): ScaleCom's **CLT-k**, **EF21** and EF21-SGDM, **PowerSGD**,
 **DiLoCo**, **SparseLoCo** and SparseLoCo with its pseudo-gradients merged by gTop-k, on two

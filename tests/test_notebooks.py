@@ -289,3 +289,14 @@ def test_exported_html_renders_offline(tmp_path: Path, monkeypatch: pytest.Monke
     assert all(not u.startswith("file:") for u in aborted)  # nbconvert's require.js/MathJax: blocked
     assert swapped_result[0] == [2, 1, 1] and not swapped_result[2], swapped_result
     assert sum(cdn_traces) == 0 and any("cdn.plot.ly" in u for u in cdn_aborted), (cdn_traces, cdn_aborted)
+
+
+def test_every_notebook_states_its_run_all_time() -> None:
+    """The first markdown cell of each notebook says how long Run All takes at its defaults
+    on 2 cores (a figure in s or min, measured with papermill; README's walk-through)."""
+    for path in sorted(NOTEBOOK_DIR.glob("0*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        first = next(c.source for c in nb.cells if c.cell_type == "markdown")
+        assert "Run All" in first, f"{path.name}: the first markdown cell does not state a Run All time"
+        assert re.search(r"Run All\*{0,2}[^.]*?\b\d+(\.\d+)? ?(s|min)\b", first), \
+            f"{path.name}: the Run All sentence carries no time in s or min"
