@@ -329,7 +329,7 @@ pareto_bytes = figures.pareto_figure(outcomes, x="bytes_sent_per_rank")
 show(pareto_bytes)
 show(figures.pareto_figure(outcomes, x="virtual_time_s"))
 try:
-    print("saved", save_figure(pareto_bytes, os.path.join(out, "pareto_bytes.png"), width=900, height=450))
+    print("saved", save_figure(pareto_bytes, os.path.join(lab.out, "pareto_bytes.png"), width=900, height=450))
 except RuntimeError as exc:  # no kaleido or no Chromium here: the figure above is all there is
     print(exc)
 """),
@@ -463,7 +463,7 @@ bars over seeds, and the paper's 32-worker values as open markers on 1 GbE, wher
 scaling_fig = efficiency_figure(efficiency, with_links(study.predicted(), points))
 show(scaling_fig)
 try:  # PNG / SVG / PDF through kaleido and the system's Chromium (the `export` extra)
-    print("saved", save_figure(scaling_fig, os.path.join(out, "efficiency.svg")))
+    print("saved", save_figure(scaling_fig, os.path.join(lab.out, "efficiency.svg")))
 except RuntimeError as exc:
     print(exc)
 """),
