@@ -218,7 +218,8 @@ NOTEBOOKS["01_convergence.ipynb"] = [
     md("""
 # Convergence: dense vs Top-k vs gTop-k vs GaussianK
 
-RUNALL_Conver
+**Run All** at the defaults takes about 46 s on 2 cores (papermill, a fresh results folder;
+measured at load 1.0-2.1).
 
 Shi et al. (ICDCS'19) claim that gTop-k S-SGD converges "nearly consistently" with dense
 S-SGD at density rho = 0.001. Here every method trains the same model on MNIST-1D with
@@ -364,7 +365,8 @@ NOTEBOOKS["02_scaling_efficiency.ipynb"] = [
     md("""
 # Scaling efficiency: measured live, modelled, and the paper's 32 workers on 1 GbE
 
-RUNALL_Scalin
+**Run All** at the defaults takes about 38 s on 2 cores (papermill, a fresh results folder;
+measured at load 2.1-2.4).
 
 Scaling efficiency = throughput(P) / (P * throughput(1)), with throughput(1) the dense S-SGD
 run on one worker of the same network, seed and source, the paper's definition. Compute is
