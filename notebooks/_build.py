@@ -66,9 +66,9 @@ executed headless (papermill, CI) the same cells show static figures once the ru
 (`gtopk_lab.plotting.live`).
 
 **Run All** at the defaults (the MNIST-1D `cnn` with its recipe, rho = 0.01, P = 2 real
-ranks, 40 epochs) takes about 35 s on 2 cores (papermill, measured at load 0.5-1.2). Expect
-section 2 to end at about 93% test accuracy for gTop-k and 95% for dense (measured: 93.3% and
-95.0%; `make demo`'s same setting, P = 2 simulated, gives dense 95.0 / Top-k 95.1 / gTop-k
+ranks, 40 epochs) takes about 37 s on 2 cores (papermill, a fresh results folder; measured at
+load 1.7-1.9). Expect section 2 to end at about 93% test accuracy for gTop-k and 95% for dense
+(measured: 93.3% and 95.0%; `make demo`'s same setting, P = 2 simulated, gives dense 95.0 / Top-k 95.1 / gTop-k
 93.3%): the paper's claim that gTop-k converges like dense. The study of section 4 measures
 throughput only (30 iterations per point), so its accuracy stays low by design.
 """),
