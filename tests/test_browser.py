@@ -410,7 +410,8 @@ def test_control_panel_launches_a_study_by_clicking(quickstart: Session) -> None
     rows = panel.locator("table.dataTable tbody tr")  # (scrollX: the header is a table of its own)
     rows.first.wait_for(timeout=20_000)
     info = panel.locator(".dt-info").first.inner_text()
-    assert "of 17 entries" in info, info  # the notebook's run, its study's 9 and the panel's 7
+    # the notebook's run and its `compare_with` baseline, its study's 9 and the panel's 7
+    assert "of 18 entries" in info, info
     search = panel.locator(".dt-search input").first
     search.fill("0.05")
     page.wait_for_timeout(500)
