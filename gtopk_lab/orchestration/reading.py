@@ -16,8 +16,10 @@ folder layout and re-exports every public name here). How a folder is read:
    ``skipping damaged run <path>: <file>: <reason>``; asked to, it first renames it to
    ``<run>.damaged-<UTC stamp>`` (:func:`move_aside`, nothing is deleted).
 3. **Listings.** :func:`load_summaries`, :func:`load_metrics`, :func:`load_runs` turn the
-   runs into frames; :func:`completed_runs` maps config hashes to completed run ids, so a
-   resumed sweep (``move_damaged=True``) skips what it already ran and reruns damaged points.
+   runs into frames; :func:`scan_points` maps point keys to completed (and interrupted) run ids in one
+   pass, so a resumed study (``move_damaged=True``) skips what it already ran, continues
+   what was interrupted and reruns damaged points; :func:`completed_runs` and
+   :func:`interrupted_runs` are its halves.
 
 Client side only (pandas/pyarrow); no torch, no Dask.
 """
@@ -298,36 +300,54 @@ def point_key(digest: str, source: str = "real") -> str:
 INTERRUPTED_STATUSES = ("crashed", "cancelled")
 
 
+@dataclass(frozen=True)
+class PointScan:
+    """What one read of a results folder says about its study points (:func:`scan_points`):
+    ``completed`` and ``interrupted`` map ``point_key(config_hash, source)`` to a run id."""
+
+    completed: dict[str, str]
+    interrupted: dict[str, str]
+
+
+def scan_points(out: str | os.PathLike[str], move_damaged: bool = False) -> PointScan:
+    """One pass over the runs under ``out`` (:func:`read_runs`, once): the completed run of
+    each point, and the newest interrupted run (:data:`INTERRUPTED_STATUSES`: its client
+    died, or it was cancelled) of each point. What a study reads when it starts, whatever its
+    number of points. Damaged runs are neither (their metrics are read in full to be sure);
+    with ``move_damaged`` (a resuming study) each is moved aside to ``<run>.damaged-<stamp>``
+    so that its point runs again into a fresh folder."""
+    done: dict[str, str] = {}
+    found: dict[str, tuple[str, str]] = {}
+    for run in read_runs(out, move_damaged_runs=move_damaged):
+        digest = run.config_hash
+        if not digest:
+            continue
+        key = point_key(digest, run.source)
+        if run.status == "completed":
+            done[key] = run.path.name
+        elif run.status in INTERRUPTED_STATUSES:
+            summary = run.summary or {}
+            stamp = str(summary.get("started_at") or summary.get("submitted_at") or "")
+            if key not in found or stamp >= found[key][0]:
+                found[key] = (stamp, run.path.name)
+    return PointScan(done, {key: run_id for key, (_, run_id) in found.items()})
+
+
 def interrupted_runs(out: str | os.PathLike[str]) -> dict[str, str]:
     """``{point_key(config_hash, source): run_id}`` of the runs under ``out`` that were
-    interrupted (:data:`INTERRUPTED_STATUSES`: their client died, or they were cancelled);
-    the newest run per point when there are several. A resumed study continues each one
+    interrupted (:data:`INTERRUPTED_STATUSES`); the newest run per point when there are
+    several (:func:`scan_points`). A resumed study continues each one
     (``Lab.submit(resume=True)``: from its last checkpoint, keeping its rows) instead of
     starting its point again in a new folder."""
-    found: dict[str, tuple[str, str]] = {}
-    for run in read_runs(out, metrics=False):
-        if run.status not in INTERRUPTED_STATUSES or not run.config_hash:
-            continue
-        key = point_key(run.config_hash, run.source)
-        stamp = str((run.summary or {}).get("started_at") or (run.summary or {}).get("submitted_at") or "")
-        if key not in found or stamp >= found[key][0]:
-            found[key] = (stamp, run.path.name)
-    return {key: run_id for key, (_, run_id) in found.items()}
+    return scan_points(out).interrupted
 
 
 def completed_runs(out: str | os.PathLike[str], move_damaged: bool = False) -> dict[str, str]:
     """``{point_key(config_hash, source): run_id}`` of the completed runs under ``out`` (for
-    resumable sweeps and studies; a real run's key is its config hash).
+    resumable sweeps and studies; a real run's key is its config hash; :func:`scan_points`).
 
     Damaged runs are not completed (their metrics are read in full to be sure); with
     ``move_damaged`` (a resuming sweep) each is moved aside to ``<run>.damaged-<stamp>``
     so that its point runs again into a fresh folder.
     """
-    done: dict[str, str] = {}
-    for run in read_runs(out, move_damaged_runs=move_damaged):
-        if run.status != "completed":
-            continue
-        digest = run.config_hash
-        if digest:
-            done[point_key(digest, run.source)] = run.path.name
-    return done
+    return scan_points(out, move_damaged).completed

@@ -64,6 +64,8 @@ from gtopk_lab.orchestration.reading import (
     StoredRun,
     completed_runs,
     interrupted_runs,
+    PointScan,
+    scan_points,
     point_key,
     load_metrics,
     load_runs,
@@ -112,7 +114,7 @@ __all__ = [
     "SUMMARY_FILE", "SUMMARY_KEYS", "checkpoint_folder", "config_hash", "new_run_id", "rows_before",
     "rows_kept_on_resume", "rows_on_resume", "rows_to_frame", "utc_now", "write_json_atomic", "write_parquet_atomic",
     # reading
-    "DamagedRun", "StoredRun", "completed_runs", "interrupted_runs", "point_key", "load_metrics", "load_runs", "load_summaries",
+    "DamagedRun", "StoredRun", "completed_runs", "interrupted_runs", "PointScan", "scan_points", "point_key", "load_metrics", "load_runs", "load_summaries",
     "move_aside", "read_run", "read_runs", "run_dirs",
     # here
     "RunStore", "run_summary", "write_run",
