@@ -268,3 +268,65 @@ def test_lab_tune_runs_on_the_cluster_and_compares_at_the_chosen_lr(lab) -> None
     assert result.trials["value"].notna().all() and len(result.trials) == 2
     row = result.comparison.iloc[0]
     assert row["lr"] == 0.1 and row["status"] == "completed" and row["lr_budget"] == [0.001, 0.1]
+
+
+# ------------------------------------------------------- one scan, reload, shared points
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_study_scans_its_folder_once_and_reloads_finished_or_not(lab, monkeypatch) -> None:
+    """Study start reads the results folder once for all its points (it read it twice, a
+    completed and an interrupted pass, before); Study.load rebuilds the study from the
+    summaries that record its id: while it runs (views of the unfinished points) and after
+    (its tables equal the launched study's)."""
+    from gtopk_lab.orchestration import reading
+    from gtopk_lab.orchestration.study import Study
+    from gtopk_lab.orchestration.study_load import StoredRunView
+
+    scans: list[str] = []
+    real_run_dirs = reading.run_dirs
+    monkeypatch.setattr(reading, "run_dirs", lambda out: scans.append(str(out)) or real_run_dirs(out))
+    base = {**TINY, "seed": 21, "max_iterations": 8}
+    study = lab.study(methods=["dense", "gtopk"], workers=[1, 2, 4], simulate=True, compute="measured",
+                      base=base, tags=["reload"])
+    assert len(study.points_list) == 6  # dense and gtopk at P = 1, 2, 4
+    assert scans == [lab.out], scans  # one pass over the folder, whatever the number of points
+    early = Study.load(lab.out, study.study_id)  # the queued/running points as views
+    assert [p.key for p in early.points_list] == [p.key for p in study.points_list]
+    assert set(early.handles) | set(early.stored) == {p.key for p in study.points_list}
+    assert all(isinstance(h, StoredRunView) for h in early.handles.values())
+    assert study.wait(120)
+    assert early.wait(30)  # the views re-read their folders until the runs ended
+    loaded = Study.load(lab.out, study.study_id)
+    assert loaded.tags == ("reload",) and not loaded.handles and loaded.done()
+    assert {k: s["run_id"] for k, s in loaded.stored.items()} == {
+        k: h.run_id for k, h in study.handles.items()}
+    # the oracle: the launched study's own tables
+    columns = ["method", "workers", "source", "efficiency_mean", "n"]
+    pd.testing.assert_frame_equal(loaded.efficiency()[columns], study.efficiency()[columns])
+    pd.testing.assert_frame_equal(early.efficiency()[columns], study.efficiency()[columns])
+    assert len(loaded.metrics()) == len(study.metrics())
+    with pytest.raises(ValueError, match="study_id='no-such-study'"):
+        Study.load(lab.out, "no-such-study")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_point_two_studies_share_while_it_runs_is_submitted_once(lab) -> None:
+    """A second study whose point the first one runs now follows that run (the same handle,
+    one run in the Lab's queue), records both studies on it, and cancelling the second
+    study leaves the first one's run going."""
+    slow = {**TINY, "max_iterations": 30, "epochs": 30, "latency": "20ms", "throttle": True,
+            "sink_every": 1, "seed": 31}
+    first = lab.study(methods=["gtopk"], workers=[2], base=slow, compute="measured", study_id="share-a")
+    second = lab.study(methods=["gtopk"], workers=[2], base=slow, compute="measured", study_id="share-b")
+    (key,) = [p.key for p in first.points_list]
+    assert second.handles[key] is first.handles[key] and second.shared == {key}
+    assert sum(h.point_key == key for h in lab._monitor.handles()) == 1  # submitted once
+    second.cancel()  # not its run to stop
+    assert not first.handles[key].cancel_requested
+    assert first.wait(120) and second.wait(5)
+    summary = first.handles[key].summary
+    assert summary["status"] == "completed"
+    assert summary["study_id"] == "share-a" and summary["study_ids"] == ["share-a", "share-b"]
+    stored = lab.runs(study="share-b")
+    assert stored["run_id"].tolist() == [first.handles[key].run_id]

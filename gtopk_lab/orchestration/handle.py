@@ -50,7 +50,7 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.orchestration.results import (
     config_hash, point_key, rows_to_frame, run_summary, utc_now, write_run,
 )
-from gtopk_lab.orchestration.run_identity import RunLabels, labels_of
+from gtopk_lab.orchestration.run_identity import RunLabels, labels_of, with_labels
 # the failure/restart half of a run's life; names re-exported for importers of this module
 from gtopk_lab.orchestration.run_life import (  # noqa: F401
     FAILURE_SETTLE_S, SETTLED as _SETTLED, RankError, RunLife, Step, rank_error,
@@ -160,12 +160,20 @@ class RunHandle(RunLife):
         #: (:mod:`~gtopk_lab.orchestration.run_identity`; beside the config, not in it).
         self.labels: RunLabels = RunLabels()
         self.identity: dict[str, Any] = labels_of(None)
+        #: The labels of the other studies that follow this run (``Lab.share_point``).
+        self.shared_labels: list[RunLabels] = []
 
     # --- public ------------------------------------------------------------------------
     @property
     def source(self) -> str:
         """``"real"`` (P Dask-launched ranks) or ``"simulated"`` (one simulator task)."""
         return "simulated" if self.simulated else "real"
+
+    @property
+    def source_fields(self) -> dict[str, Any]:
+        """What every summary of the run says of its source (a queued one too, so a reader,
+        ``Study.load``, finds its point before it ends)."""
+        return {"source": self.source, "simulated": self.simulated}
 
     @property
     def config_hash(self) -> str:
@@ -371,6 +379,11 @@ class RunHandle(RunLife):
         """Every rank task's return value (call once all are finished)."""
         return [f.result(timeout=timeout_s) for f in self._futures]
 
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether the run was asked to stop (it may still be winding down)."""
+        return self._cancel_requested
+
     def request_cancel(self) -> bool:
         """Flag the run as cancelled (its ranks get ``timeout_s`` to stop); False when it
         already was."""
@@ -420,6 +433,15 @@ class RunHandle(RunLife):
             self.error = summary.get("error")
             self.summary = summary
         return True
+
+    def add_labels(self, labels: RunLabels) -> bool:
+        """Another study follows this run: its labels join every summary written from now on
+        (:func:`~gtopk_lab.orchestration.run_identity.with_labels`). Returns whether the run
+        had already ended (its final summary then lacks them: the caller records them)."""
+        with self._lock:
+            self.shared_labels.append(labels)
+            self.identity = labels_of(with_labels(dict(self.identity), labels))
+            return self.status in ("completed", "failed", "cancelled")
 
     def adopt(self, run_id: str, summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         """End this queued run as the completed run ``run_id`` that another client ran for the

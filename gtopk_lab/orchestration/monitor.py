@@ -143,6 +143,16 @@ class RunMonitor(WorkerRelease):
         with self._lock:
             return any(h.run_id == run_id for h in self._pending + self._active)
 
+    def active_point(self, key: str) -> RunHandle | None:
+        """The queued or running study point of this Lab with point key ``key`` (not one
+        being cancelled), or None."""
+        with self._lock:
+            for handle in self._pending + self._active:
+                if handle.skip_completed and handle.point_key == key and not handle.done() \
+                        and not handle.cancel_requested:
+                    return handle
+        return None
+
     def post(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the watch thread at its next tick."""
         with self._lock:
@@ -233,7 +243,7 @@ class RunMonitor(WorkerRelease):
         handle.queue_reason = reason
         _results.RunStore(self.out, handle.run_id).write_summary(_results.run_summary(
             handle.config, None, status="queued", identity=handle.identity,
-            extra={"submitted_at": handle.submitted_at, "queue_reason": reason}, digest=handle.config_hash))
+            extra={"submitted_at": handle.submitted_at, "queue_reason": reason, **handle.source_fields}, digest=handle.config_hash))
 
     def _start(self, handle: RunHandle, workers: list[str]) -> None:
         self._restart_deadlines.pop(handle.run_id, None)
@@ -244,7 +254,7 @@ class RunMonitor(WorkerRelease):
         self._active.append(handle)
         _results.RunStore(self.out, handle.run_id).write_summary(_results.run_summary(
             handle.config, None, status="running", identity=handle.identity,
-            extra={"submitted_at": handle.submitted_at, "started_at": handle.started_at,
+            extra={"submitted_at": handle.submitted_at, "started_at": handle.started_at, **handle.source_fields,
                    "dask_workers": handle.workers}, digest=handle.config_hash))
         config_dict = handle.config.to_dict()
         folder = _results.checkpoint_folder(self.out, handle.run_id)

@@ -103,8 +103,10 @@ class FolderClaims:
             pass
         self.let_go(handle)
         # the completed run now belongs to this handle's study too (its summary says so)
-        labelled = _identity.record_labels(stored.path, handle.labels) if handle.labels.study_id or \
-            handle.labels.tags else None
+        labelled = None
+        for labels in [handle.labels, *handle.shared_labels]:  # and every study that follows it
+            if labels.study_id or labels.tags:
+                labelled = _identity.record_labels(stored.path, labels) or labelled
         handle.adopt(stored.path.name, dict(labelled or stored.summary or {}), stored.metrics.to_dict("records"))
 
     def let_go(self, handle: Any) -> None:

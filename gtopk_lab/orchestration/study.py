@@ -28,8 +28,17 @@ a :class:`Study` at once (:mod:`~gtopk_lab.orchestration.study_grid` expands the
    ``tags``; every run it submits carries them in its summary with the point's values of
    the study's varied fields (``Lab.submit(labels=...)``), and a stored point it reuses
    gets them added (:mod:`~gtopk_lab.orchestration.run_identity`), so each study lists it.
-6. **End.** :meth:`wait` blocks (Ctrl-C / a notebook interrupt returns control without
-   cancelling, and says so), :meth:`cancel` cancels every unfinished run.
+6. **Shared points.** A point another study of the same Lab runs now (queued or running,
+   same point key) is not submitted again: this study follows that run's handle
+   (``Lab.share_point``; its summary records both studies) and leaves it running when it
+   is cancelled itself (:attr:`Study.shared`).
+7. **End.** :meth:`wait` blocks (Ctrl-C / a notebook interrupt returns control without
+   cancelling, and says so), :meth:`cancel` cancels every unfinished run it launched.
+8. **Reload.** :meth:`Study.load` reads a stored study back from the folder (finished or
+   not, :mod:`~gtopk_lab.orchestration.study_load`): the same tables and figures, nothing run.
+
+Step 1 reads the results folder once for the whole grid
+(:func:`~gtopk_lab.orchestration.reading.scan_points`), not once per point.
 
 Cost: one handle per point on the client; a refresh is O(rows received since the last one)
 for the estimates plus O(points) for the tables.
@@ -37,6 +46,7 @@ for the estimates plus O(points) for the tables.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -53,6 +63,7 @@ from gtopk_lab.orchestration.run_identity import (
     RunLabels, check_study_id, check_tags, new_study_id, point_varied, record_labels, varied_fields,
 )
 from gtopk_lab.orchestration.study_grid import StudyPoint
+from gtopk_lab.orchestration.study_load import stored_study
 from gtopk_lab.training.rows import steady_seconds_per_iteration, sync_block, warmup_iterations
 
 __all__ = ["Study"]
@@ -67,30 +78,13 @@ class Study:
     def __init__(self, lab: Any, points: list[StudyPoint], *, skip_completed: bool = True,
                  progress: bool | None = None, refresh_s: float = 1.0, study_id: str | None = None,
                  tags: str | Sequence[str] = ()) -> None:
-        if not points:
-            raise ValueError("points=[] is invalid: a study needs at least one point")
-        if not (refresh_s > 0):
-            raise ValueError(f"refresh_s={refresh_s!r} is invalid: expected seconds > 0")
-        #: The study's name in its runs' summaries, its tags, and the fields its points vary.
-        self.study_id = new_study_id() if study_id is None else check_study_id(study_id)
-        self.tags = check_tags(tags)
-        self.varied = varied_fields(points)
+        self._setup(lab.out, points, refresh_s, study_id, tags)
         self.lab = lab
-        self.points_list = list(points)
-        self.refresh_s = float(refresh_s)
-        self._lock = threading.RLock()
-        self._changed = threading.Event()
-        self._subscribers: list[Callable[["Study"], None]] = []
-        self._watcher: threading.Thread | None = None
-        self._stopped = False
-        self.handles: dict[str, Any] = {}
-        self.stored: dict[str, dict[str, Any]] = {}
-        self._bar = None
-        self._counted: set[str] = set()
         show = getattr(lab, "progress", False) if progress is None else progress
-        done = _results.completed_runs(lab.out, move_damaged=True) if skip_completed else {}
-        # a point whose earlier run was cancelled or lost its client continues that run
-        interrupted = _results.interrupted_runs(lab.out) if skip_completed else {}
+        # one read of the folder for every point (not one per point): what completed, and
+        # what was interrupted (a cancelled run, or one whose client died: continued)
+        scan = _results.scan_points(lab.out, move_damaged=True) if skip_completed else _results.PointScan({}, {})
+        done, interrupted = scan.completed, scan.interrupted
         if show:
             from gtopk_lab.orchestration.progress import SweepProgress
 
@@ -105,21 +99,70 @@ class Study:
                     self._bar.run_finished("completed")
         try:
             for point in self.points_list:
-                if point.key not in self.stored:
+                if point.key in self.stored:
+                    continue
+                # a point another study of this Lab runs now: this study follows that run
+                shared = lab.share_point(point.key, self.labels(point)) if skip_completed and hasattr(
+                    lab, "share_point") else None
+                if shared is not None:
+                    self.handles[point.key] = shared
+                    self.shared.add(point.key)
+                else:
                     # (a run this Lab still winds down, just cancelled, is not continued: a new run)
                     resumed = point.key in interrupted and not lab.run_active(interrupted[point.key])
                     config = point.config.replace(run_id=interrupted[point.key]) if resumed else point.config
-                    handle = lab.submit(config, simulate=point.simulated, progress=False,
-                                        skip_completed=skip_completed, labels=self.labels(point),
-                                        **({"resume": True} if resumed else {}))
-                    self.handles[point.key] = handle
-                    if hasattr(handle, "subscribe"):
-                        handle.subscribe(lambda _rows: self._changed.set(), replay=False)
+                    self.handles[point.key] = lab.submit(config, simulate=point.simulated, progress=False,
+                                                         skip_completed=skip_completed, labels=self.labels(point),
+                                                         **({"resume": True} if resumed else {}))
+                handle = self.handles[point.key]
+                if hasattr(handle, "subscribe"):
+                    handle.subscribe(lambda _rows: self._changed.set(), replay=False)
         except BaseException:
             self.cancel()  # nothing half-launched keeps running behind an error
             raise
         if self._bar is not None:
             self._start_watcher()
+
+    def _setup(self, out: str, points: list[StudyPoint], refresh_s: float, study_id: str | None,
+               tags: str | Sequence[str]) -> None:
+        """The state every study has, launched or loaded (nothing submitted here)."""
+        if not points:
+            raise ValueError("points=[] is invalid: a study needs at least one point")
+        if not (refresh_s > 0):
+            raise ValueError(f"refresh_s={refresh_s!r} is invalid: expected seconds > 0")
+        #: The study's name in its runs' summaries, its tags, and the fields its points vary.
+        self.study_id = new_study_id() if study_id is None else check_study_id(study_id)
+        self.tags = check_tags(tags)
+        self.varied = varied_fields(points)
+        self.lab: Any = None
+        self.out = str(out)
+        self.points_list = list(points)
+        self.refresh_s = float(refresh_s)
+        self._lock = threading.RLock()
+        self._changed = threading.Event()
+        self._subscribers: list[Callable[["Study"], None]] = []
+        self._watcher: threading.Thread | None = None
+        self._stopped = False
+        self.handles: dict[str, Any] = {}
+        #: Points whose run another study of the Lab launched: followed, never cancelled here.
+        self.shared: set[str] = set()
+        self.stored: dict[str, dict[str, Any]] = {}
+        self._bar: Any = None
+        self._counted: set[str] = set()
+
+    @classmethod
+    def load(cls, out: str | os.PathLike[str], study_id: str, *, refresh_s: float = 1.0) -> "Study":
+        """The study ``study_id`` as its runs under ``out`` record it, finished or not
+        (:mod:`~gtopk_lab.orchestration.study_load`): its completed points' summaries, and a
+        read-only view of every other point's run, so :meth:`points`, :meth:`efficiency`,
+        :meth:`metrics` and the figures read it as they read a launched study (a run still
+        going in another client fills in; :meth:`cancel` leaves it alone). Nothing is
+        submitted; ``ValueError`` when no run there is the study's."""
+        found = stored_study(out, study_id)
+        study = cls.__new__(cls)
+        study._setup(os.fspath(out), found.points, refresh_s, study_id, found.tags)
+        study.stored, study.handles = found.stored, dict(found.views)
+        return study
 
     # --- state ---------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -173,7 +216,7 @@ class Study:
                 frame, run_id = handle.metrics, handle.run_id
             else:
                 run_id = self.stored[point.key].get("run_id")
-                frame = _results.RunStore(self.lab.out, run_id).read_metrics() if run_id else None
+                frame = _results.RunStore(self.out, run_id).read_metrics() if run_id else None
             if frame is not None and len(frame):
                 frames.append(frame.assign(run_id=run_id, seed=point.config.seed, source=point.source))
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -257,9 +300,10 @@ class Study:
         return True
 
     def cancel(self) -> None:
-        """Cancel every unfinished run of the study (completed points stay)."""
-        for handle in list(self.handles.values()):
-            if not handle.done():
+        """Cancel every unfinished run the study launched (completed points stay; a point it
+        shares with another study of the Lab, :attr:`shared`, keeps running for that one)."""
+        for key, handle in list(self.handles.items()):
+            if key not in self.shared and not handle.done():
                 handle.cancel()
 
     def subscribe(self, callback: Callable[["Study"], None]) -> Callable[[], None]:
