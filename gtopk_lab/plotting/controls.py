@@ -12,10 +12,12 @@ The panel talks only to the public ``Lab`` / ``Study`` API (``lab.study(...) -> 
   red line naming the field, never a traceback. ``Lab.study`` runs in a thread, so the
   button returns at once even for a large grid; P beyond the cluster's workers runs as
   simulator tasks on the workers (``Lab.study``).
-- **Live tabs**: *efficiency*, the scaling-efficiency figure of the latest study
-  (:func:`~gtopk_lab.plotting.live_study.scaling_study_figure`, what ``live_scaling``
-  draws) and *convergence* (:func:`~gtopk_lab.plotting.live_study.convergence_study_figure`).
-  Both are ``ThreadSafeFigureWidget`` s (:mod:`~gtopk_lab.plotting.widget_sync`) made once
+- **Live tabs**: *efficiency* (scaling efficiency vs P) and *convergence* of every study
+  launched from the panel and every one overlaid on it (:meth:`ControlPanel.overlay`: a
+  notebook's study, or a stored one from ``Study.load``), each study a legend group that a
+  click hides or shows, the earlier ones faded, legend names carrying only the fields that
+  vary between the shown series (``gtopk ρ=0.001 1GbE``;
+  :mod:`~gtopk_lab.plotting.panel_studies`). Both are ``ThreadSafeFigureWidget`` s (:mod:`~gtopk_lab.plotting.widget_sync`) made once
   with the panel and updated in place from the study's watcher thread (``Study.subscribe``,
   at most every ``refresh_s``): the kernel is never blocked, typing and clicking stay
   responsive while a study runs.
@@ -25,7 +27,8 @@ The panel talks only to the public ``Lab`` / ``Study`` API (``lab.study(...) -> 
   model's efficiency and time per phase as sliders move; *Run as study* on this Lab).
 - **Runs** tab: ``lab.runs()`` as a sortable, filterable itables table
   (:mod:`gtopk_lab.plotting.runs_table` says why itables); select rows by clicking and
-  press *Compare selected* for their convergence and their numbers side by side.
+  press *Compare selected* for their convergence and their numbers side by side
+  (:mod:`~gtopk_lab.plotting.panel_compare`).
 - **Lifetime**: a displayed panel needs its cluster, so the panel closes its ``Lab`` when
   the kernel shuts down (``atexit``, through a weak reference) and a notebook need not end
   with ``lab.close()``; a panel whose ``Lab`` was closed says so instead of failing.
@@ -43,7 +46,6 @@ Example::
 from __future__ import annotations
 
 import atexit
-import html
 import threading
 import weakref
 from collections.abc import Sequence
@@ -55,14 +57,15 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from gtopk_lab.network.model import DEFAULT_NETWORK
-from gtopk_lab.plotting import figures
 from gtopk_lab.plotting.explorer import panel_explorer
+from gtopk_lab.plotting.panel_compare import compare_runs
+from gtopk_lab.plotting.panel_lines import study_lines_html
+from gtopk_lab.plotting.panel_studies import PanelStudies
 from gtopk_lab.plotting.widget_sync import ThreadSafeFigureWidget, copy_into
-from gtopk_lab.plotting.live_study import convergence_study_figure, scaling_study_figure
 from gtopk_lab.orchestration.arguments import check_seconds
 from gtopk_lab.plotting.panel_fields import FieldError, StudyRequest, check_defaults, first_line, status_line_html
 from gtopk_lab.plotting.panel_form import BANDWIDTH_CHOICES, StudyForm
-from gtopk_lab.plotting.runs_table import compare_frame, runs_frame, runs_table_widget, selects, update_runs_table
+from gtopk_lab.plotting.runs_table import runs_frame, runs_table_widget, update_runs_table
 from gtopk_lab.plotting.widget_fit import FitSignal, fit_width
 
 __all__ = ["ControlPanel", "BANDWIDTH_CHOICES", "DEFAULT_FIELDS", "close_lab_at_exit"]
@@ -75,10 +78,6 @@ DEFAULT_FIELDS: dict[str, Any] = {"methods": ["dense", "topk", "gtopk"], "worker
 #: Other names ``defaults`` accepts (the study's and the old single-run panel's spellings).
 _DEFAULT_ALIASES = {"method": "methods", "densities": "density", "bandwidths": "bandwidth",
                     "latencies": "latency"}
-_STATUS_COLOR = {"completed": "#2e7d32", "running": "#1565c0", "queued": "#757575",
-                 "failed": "#b00020", "cancelled": "#e65100", "crashed": "#6a1b9a"}
-_STATUS_MARK = {"completed": "✓", "running": "▶", "queued": "…", "failed": "✗", "cancelled": "■",
-                "crashed": "⚠"}
 _CLOSED = "this panel's Lab is closed (lab.close() ran): start a new Lab and ControlPanel to launch studies"
 
 # Labs whose close at interpreter exit is registered (once per Lab, without keeping it alive).
@@ -116,27 +115,6 @@ def _placeholder_figure(title: str) -> go.Figure:
     return fig
 
 
-#: Line dashes that tell apart compared runs of one colour (one method).
-_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
-
-
-def _side_by_side(figure: go.Figure) -> go.Figure:
-    """The comparison's two panels (train loss | test accuracy) readable at any width: the
-    accuracy axis on the right of its panel and the legend below, so the second axis title
-    never runs into the first panel (it did at the ~500 px plot width of the panel's tab);
-    and runs of one method (one colour) get distinct dashes in both panels."""
-    figure.update_yaxes(side="right", row=1, col=2)
-    figure.update_layout(legend={"orientation": "h", "x": 0, "y": -0.22, "yanchor": "top"},
-                         margin={"b": 110})
-    seen: dict[str, dict[str, str]] = {}  # colour -> {run: dash}
-    for trace in figure.data:
-        color, run = str(trace.line.color), str(trace.legendgroup or trace.name)
-        dashes = seen.setdefault(color, {})
-        dashes.setdefault(run, _DASHES[len(dashes) % len(_DASHES)])
-        trace.line.dash = dashes[run]
-    return figure
-
-
 class ControlPanel:
     """Launch studies on a ``Lab`` and watch them; see the module docstring.
 
@@ -165,7 +143,10 @@ class ControlPanel:
         self.lab = lab
         self.extra = dict(extra or {})
         self.refresh_s = check_seconds("refresh_s", refresh_s, high=3600.0)
+        #: The studies launched from the panel (newest last), and every study its figures show
+        #: (these and the overlaid ones, :mod:`~gtopk_lab.plotting.panel_studies`).
         self.studies: list[Any] = []
+        self.shown = PanelStudies()
         self.study: Any = None
         self._lock = threading.RLock()
         self._table_key: tuple[Any, ...] | None = None
@@ -293,7 +274,7 @@ class ControlPanel:
         with self._lock:
             self.studies.append(study)
             self.study = study
-            number = len(self.studies)
+            number = self.shown.add(study, launched=True)
         points = len(getattr(study, "points_list", ())) or None
         stored = (points or 0) - len(study.handles) if points else 0
         self._say(f"study {number}: {request.describe(points)} launched"
@@ -314,47 +295,42 @@ class ControlPanel:
         self._say(f"cancelling {cancelled} unfinished run(s)" if cancelled else "nothing to cancel")
         return cancelled
 
+    def overlay(self, study: Any) -> None:
+        """Show ``study`` on the efficiency and convergence tabs beside the panel's own: a
+        study launched in the notebook (``lab.study(...)``) or a stored one
+        (``Study.load(out, study_id)``); it fills in live while it runs. Its runs get status
+        lines too; *Cancel* leaves it alone (it is not the panel's)."""
+        for attr in ("points", "metrics", "status", "done", "subscribe"):
+            if not hasattr(study, attr):
+                raise TypeError(f"study has type {type(study).__name__}: expected a gtopk_lab Study "
+                                f"(missing .{attr})")
+        if study in self.shown:
+            return
+        number = self.shown.add(study, launched=False)
+        self._say(f"study {number}: {getattr(study, 'study_id', '')} overlaid")
+        self._on_study(study)
+        if not study.done():
+            study.subscribe(self._on_study)
+
     def _on_study(self, study: Any) -> None:
         """A study changed (called from its watcher thread): figures, lines, table."""
         try:
             with self._lock:
-                if study is self.study:
-                    # the study's last call re-sends the figures whole: a front end that
-                    # missed one of the partial updates (the browser test once showed an
-                    # empty efficiency figure after every run had completed) is made whole
-                    final = study.done()
-                    copy_into(self.efficiency_figure, scaling_study_figure(study.points()), replace=final)
-                    copy_into(self.convergence_figure, convergence_study_figure(study.metrics()),
-                               replace=final)
+                # every shown study on both figures; the changed study's last call re-sends
+                # them whole: a front end that missed one of the partial updates (the
+                # browser test once showed an empty efficiency figure after every run had
+                # completed) is made whole
+                final = study.done()
+                efficiency, convergence = self.shown.figures()
+                copy_into(self.efficiency_figure, efficiency, replace=final)
+                copy_into(self.convergence_figure, convergence, replace=final)
                 self.run_lines.value = self._lines_html()
             self.refresh_runs()
         except Exception as exc:  # noqa: BLE001 - a display error must never stop the study
             self._say(f"panel refresh failed: {type(exc).__name__}: {first_line(exc)}", error=True)
 
     def _lines_html(self) -> str:
-        blocks = []
-        for number, study in reversed(list(enumerate(self.studies, start=1))):  # newest on top
-            status = study.status()
-            counts = status["status"].str.replace(" (stored)", "", regex=False).value_counts()
-            summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-            name = getattr(study, "study_id", None)
-            lines = [f"<b>study {number}</b>: {len(status)} point(s): {html.escape(summary)}"
-                     + (f"  [study {html.escape(str(name))}]" if name else "")]
-            for row in status.itertuples():
-                state = str(row.status).replace(" (stored)", "")
-                stored = " (stored)" if str(row.status).endswith("(stored)") else ""
-                density = f" ρ={row.density:g}" if selects(row.method) else ""
-                network = str(row.bandwidth) + (f", {row.latency}" if row.latency else "")
-                rows = "" if row.rows is None or pd.isna(row.rows) else f", {int(row.rows)} rows"
-                reason = getattr(row, "queue_reason", None)
-                if state == "queued" and isinstance(reason, str):  # e.g. workers another client holds
-                    rows += f" ({reason})"
-                text = (f"{_STATUS_MARK.get(state, '·')} {row.method} P={row.workers}{density} {network} "
-                        f"seed {row.seed} {row.source}: {state}{stored}{rows}  [{row.run_id}]")
-                lines.append(f"<span style='color:{_STATUS_COLOR.get(state, '#333')}'>{html.escape(text)}</span>")
-            blocks.append("<br>".join(lines))
-        return ("<div style='font-family:monospace;font-size:12px;line-height:1.35'>"
-                + "<hr style='margin:2px 0'>".join(blocks) + "</div>") if blocks else "<i>no study launched yet</i>"
+        return study_lines_html(self.shown.numbered())
 
     def fit_figures(self) -> None:
         """Fit every figure of the panel to the width it has now (see
@@ -369,7 +345,7 @@ class ControlPanel:
                 fit_width(figure)
 
     def _live_status(self) -> pd.DataFrame:
-        frames = [s.status() for s in list(self.studies)]
+        frames = [s.status() for _, s, _ in self.shown.numbered()]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     def refresh_runs(self, force: bool = False) -> pd.DataFrame:
@@ -393,20 +369,14 @@ class ControlPanel:
 
     def compare(self, run_ids: Sequence[str] | None = None, x: str = "iteration") -> go.Figure | None:
         """Convergence of the selected (or given) runs and their numbers side by side,
-        shown under the runs table; returns the figure (None when nothing is selected)."""
+        shown under the runs table (:mod:`~gtopk_lab.plotting.panel_compare`); returns the
+        figure (None when nothing is selected or stored yet)."""
         chosen = list(run_ids if run_ids is not None else self._selected_run_ids())
-        if not chosen:
-            self._say("select runs in the runs table first (click rows), then Compare selected", error=True)
+        compared = compare_runs(self.lab, chosen, x)
+        if isinstance(compared, str):
+            self._say(compared, error=True)
             return None
-        from gtopk_lab.orchestration.results import load_metrics
-
-        metrics = load_metrics(self.lab.out, run_ids=chosen) if hasattr(self.lab, "out") else self.lab.load()[1]
-        metrics = metrics[metrics["run_id"].isin(chosen)] if len(metrics) else metrics
-        numbers = compare_frame(self.lab.runs(), chosen)
-        if not len(metrics):
-            self._say(f"no metric rows stored yet for {len(chosen)} selected run(s)", error=True)
-            return None
-        fig = _side_by_side(figures.convergence_figure(metrics, x=x, title=f"{len(chosen)} run(s) side by side"))
+        fig, numbers = compared
         from itables.widget import ITable
 
         self.compare_box.children = [ThreadSafeFigureWidget(fig),  # (its front end is ready in time)
