@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -213,6 +214,16 @@ _FIGURES = """() => Array.from(document.querySelectorAll('.jp-OutputArea .js-plo
     in_panel: !!div.closest('.gtopk-panel'),
     width: Math.round(div.getBoundingClientRect().width),
     drawn: Math.round((div._fullLayout && div._fullLayout.width) || 0)}))"""
+#: The traces of the panel's figure whose title starts with the argument:
+#: [{name, group, legend, markers, opacity, bars, fill}].
+_PANEL_TRACES = """(prefix => {
+    const div = Array.from(document.querySelectorAll('.gtopk-panel .js-plotly-plot'))
+        .find(d => String((d.layout.title || {}).text || d.layout.title || '').startsWith(prefix));
+    return div ? (div.data || []).map(t => ({name: t.name || '', group: t.legendgroup || '',
+        legend: t.showlegend !== false, markers: (t.mode || '').includes('markers'),
+        opacity: t.opacity === undefined ? 1 : t.opacity, bars: !!(t.error_y && t.error_y.visible),
+        fill: t.fill || ''})) : [];
+})"""
 #: True while the cell that holds ``needle`` in its source has not finished (or not started).
 _CELL_PENDING = """(needle) => {
     const w = window.jupyterapp.shell.currentWidget;
@@ -429,6 +440,47 @@ def test_control_panel_launches_a_study_by_clicking(quickstart: Session) -> None
                            " && f.width > 750 && Math.abs(f.drawn - f.width) <= 4)", timeout=15_000)
     quickstart.shot("browser_panel_compare", compare)
     print(f"panel study: {elapsed:.1f} s from click to every run ended")
+
+    # a second study (P = 4 simulated: dense P = 1 and 4, gTop-k 4, each with 2 seeds; rho
+    # 0.02 on 10GbE) joins the first on both figures: a legend group each, names that say
+    # rho and the link, error bars and bands for the 2-seed study (after the runs table:
+    # its 18 entries above are the first study's)
+    field.fill("4")
+    field.press("Tab")
+    densities.fill("0.02")
+    densities.press("Tab")
+    for label, value in (("bandwidths", "10GbE"), ("latencies", "")):
+        box = panel.locator(".widget-text", has_text=label).locator("input")
+        box.fill(value)
+        box.press("Tab")
+    seeds = panel.locator(".widget-text", has_text=re.compile(r"^\s*seeds")).locator("input").first
+    seeds.fill("2")
+    seeds.press("Tab")
+    panel.locator(".lm-TabBar-tab", has_text="efficiency").click()
+    panel.locator("button", has_text="Launch").click()
+    page.wait_for_function("() => /study 2: 6 point\\(s\\): 6 completed/.test("
+                           "(document.querySelector('.gtopk-panel-lines') || {}).innerText || '')", timeout=180_000)
+    page.wait_for_function(f"() => {_PANEL_TRACES}('Scaling').filter(t => t.markers).map(t => t.group)"
+                           ".filter((g, i, a) => a.indexOf(g) === i).length === 2", timeout=30_000)
+    page.wait_for_timeout(800)
+    quickstart.shot("browser_panel_two_studies", panel)
+    traces = [t for t in page.evaluate(f"() => {_PANEL_TRACES}('Scaling')") if t["legend"]]
+    groups = list(dict.fromkeys(t["group"] for t in traces))
+    assert len(groups) == 2, traces
+    first_names = [t["name"] for t in traces if t["group"] == groups[0]]
+    second_names = [t["name"] for t in traces if t["group"] == groups[1]]
+    assert any("ρ=0.05" in n for n in first_names), traces
+    assert any("ρ=0.02" in n and "10GbE" in n and "2 seeds" in n for n in second_names), traces
+    assert not set(first_names) & set(second_names), traces  # distinguishable legend names
+    assert all(t["opacity"] < 1 for t in traces if t["group"] == groups[0]), traces  # the earlier, faded
+    assert all(t["bars"] for t in traces if t["group"] == groups[1]), traces  # 2 seeds: interval bars
+    assert not any(t["bars"] for t in traces if t["group"] == groups[0]), traces
+    panel.locator(".lm-TabBar-tab", has_text="convergence").click()
+    page.wait_for_timeout(800)
+    quickstart.shot("browser_panel_two_studies_convergence", panel)
+    lines = page.evaluate(f"() => {_PANEL_TRACES}('Convergence')")
+    bands = [t for t in lines if t["fill"] == "toself"]
+    assert bands and {t["group"] for t in bands} == {groups[1]}, lines  # bands for the 2-seed study only
 
 
 #: The quickstart's what-if explorer figure (the cell's, not the panel's what-if tab):
