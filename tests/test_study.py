@@ -315,7 +315,9 @@ def test_a_point_two_studies_share_while_it_runs_is_submitted_once(lab) -> None:
     """A second study whose point the first one runs now follows that run (the same handle,
     one run in the Lab's queue), records both studies on it, and cancelling the second
     study leaves the first one's run going."""
-    slow = {**TINY, "max_iterations": 30, "epochs": 30, "latency": "20ms", "throttle": True,
+    # 80 throttled iterations (>= 1.6 s of link time alone): the second study starts while
+    # the first one's run is queued or running, however loaded the machine
+    slow = {**TINY, "max_iterations": 80, "epochs": 80, "latency": "20ms", "throttle": True,
             "sink_every": 1, "seed": 31}
     first = lab.study(methods=["gtopk"], workers=[2], base=slow, compute="measured", study_id="share-a")
     second = lab.study(methods=["gtopk"], workers=[2], base=slow, compute="measured", study_id="share-b")
