@@ -118,3 +118,14 @@ def test_a_panel_overlays_studies_each_read_once_after_it_ended() -> None:
     one = PanelStudies()
     one.add(a, launched=True)
     assert not [t for t in one.figures()[0].data if t.legendgrouptitle.text]  # one study: no group title
+
+
+
+@pytest.mark.timeout(30)
+def test_convergence_band_holds_only_losses_a_loss_can_take() -> None:
+    metrics, status = _metrics_status(0.01, "10GbE", 2)
+    # seeds 10x apart: the 2-seed Student-t interval (t = 12.7) of their mean reaches far below 0
+    metrics.loc[metrics["seed"] == 1, "train_loss"] *= 10.0
+    noisy = ShownStudy(_points(0.01, "10GbE", 2), metrics, status, key="n", title="noisy")
+    bands = [t for t in convergence_studies_figure([noisy]).data if t.fill == "toself"]
+    assert bands and min(min(t.y) for t in bands) == 0.0

@@ -219,6 +219,9 @@ def convergence_studies_figure(studies: Sequence[ShownStudy]) -> go.Figure:
             if stats["count"].max() > 1:
                 lower, upper = interval_columns(stats["mean"], stats["std"], stats["count"])
                 lower, upper = lower.fillna(stats["mean"]), upper.fillna(stats["mean"])
+                # A loss is never negative, but a 2-seed t interval (multiplier 12.7) reaches below
+                # zero on noisy iterations; the band shows the interval's part that can hold a loss.
+                lower = lower.clip(lower=0.0)
                 band = _group(shown, faded, first=False)
                 band["opacity"] = 0.15 * band["opacity"]
                 fig.add_trace(go.Scatter(x=list(stats["iteration"]) + list(stats["iteration"][::-1]),
