@@ -138,5 +138,6 @@ def test_option_checks() -> None:
     assert RunConfig(extra={"sim_batched": "off"}).simulator.batched == "off"
     assert use_batched(None, None) and use_batched("auto", None) and not use_batched("off", None)
     assert not use_batched("auto", "a reason")
+    assert not use_batched("auto", None, world=1) and use_batched("on", None, world=1)  # one rank: nothing to batch
     with pytest.raises(ValueError, match="^simulator.batched='on' is invalid for this run: a reason$"):
         use_batched("on", "a reason")

@@ -13,7 +13,7 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    measured with ``time.process_time`` (wall time on CUDA). A local-steps method takes its
    inner step here and synchronises on the last iteration of a round only.
    **Batched** (``config.simulator.batched``: "auto", the default, where
-   :func:`~gtopk_lab.training.batched_ranks.batched_refusal` allows it; "on"; "off"): the P
+   :func:`~gtopk_lab.training.batched_ranks.batched_refusal` allows it and P > 1; "on"; "off"): the P
    forward/backward passes are one vmapped call
    (:class:`~gtopk_lab.training.batched_ranks.BatchedGradients`) on the P shards' batches,
    each rank's row then goes through its own ``begin`` as above. The call is measured once
@@ -239,7 +239,8 @@ class _VirtualRanks:
         self.ipe = self.states[0].shard.iterations_per_epoch
         self.charge = ComputeCharge(config.simulator.compute, config.seed)
         self.batched_refusal = batched_refusal(settings, replica.model)
-        self.batched = (BatchedGradients(replica) if use_batched(config.simulator.batched, self.batched_refusal)
+        self.batched = (BatchedGradients(replica) if use_batched(config.simulator.batched, self.batched_refusal,
+                                                              self.world)
                         else None)
 
     def _contribute(self, state: RankState, point: Point) -> _RankWork:
