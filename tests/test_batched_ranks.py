@@ -43,10 +43,11 @@ def _config(method: str, batched: str, model: str = "mlp", **kw) -> RunConfig:
     extra: dict = {"return_weights": True}
     if get_method(method).local_steps:
         extra["sync_every"] = 2
-    return RunConfig(method=method, workers=WORLD, model=model, dataset="mnist1d", train_samples=WORLD * 8 * 4,
-                     test_samples=32, batch_size=8, epochs=10, max_iterations=ITERATIONS, density=0.05, lr=0.05,
-                     momentum=0.9, bandwidth="1GbE", sink_every=ITERATIONS, simulator={"batched": batched},
-                     extra=extra, **kw)
+    fields = dict(method=method, workers=WORLD, model=model, dataset="mnist1d", train_samples=WORLD * 8 * 4,
+                  test_samples=32, batch_size=8, epochs=10, max_iterations=ITERATIONS, density=0.05, lr=0.05,
+                  momentum=0.9, bandwidth="1GbE", sink_every=ITERATIONS, simulator={"batched": batched},
+                  extra=extra)
+    return RunConfig(**{**fields, **kw})
 
 
 def _losses(rows: list[dict]) -> list[tuple[int, int, float]]:
@@ -139,5 +140,17 @@ def test_option_checks() -> None:
     assert use_batched(None, None) and use_batched("auto", None) and not use_batched("off", None)
     assert not use_batched("auto", "a reason")
     assert not use_batched("auto", None, world=1) and use_batched("on", None, world=1)  # one rank: nothing to batch
+    assert not use_batched("auto", None, slower="why") and use_batched("on", None, slower="why")
+
+
+@pytest.mark.timeout(60)
+def test_gpt_stays_sequential_under_auto_and_batches_when_asked() -> None:
+    base = dict(model="gpt_tiny", dataset="text", train_samples=10**6, test_samples=8, batch_size=2)
+    auto = simulate(_config("dense", "auto", **base).replace(max_iterations=2))
+    assert auto.summary["batched_ranks"] is False
+    assert auto.summary["batched_ranks_refusal"].startswith("model 'gpt_tiny': its attention has no vmap")
+    on = simulate(_config("dense", "on", **base).replace(max_iterations=2))
+    assert on.summary["batched_ranks"] is True
+    torch.testing.assert_close(on.final_weights, auto.final_weights, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="^simulator.batched='on' is invalid for this run: a reason$"):
         use_batched("on", "a reason")

@@ -72,11 +72,12 @@ def batched_refusal(settings: StepSettings, model: nn.Module) -> str | None:
     return None
 
 
-def use_batched(option: str | None, refusal: str | None, world: int = 2) -> bool:
+def use_batched(option: str | None, refusal: str | None, world: int = 2, slower: str | None = None) -> bool:
     """Whether the simulator batches: ``option`` ("auto"/None, "on", "off") against the
     run's :func:`batched_refusal`. ``"on"`` with a refusal raises ``ValueError`` with it.
     ``"auto"`` leaves one rank (``world`` 1) sequential: nothing to batch, and the vmapped
-    call costs more than a plain backward (measured 4.8 ms against 2.5 ms, MNIST-1D CNN)."""
+    call costs more than a plain backward (measured 4.8 ms against 2.5 ms, MNIST-1D CNN), and
+    so does a model whose ``ModelSpec.batched_slower`` (``slower``) says why batching is slower."""
     option = "auto" if option is None else option
     if option not in SIM_BATCHED:
         raise ValueError(f"simulator.batched={option!r} is invalid: expected one of {', '.join(SIM_BATCHED)}")
@@ -84,7 +85,7 @@ def use_batched(option: str | None, refusal: str | None, world: int = 2) -> bool
         return False
     if option == "on" and refusal is not None:
         raise ValueError(f"simulator.batched='on' is invalid for this run: {refusal}")
-    return refusal is None and (option == "on" or world > 1)
+    return refusal is None and (option == "on" or (world > 1 and slower is None))
 
 
 class BatchedGradients:

@@ -239,9 +239,11 @@ class _VirtualRanks:
         self.ipe = self.states[0].shard.iterations_per_epoch
         self.charge = ComputeCharge(config.simulator.compute, config.seed)
         self.batched_refusal = batched_refusal(settings, replica.model)
-        self.batched = (BatchedGradients(replica) if use_batched(config.simulator.batched, self.batched_refusal,
-                                                              self.world)
-                        else None)
+        slower = replica.spec.batched_slower
+        batched = use_batched(config.simulator.batched, self.batched_refusal, self.world, slower)
+        self.batched = BatchedGradients(replica) if batched else None
+        if not batched and self.batched_refusal is None and slower is not None:
+            self.batched_refusal = f"model {config.model!r}: {slower}"
 
     def _contribute(self, state: RankState, point: Point) -> _RankWork:
         """One rank's gradient and contribution (phase 1), timed."""
