@@ -144,6 +144,7 @@ def test_option_checks() -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
 def test_gpt_stays_sequential_under_auto_and_batches_when_asked() -> None:
     base = dict(model="gpt_tiny", dataset="text", train_samples=10**6, test_samples=8, batch_size=2)
     auto = simulate(_config("dense", "auto", **base).replace(max_iterations=2))
