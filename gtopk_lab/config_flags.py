@@ -80,7 +80,8 @@ FIELD_HELP: dict[str, str] = {
     "max_restarts": "Dask runs: restarts (from the newest checkpoint) when a rank's worker leaves or dies",
     "scheduler_timeout_s": "Dask runs: seconds a rank trains on while its worker has no scheduler connection",
     "run_id": "name of the run's results folder (none: a fresh id)",
-    "simulator": "KEY=JSON simulator option (rows=all|rank0, compute=median|max|straggler), repeatable",
+    "simulator": "KEY=JSON simulator option (rows=all|rank0, compute=median|max|straggler, "
+                 "batched=auto|on|off), repeatable",
     "compute_charge": "KEY=JSON fixed compute charge (compute_time_s, selection_time_s, merge_gamma_s_per_element), "
                "repeatable",
     "optimiser": "KEY=JSON optimiser option (name=sgd|adamw, betas=[0.9,0.95], eps), repeatable",

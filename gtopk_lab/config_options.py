@@ -4,8 +4,8 @@ What ``RunConfig.extra`` used to carry as an untyped dict (where a misspelt key 
 ignored) lives in typed fields of :class:`~gtopk_lab.config.RunConfig`, each validated when
 the config is built:
 
-- ``simulator`` (:class:`SimulatorOptions`): ``rows``, ``compute`` (legacy ``sim_rows``,
-  ``sim_compute``);
+- ``simulator`` (:class:`SimulatorOptions`): ``rows``, ``compute``, ``batched`` (legacy
+  ``sim_rows``, ``sim_compute``, ``sim_batched``);
 - ``compute_charge`` (:class:`ComputeOptions`): ``compute_time_s``, ``selection_time_s``,
   ``merge_gamma_s_per_element`` (the same legacy names), ``calibration``
   (``compute_calibration``);
@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 from gtopk_lab.methods import available_methods, get_method
 
 __all__ = ["SimulatorOptions", "ComputeOptions", "OptimiserOptions", "ModelOptions", "OutputOptions",
-           "OPTION_TYPES", "OPTION_FIELDS", "LEGACY_KEYS", "TOKENIZERS", "OPTIMIZERS", "SIM_ROWS", "COMPUTE_CHARGES",
+           "OPTION_TYPES", "OPTION_FIELDS", "LEGACY_KEYS", "TOKENIZERS", "OPTIMIZERS", "SIM_ROWS", "SIM_BATCHED", "COMPUTE_CHARGES",
            "coerce_options", "options_from_extra", "legacy_extra", "method_option_names", "closest",
            "with_legacy_extra", "check_option_dicts"]
 
@@ -54,6 +54,9 @@ TOKENIZERS: tuple[str, ...] = ("byte", "char")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 #: Which virtual ranks' iter rows the simulator emits.
 SIM_ROWS: tuple[str, ...] = ("all", "rank0")
+#: Whether the simulator computes its virtual ranks' gradients in one batched call
+#: (training.batched_ranks): auto = where the model and method allow it.
+SIM_BATCHED: tuple[str, ...] = ("auto", "on", "off")
 #: How the simulator charges its P measured compute times (training.compute_charge).
 COMPUTE_CHARGES: tuple[str, ...] = ("median", "max", "straggler")
 
@@ -127,19 +130,23 @@ class _Options:
 @dataclass(frozen=True)
 class SimulatorOptions(_Options):
     """The simulator's settings: ``rows`` ("all": iter rows of every virtual rank, "rank0";
-    None: all up to 32 ranks, else rank 0's) and ``compute`` (how P measured compute times are charged: median, max or
-    straggler; None: median)."""
+    None: all up to 32 ranks, else rank 0's), ``compute`` (how P measured compute times are charged: median, max or
+    straggler; None: median) and ``batched`` (the P gradients in one vmapped call: on, off, or
+    auto = on where the model and method allow it; None: auto)."""
 
     FIELD: ClassVar[str] = "simulator"
-    LEGACY: ClassVar[dict[str, str]] = {"rows": "sim_rows", "compute": "sim_compute"}
+    LEGACY: ClassVar[dict[str, str]] = {"rows": "sim_rows", "compute": "sim_compute", "batched": "sim_batched"}
     rows: str | None = None
     compute: str | None = None
+    batched: str | None = None
 
     def __post_init__(self) -> None:
         if self.rows is not None:
             _choice(self._label("rows"), self.rows, SIM_ROWS)
         if self.compute is not None:
             _choice(self._label("compute"), self.compute, COMPUTE_CHARGES)
+        if self.batched is not None:
+            _choice(self._label("batched"), self.batched, SIM_BATCHED)
 
 
 @dataclass(frozen=True)

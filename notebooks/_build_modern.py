@@ -20,8 +20,12 @@ def modern_methods_cells(md: Cell, code: Cell, params: Cell, setup: str) -> list
 # Beyond gTop-k: the methods that came after it, on one clock
 
 **Run All** at the defaults took 976 s (16 min) on 2 cores, measured at load 2-8 on a shared
-box (commit 5e480f6, `benchmarks/RESULTS.md`); a batched simulator is being built to bring it
-under 5 minutes, and CI runs it with small parameters.
+box (commit 5e480f6, `benchmarks/RESULTS.md`), before the simulator batched its virtual ranks
+(`simulator.batched`, 2.85x at P = 64 on the MNIST-1D CNN). That batching does not reach the
+GPT runs (their attention has no vmap batching rule on CPU, so they stay sequential) nor
+DiLoCo and SparseLoCo (local steps), which are most of the time: expect well over 5 minutes
+still (not re-measured: a Run All on 2 cores at load 7-12 was stopped after 7 minutes, 10 of
+64 points done). CI runs it with small parameters.
 
 Dense S-SGD, Top-k and gTop-k side by side with the methods of the years after the paper
 (docs/modern_methods.md): ScaleCom's **CLT-k**, **EF21** and EF21-SGDM, **PowerSGD**,

@@ -12,8 +12,9 @@ iterations (3 synchronisations of the local-steps methods at ``sync_every=2``), 
 momentum 0.9, one gloo group that runs every method in sequence.
 
 Agreement, tolerance 0: per method, the final weights and every iteration's loss of the
-simulator, the DDP hook and overlap are bitwise those of the real ranks (and both real ranks
-bitwise alike). At P = 2 every sum the collectives form has two terms, so no summation order
+simulator's sequential path (``simulator.batched="off"``), the DDP hook and overlap are bitwise
+those of the real ranks (and both real ranks bitwise alike); the simulator's batched ranks
+(the default where allowed: a vmapped forward/backward) agree within ``rtol=1e-5``. At P = 2 every sum the collectives form has two terms, so no summation order
 can change a bit; the float kernels are the same in every driver. A local-steps method is
 refused by the DDP hook and overlap with a one-line ValueError naming the method and the
 driver. Two methods are also checked against an oracle written here, within ``rtol=1e-5,
@@ -203,8 +204,14 @@ def test_every_method_through_every_driver() -> None:
         weights, losses = ranks[0][m]["real"]
         assert torch.equal(ranks[1][m]["real"][0], weights), m  # identical replicas
         assert len(losses) == ITERATIONS
-        sim = simulate(configs[m])
+        # the simulator's sequential path is bitwise the real ranks'; its batched ranks (a
+        # vmapped forward/backward sums in another order) within float tolerance
+        sim = simulate(configs[m].replace(simulator={"batched": "off"}))
         drivers = {"simulator": (sim.final_weights, _losses([r for r in sim.rows if r["rank"] == 0]))}
+        batched = simulate(configs[m])
+        assert batched.summary["batched_ranks"] is not get_method(m).local_steps, m
+        torch.testing.assert_close(batched.final_weights, weights, rtol=1e-5, atol=1e-6)
+        assert _losses([r for r in batched.rows if r["rank"] == 0]) == pytest.approx(losses, rel=1e-5), m
         if m in per_step:
             drivers.update({d: ranks[0][m][d] for d in ("ddp", "overlap")})
         for driver, (w, driver_losses) in drivers.items():

@@ -62,6 +62,10 @@ class ModelSpec:
     #: Language models that take any sequence length up to their context (the GPTs):
     #: ``input_shape`` is then the default length, and datasets may use another one.
     variable_length: bool = False
+    #: Why the simulator's batched ranks (training.batched_ranks) are slower than one rank
+    #: at a time for this model, so that ``simulator.batched="auto"`` leaves it sequential
+    #: ("on" still batches it); None: batching pays.
+    batched_slower: str | None = None
 
     @property
     def input_dtype(self) -> torch.dtype:
@@ -260,6 +264,11 @@ def _torchvision_factory(name: str) -> Callable[..., nn.Module]:
 
 
 # --------------------------------------------------------------------------- registry
+#: The GPTs' attention under vmap: torch 2.13's CPU scaled_dot_product_attention has no
+#: batching rule (a per-sample fallback), and a rank's batch is already compute-bound;
+#: measured 1.3x slower batched than sequential (gpt_tiny, P = 16 and 64, batch 16).
+_SDPA_UNBATCHED = "its attention has no vmap batching rule on CPU (measured 1.3x slower batched)"
+
 MODELS: dict[str, ModelSpec] = {
     "mlp": ModelSpec("mlp", MLP, (40,), 10, ("mnist1d", "synthetic"),
                      description="MNIST-1D MLP 40-100-100-10", kwargs=("hidden_size",)),
@@ -279,9 +288,11 @@ MODELS: dict[str, ModelSpec] = {
                       kwargs=("vocab_size", "embedding_size", "hidden_size", "num_layers", "dropout")),
     "gpt": ModelSpec("gpt", GPT, (GPT_DEFAULT["block_size"],), 256, ("text", "synthetic"),
                      task="language_model", variable_length=True, kwargs=GPT_KWARGS,
+                     batched_slower=_SDPA_UNBATCHED,
                      description="byte-level GPT, 4 layers x 4 heads, n_embd 192, context 128, tied head"),
     "gpt_tiny": ModelSpec("gpt_tiny", gpt_tiny, (GPT_TINY["block_size"],), 256, ("text", "synthetic"),
                           task="language_model", variable_length=True, kwargs=GPT_KWARGS,
+                          batched_slower=_SDPA_UNBATCHED,
                           description="CI-size byte-level GPT, 2 layers x 2 heads, n_embd 48, context 64"),
 }
 

@@ -11,7 +11,15 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    feedback, selection) -- the step ``train_rank`` runs, built from the same
    :class:`~gtopk_lab.training.step_settings.StepSettings`; rank r's CPU time for this is
    measured with ``time.process_time`` (wall time on CUDA). A local-steps method takes its
-   inner step here and synchronises on the last iteration of a round only
+   inner step here and synchronises on the last iteration of a round only.
+   **Batched** (``config.simulator.batched``: "auto", the default, where
+   :func:`~gtopk_lab.training.batched_ranks.batched_refusal` allows it and P > 1; "on"; "off"): the P
+   forward/backward passes are one vmapped call
+   (:class:`~gtopk_lab.training.batched_ranks.BatchedGradients`) on the P shards' batches,
+   each rank's row then goes through its own ``begin`` as above. The call is measured once
+   and each rank is charged 1/P of it (summary: ``compute_s_attribution``
+   "batched_call_over_P", else "per_rank", or "fixed" with a fixed or calibrated compute
+   time); ``batched_ranks`` says whether it ran, ``batched_ranks_refusal`` why not
 2. the method's in-process collective (``Collective.simulate``: the real per-rank message
    programs without transport; identical ``CommStats``)
 3. ``VirtualClock.simulate_collective(compute_s, stats)``: virtual time advances by the
@@ -90,6 +98,7 @@ import torch
 from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
+from gtopk_lab.training.batched_ranks import BatchedGradients, batched_refusal, use_batched
 from gtopk_lab.training.compute_charge import (
     ComputeCharge, charged_selection_s, clock_merge_options, compute_time_fields, fixed_times,
 )
@@ -175,6 +184,11 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                        "compute_charge": (None if fixed_compute_s is not None
                                                           else ranks.charge.rule),
                                        "compute_s_spread": ranks.charge.spread(),
+                                       "batched_ranks": ranks.batched is not None,
+                                       "batched_ranks_refusal": ranks.batched_refusal,
+                                       "compute_s_attribution": (
+                                           "fixed" if fixed_compute_s is not None else
+                                           "batched_call_over_P" if ranks.batched is not None else "per_rank"),
                                        **ranks.states[0].step.describe()})
         # In a simulation wall throughput is the simulator's own speed, not the cluster's.
         summary["samples_per_s_wall"] = math.nan if world > 1 else summary["samples_per_s_wall"]
@@ -202,7 +216,8 @@ class _VirtualRanks:
     (steps 1-4 of the module docstring per iteration).
 
     One iteration is three phases with one seam each (:meth:`iteration`): P gradients and P
-    contributions (:meth:`_contribute`, one rank at a time in the shared replica), one
+    contributions (:meth:`_contribute`, one rank at a time in the shared replica, or
+    :meth:`_contribute_batched`, the P gradients in one call), one
     ``Collective.simulate`` call over all P contributions, P finishes (:meth:`_finish`) and
     the write of rank 0's update into the shared replica.
     """
@@ -223,6 +238,12 @@ class _VirtualRanks:
         self.swap_buffers = len(self.states[0].buffers) > 0
         self.ipe = self.states[0].shard.iterations_per_epoch
         self.charge = ComputeCharge(config.simulator.compute, config.seed)
+        self.batched_refusal = batched_refusal(settings, replica.model)
+        slower = replica.spec.batched_slower
+        batched = use_batched(config.simulator.batched, self.batched_refusal, self.world, slower)
+        self.batched = BatchedGradients(replica) if batched else None
+        if not batched and self.batched_refusal is None and slower is not None:
+            self.batched_refusal = f"model {config.model!r}: {slower}"
 
     def _contribute(self, state: RankState, point: Point) -> _RankWork:
         """One rank's gradient and contribution (phase 1), timed."""
@@ -238,6 +259,25 @@ class _VirtualRanks:
             c1, w2 = rank_clock_s(dev), time.perf_counter()
         return _RankWork(loss, sync, c1 - c0, c1 - c_mid, (w1 - w0, w2 - w1))
 
+    def _contribute_batched(self, point: Point) -> list[_RankWork]:
+        """Phase 1 with the P gradients from one batched call, each rank charged 1/P of its
+        time, then each rank's contribution (its RNG current, as in :meth:`_contribute`)."""
+        states, dev, world = self.states, self.dev, self.world
+        assert self.batched is not None
+        batches = [s.next_batch(point.epoch_index, point.first_of_epoch) for s in states]
+        c0, w0 = rank_clock_s(dev), time.perf_counter()
+        grads, losses = self.batched([b[0] for b in batches], [b[1] for b in batches])
+        compute_cpu_s = (rank_clock_s(dev) - c0) / world
+        compute_wall_s = (time.perf_counter() - w0) / world
+        work = []
+        for state, g, loss in zip(states, grads, losses.tolist()):
+            with state.active(self.replica, swap_buffers=False):
+                c1, w1 = rank_clock_s(dev), time.perf_counter()
+                sync = state.step.begin(g, point.k, point.iteration)  # rows are not overwritten
+                c2, w2 = rank_clock_s(dev), time.perf_counter()
+            work.append(_RankWork(loss, sync, compute_cpu_s + (c2 - c1), c2 - c1, (compute_wall_s, w2 - w1)))
+        return work
+
     def _finish(self, state: RankState, sync: Sync, result: Any) -> torch.Tensor | None:
         """One rank's end of the synchronisation, with its own weights current (a local-steps
         method's outer step moves them): the update G / P, or None."""
@@ -248,7 +288,8 @@ class _VirtualRanks:
         config, replica, dev, clock, states = self.config, self.replica, self.dev, self.clock, self.states
         world, it, lr, k = self.world, point.iteration, point.lr, point.k
         # 1. P gradients, P contributions
-        work = [self._contribute(state, point) for state in states]
+        work = (self._contribute_batched(point) if self.batched is not None
+                else [self._contribute(state, point) for state in states])
         losses = [w.loss for w in work]
         syncs = [w.sync for w in work]
         compute_s = [w.compute_cpu_s for w in work]
