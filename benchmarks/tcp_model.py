@@ -49,7 +49,7 @@ from tcp_model_report import environment, error_table, write_figure  # noqa: E40
 from gtopk_lab.counts import parse_count_list, split_list  # noqa: E402
 from gtopk_lab.network.calibrate import fit_alpha_beta  # noqa: E402
 from gtopk_lab.network.model import NetworkModel  # noqa: E402
-from gtopk_lab.network.tcp_fit import fit_tcp_constants, predict_call  # noqa: E402
+from gtopk_lab.network.tcp_fit import fit_terms, merge_rank_reports, predict_row  # noqa: E402
 from gtopk_lab.network.tcp_terms import TcpTerms  # noqa: E402
 from gtopk_lab.testbed import Testbed, parse_rate_bps, testbed_problem  # noqa: E402
 
@@ -99,14 +99,7 @@ def wait_group(tb: Testbed, procs: list[subprocess.Popen], tag: str, timeout_s: 
 
 def merge_ranks(ranks: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     """One row per case from every rank's report (times: the slowest rank's)."""
-    rows = []
-    for j, case in enumerate(ranks[0]["cases"]):
-        per = [r["cases"][j] for r in ranks]
-        rows.append({"kind": kind, **{k: case[k] for k in ("collective", "numel", "density", "workers")},
-                     "median_s": case["median_s"], "slowest_s": case["slowest_s"],
-                     "cores": min(p["available_cores"] for p in per),
-                     "steps": [p["steps"] for p in per], "cpu_s": [p["cpu_s"] for p in per]})
-    return rows
+    return [{"kind": kind, **row} for row in merge_rank_reports([r["cases"] for r in ranks])]
 
 
 def calibrate(tb: Testbed) -> NetworkModel:
@@ -120,23 +113,13 @@ def calibrate(tb: Testbed) -> NetworkModel:
 
 def predict(rows: list[dict[str, Any]], net: NetworkModel, tcp: TcpTerms, cores_total: int,
             straggler_ratio: float) -> None:
-    """Step 5 for every row, in place: ``ab_s``, ``ab_cpu_s``, ``all_s`` and the fit's units."""
+    """Step 5 for every row, in place (``gtopk_lab.network.tcp_fit.predict_row``): the two
+    jobs' ranks share the box's cores; the straggler's rounds run at the slowest link."""
+    slow = NetworkModel.from_alpha_beta(net.latency_s, net.beta_s_per_byte * straggler_ratio)
     for row in rows:
         p = row["workers"]
-        ranks_on_box, cores = p, row["cores"]
-        if row["kind"] == "two jobs":  # both jobs' ranks share the box's cores
-            ranks_on_box, cores = 2 * p, 2 * row["cores"]
-        senders = [p - 1] + [1] * (p - 1) if row["collective"] == "incast" else None
-        base = predict_call(net, TcpTerms(), row["steps"], row["cpu_s"], ranks_on_box, min(cores, cores_total),
-                            senders)
-        link = net
-        if row["kind"] == "straggler":  # the synchronous rounds run at the slowest link
-            link = NetworkModel.from_alpha_beta(net.latency_s, net.beta_s_per_byte * straggler_ratio)
-        full = predict_call(link, tcp, row["steps"], row["cpu_s"], ranks_on_box, min(cores, cores_total), senders)
-        s = max(1.0, ranks_on_box / min(cores, cores_total))
-        row.update(ab_s=base.ab_s, ab_cpu_s=base.ab_cpu_s, all_s=full.all_terms_s,
-                   base_s=base.ab_cpu_s, message_units=base.rounds * s, incast_units=base.senders - 1,
-                   duplex_units=base.duplex_s)
+        row.update(predict_row(net, tcp, row, cores_total, ranks_on_box=2 * p if row["kind"] == "two jobs" else p,
+                               link=slow if row["kind"] == "straggler" else None))
 
 
 def main() -> int:
@@ -193,7 +176,7 @@ def main() -> int:
     cores_total = env["cores"]
     predict(rows, net, TcpTerms(), cores_total, ratio)
     train = [r for r in rows if r["kind"] == "sweep" and r["workers"] <= 4]
-    tcp = TcpTerms(**fit_tcp_constants([{**r, "measured_s": r["median_s"]} for r in train]))
+    tcp = fit_terms(net, train, cores_total)
     predict(rows, net, tcp, cores_total, ratio)
     wall_s = time.monotonic() - t0
     table = error_table(rows)

@@ -30,7 +30,7 @@ from gtopk_lab.network.cpu_contention import cpu_contention, off_wire_time_s
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.tcp_terms import TcpTerms
 
-__all__ = ["CallPrediction", "fit_tcp_constants", "predict_call"]
+__all__ = ["CallPrediction", "FITTED", "fit_terms", "fit_tcp_constants", "merge_rank_reports", "predict_call", "predict_row"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,3 +132,44 @@ def fit_tcp_constants(points: Sequence[dict[str, Any]]) -> dict[str, float]:
         if sse < best[0]:
             best = (sse, full)
     return {name: value for (name, _), value in zip(FITTED, best[1])}
+
+
+def merge_rank_reports(per_rank: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per case from every rank's timed cases (``gtopk_lab.worker.tcp_calls``):
+    the slowest rank's median, the fewest cores any rank saw, every rank's rounds and CPU."""
+    rows = []
+    for j, case in enumerate(per_rank[0]):
+        per = [r[j] for r in per_rank]
+        rows.append({**{k: case[k] for k in ("collective", "numel", "density", "workers")},
+                     "median_s": case["median_s"], "slowest_s": case["slowest_s"],
+                     "cores": min(p["available_cores"] for p in per),
+                     "steps": [p["steps"] for p in per], "cpu_s": [p["cpu_s"] for p in per]})
+    return rows
+
+
+def predict_row(net: NetworkModel, tcp: TcpTerms, row: dict[str, Any], host_cores: float,
+                ranks_on_box: int | None = None, link: NetworkModel | None = None) -> dict[str, float]:
+    """:func:`predict_call` of a merged row: ``ab_s``, ``ab_cpu_s``, ``all_s`` and the units a fit
+    weighs (``base_s``, ``message_units``, ``incast_units``, ``duplex_units``).
+
+    ``ranks_on_box``: the ranks sharing the cores (default the row's P); the cores they get
+    are the row's probe, at most ``host_cores``; ``link``: the network of the all-terms
+    column (a straggler's slower link; default ``net``). An ``incast`` row has P - 1 senders
+    into rank 0.
+    """
+    p = int(row["workers"])
+    ranks = p if ranks_on_box is None else ranks_on_box
+    cores = min(float(row["cores"]) * ranks / p, float(host_cores))
+    senders = [p - 1] + [1] * (p - 1) if row["collective"] == "incast" else None
+    base = predict_call(net, TcpTerms(), row["steps"], row["cpu_s"], ranks, cores, senders)
+    full = predict_call(net if link is None else link, tcp, row["steps"], row["cpu_s"], ranks, cores, senders)
+    return {"ab_s": base.ab_s, "ab_cpu_s": base.ab_cpu_s, "all_s": full.all_terms_s, "base_s": base.ab_cpu_s,
+            "message_units": base.rounds * cpu_contention(ranks, cores), "incast_units": base.senders - 1,
+            "duplex_units": base.duplex_s}
+
+
+def fit_terms(net: NetworkModel, rows: Sequence[dict[str, Any]], host_cores: float) -> TcpTerms:
+    """The :class:`TcpTerms` of :func:`fit_tcp_constants` on merged rows (each priced by
+    :func:`predict_row` with the terms zero); the unfitted fields keep their defaults."""
+    points = [{**predict_row(net, TcpTerms(), r, host_cores), "measured_s": r["median_s"]} for r in rows]
+    return TcpTerms(**fit_tcp_constants(points))

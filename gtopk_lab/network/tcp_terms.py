@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 
-class NetworkModel(Protocol):
+class Link(Protocol):
     """What these terms read of a link (``gtopk_lab.network.model.NetworkModel``, which imports
     this module to carry the terms: a protocol here keeps the two free of an import cycle)."""
 
@@ -53,7 +53,7 @@ class NetworkModel(Protocol):
 
     def ab_steps_time_s(self, steps: Sequence[tuple[int, int]]) -> float: ...
 
-__all__ = ["NetworkModel", "TcpTerms", "bottleneck_beta", "fit_per_message_cpu", "relative_errors", "slow_start_extra_s"]
+__all__ = ["Link", "TcpTerms", "bottleneck_beta", "fit_per_message_cpu", "relative_errors", "slow_start_extra_s"]
 
 
 def slow_start_extra_s(nbytes: float, bandwidth_bps: float, rtt_s: float, init_window_bytes: float) -> float:
@@ -120,7 +120,7 @@ class TcpTerms:
         return (self.cpu_s_per_message == 0 and self.rtt_s == 0 and self.incast_s_per_sender == 0
                 and self.duplex_beta_fraction == 0)
 
-    def extra_round_s(self, net: NetworkModel, sent: int, recv: int, senders: int = 1) -> float:
+    def extra_round_s(self, net: Link, sent: int, recv: int, senders: int = 1) -> float:
         """Seconds these terms add to one alpha-beta round (steps 1-3 and 5)."""
         if senders < 1:
             raise ValueError(f"senders={senders!r} is invalid: expected >= 1")
@@ -143,7 +143,7 @@ class TcpTerms:
             raise ValueError(f"tcp={unknown[0]!r} is invalid: expected keys {', '.join(cls.__dataclass_fields__)}")
         return cls(**data)
 
-    def steps_time_s(self, net: NetworkModel, steps: Sequence[tuple[int, int]],
+    def steps_time_s(self, net: Link, steps: Sequence[tuple[int, int]],
                      senders: Sequence[int] | None = None) -> float:
         """The plain alpha-beta time of ``steps`` on ``net`` plus :meth:`extra_round_s` of every round
         (``net``'s own ``tcp`` terms are not added: these replace them).
