@@ -55,7 +55,7 @@ from gtopk_lab.testbed import Testbed, parse_rate_bps, testbed_problem  # noqa: 
 
 PY = sys.executable
 RANK = str(Path(__file__).resolve().parent / "tcp_model_rank.py")
-SPARSE = ("topk", "gtopk_butterfly", "gtopk_tree", "oktopk")
+SPARSE = ("topk_allgather", "gtopk_butterfly", "gtopk_tree", "oktopk_allreduce")
 PINGPONG_SIZES = [1 << 10, 64 << 10, 1 << 20, 4 << 20]
 
 
@@ -65,7 +65,7 @@ def sweep_cases(numels: list[int], densities: list[float], repeats: int, big_rep
     cases = []
     for numel in numels:
         reps = big_repeats if numel >= 10_000_000 else repeats
-        cases.append({"collective": "dense", "numel": numel, "density": densities[0], "repeats": reps})
+        cases.append({"collective": "ring_allreduce", "numel": numel, "density": densities[0], "repeats": reps})
         for density in densities:
             for name in SPARSE:
                 cases.append({"collective": name, "numel": numel, "density": density, "repeats": repeats})
@@ -158,7 +158,7 @@ def main() -> int:
         if hosts >= 4:
             half = hosts // 2
             cases = [{"collective": c, "numel": min(numels), "density": max(densities), "repeats": args.repeats}
-                     for c in ("dense", *SPARSE)]
+                     for c in ("ring_allreduce", *SPARSE)]
             base = {"slot_s": 4.0, "base_monotonic_s": time.monotonic() + 25.0}
             jobs = [run_group(tb, list(range(half)), cases, "jobA", 29602, base),
                     run_group(tb, list(range(half, hosts)), cases, "jobB", 29603, base)]
@@ -168,7 +168,7 @@ def main() -> int:
     rates = [args.rate] * 3 + [args.straggler_rate]
     with Testbed(hosts=4, rate=args.rate, rate_per_host=rates, name="tcps", dask=False) as tb:
         cases = [{"collective": c, "numel": min(numels), "density": max(densities), "repeats": args.repeats}
-                 for c in ("dense", *SPARSE)]
+                 for c in ("ring_allreduce", *SPARSE)]
         rows += merge_ranks(wait_group(tb, run_group(tb, [0, 1, 2, 3], cases, "strag", 29604), "strag"),
                             "straggler")
     print(f"straggler done ({time.monotonic() - t0:.0f} s)", flush=True)

@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-LABELS = {"dense": "dense ring", "topk": "Top-k allgather", "gtopk_butterfly": "gTop-k butterfly",
-          "gtopk_tree": "gTop-k tree", "oktopk": "Ok-Topk", "incast": "incast (P-1 -> 1)"}
+LABELS = {"ring_allreduce": "dense ring", "topk_allgather": "Top-k allgather", "gtopk_butterfly": "gTop-k butterfly",
+          "gtopk_tree": "gTop-k tree", "oktopk_allreduce": "Ok-Topk", "incast": "incast (P-1 -> 1)"}
 
 
 def environment() -> dict[str, Any]:
@@ -44,7 +44,7 @@ def error_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         role = "fit" if r["kind"] == "sweep" and r["workers"] <= 4 else "held out"
         m = r["median_s"]
-        rho = "-" if r["collective"] == "dense" else f"{r['density']:g}"
+        rho = "-" if r["collective"] == "ring_allreduce" else f"{r['density']:g}"
         lines.append(f"| {r['kind']} | {LABELS[r['collective']]} | {r['numel'] / 1e6:g}M | {rho} | {r['workers']} "
                      f"| {r['cores']:.2f} | {m * 1e3:.2f} | {r['ab_s'] * 1e3:.2f} | {r['ab_cpu_s'] * 1e3:.2f} "
                      f"| {r['all_s'] * 1e3:.2f} | {_err(r['ab_s'], m)} | {_err(r['ab_cpu_s'], m)} "

@@ -41,9 +41,9 @@ __all__ = ["TCP_FIT_CASES", "calibrate_cluster", "pick_link"]
 #: the calls ``--tcp-terms fit`` times on the link (a few seconds at 200 Mbit/s): latency- and
 #: bandwidth-bound rounds, one-way (tree) and exchanges (butterfly, allgather, ring)
 TCP_FIT_CASES: tuple[dict[str, Any], ...] = (
-    {"collective": "dense", "numel": 1_000_000, "density": 0.01, "repeats": 3},
+    {"collective": "ring_allreduce", "numel": 1_000_000, "density": 0.01, "repeats": 3},
     *({"collective": c, "numel": 1_000_000, "density": d, "repeats": 5}
-      for d in (0.001, 0.01) for c in ("topk", "gtopk_butterfly", "gtopk_tree")),
+      for d in (0.001, 0.01) for c in ("topk_allgather", "gtopk_butterfly", "gtopk_tree")),
 )
 
 

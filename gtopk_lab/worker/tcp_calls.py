@@ -13,8 +13,8 @@
    (``time.thread_time``: the off-wire CPU, since gloo's own I/O threads are not counted);
 4. one MAX all-reduce of the times: a call ends when its slowest rank returns.
 
-Cases (``collective``): ``dense`` (ring allreduce), ``topk`` (allgather, exact count),
-``gtopk_butterfly`` / ``gtopk_tree`` (exact k), ``oktopk`` (Ok-Topk as published, its state
+Cases (``collective``): ``ring_allreduce`` (dense), ``topk_allgather`` (exact count),
+``gtopk_butterfly`` / ``gtopk_tree`` (exact k), ``oktopk_allreduce`` (Ok-Topk as published, its state
 kept between calls) and ``incast`` (every other rank sends its k pairs to rank 0 at once).
 Cost: the calls themselves plus 0.1 s of core probe per case. Worker side.
 """
@@ -37,7 +37,6 @@ from gtopk_lab.config import k_for
 
 __all__ = ["CASE_COLLECTIVES", "time_case", "time_cases"]
 
-CASE_COLLECTIVES = ("dense", "topk", "gtopk_butterfly", "gtopk_tree", "oktopk", "incast")
 
 
 class _Steps:
@@ -74,19 +73,41 @@ def _call(case: dict[str, Any], rank: int, world: int, data: dict[tuple[int, flo
         data.clear()  # one size in memory at a time (8 ranks x 25M on a small box)
         data[(numel, density)] = (x, values, indices, k)
     x, values, indices, k = data[(numel, density)]
-    if name == "dense":
-        buf = x.clone()  # reduced in place, call after call
-        return lambda: dense_allreduce(buf)
-    if name == "topk":
-        return lambda: topk_allgather(values, indices, numel, exact_count=k)
-    if name in ("gtopk_butterfly", "gtopk_tree"):
-        algorithm = name.split("_", 1)[1]
+    return _BUILDERS[name](x, values, indices, numel, k, rank, world)
+
+
+def _dense(x, values, indices, numel, k, rank, world):  # type: ignore[no-untyped-def]
+    buf = x.clone()  # reduced in place, call after call
+    return lambda: dense_allreduce(buf)
+
+
+def _gtopk(algorithm: str):  # type: ignore[no-untyped-def]
+    def build(x, values, indices, numel, k, rank, world):  # type: ignore[no-untyped-def]
         return lambda: gtopk_allreduce(values, indices, numel, k, algorithm=algorithm, exact_k=True)
-    if name == "oktopk":
-        state = OkTopkFaithfulState()
-        return lambda: oktopk_faithful_allreduce(x, k, state=state)[0]
-    payload = torch.zeros(k * 8, dtype=torch.uint8)  # incast: k (fp32 value, int32 index) pairs
+    return build
+
+
+def _oktopk(x, values, indices, numel, k, rank, world):  # type: ignore[no-untyped-def]
+    state = OkTopkFaithfulState()  # thresholds kept between calls, as in training
+    return lambda: oktopk_faithful_allreduce(x, k, state=state)[0]
+
+
+def _incast_call(x, values, indices, numel, k, rank, world):  # type: ignore[no-untyped-def]
+    payload = torch.zeros(k * 8, dtype=torch.uint8)  # k (fp32 value, int32 index) pairs
     return lambda: _incast(rank, world, payload)
+
+
+#: case name -> builder of its call (x, values, indices, numel, k, rank, world) -> call()
+_BUILDERS: dict[str, Callable[..., Callable[[], Any]]] = {
+    "ring_allreduce": _dense,
+    "topk_allgather": lambda x, values, indices, numel, k, rank, world: (
+        lambda: topk_allgather(values, indices, numel, exact_count=k)),
+    "gtopk_butterfly": _gtopk("butterfly"),
+    "gtopk_tree": _gtopk("tree"),
+    "oktopk_allreduce": _oktopk,
+    "incast": _incast_call,
+}
+CASE_COLLECTIVES = tuple(_BUILDERS)
 
 
 def time_case(case: dict[str, Any], rank: int, world: int, data: dict) -> dict[str, Any]:
