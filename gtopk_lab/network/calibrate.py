@@ -164,7 +164,7 @@ class CalibrationResult:
         if self.endpoints is not None:
             out["endpoints"] = self.endpoints
         if self.tcp_cases is not None:
-            out["tcp_cases"] = [{k: v for k, v in r.items() if k != "steps"} for r in self.tcp_cases]
+            out["tcp_cases"] = self.tcp_cases
         return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
