@@ -4,11 +4,18 @@ Without ``--scheduler`` the ranks are spawned here on 127.0.0.1 (this machine's
 loopback); with ``--scheduler ADDRESS`` they are Dask tasks on two workers on different
 hosts of that cluster (two hosts of ``gtopk-lab testbed``, two machines), so the fit is
 the link between them (``orchestration.link_calibration``).
+
+``--tcp-terms fit`` (with ``--scheduler``) also times a few P = 2 collective calls on that
+link and fits the real-TCP terms (``gtopk_lab.network.tcp_terms``: per-message CPU, duplex);
+``--tcp-terms FILE`` stores terms fitted elsewhere (``benchmarks/tcp_model.py`` writes them,
+fitted on P <= 4). Either way ``--out`` saves them in the calibration file's model, so
+``--bandwidth FILE`` (the virtual clock, ``gtopk-lab model``) charges them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from gtopk_lab.cli.errors import UsageError
@@ -33,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "on different hosts)")
     parser.add_argument("--connect-timeout", type=float, default=10.0,
                         help="with --scheduler: seconds to reach the scheduler (default 10)")
+    parser.add_argument("--tcp-terms", default=None, metavar="fit|FILE",
+                        help="fit the real-TCP terms on timed P=2 calls over the link (fit, needs "
+                             "--scheduler), or store those of a JSON file (benchmarks/tcp_model.py's)")
     parser.add_argument("--out", default=None, help="write the calibration JSON here (usable as --bandwidth FILE)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
@@ -50,7 +60,27 @@ def _on_cluster(args: argparse.Namespace, sizes: list[int]):
     except SchedulerUnreachable as exc:
         raise UsageError(str(exc)) from None
     with client:
-        return calibrate_cluster(client, link, sizes, repeats=args.repeats, timeout_s=args.timeout)
+        return calibrate_cluster(client, link, sizes, repeats=args.repeats, timeout_s=args.timeout,
+                                 fit_tcp=args.tcp_terms == "fit")
+
+
+def _terms_file(path: str):
+    """TcpTerms of a JSON file: ``{"tcp": {...}}`` (benchmarks/tcp_model.py) or the fields themselves."""
+    from gtopk_lab.atomic_io import DamagedFile, read_json_file
+    from gtopk_lab.network.tcp_terms import TcpTerms
+
+    try:
+        data = read_json_file(path)
+    except DamagedFile as exc:
+        raise UsageError(f"--tcp-terms={path!r} is invalid: {exc.reason}") from None
+    if data is None:
+        raise UsageError(f"--tcp-terms={path!r} is invalid: expected fit or a JSON file of TCP terms")
+    if isinstance(data.get("tcp"), dict):
+        data = data["tcp"]
+    try:
+        return TcpTerms.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--tcp-terms={path!r} is invalid: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,12 +93,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--repeats={args.repeats} is invalid: expected an integer >= 1")
     if args.link and not args.scheduler:
         raise UsageError("--link needs --scheduler: it names two workers of that cluster")
+    if args.tcp_terms == "fit" and not args.scheduler:
+        raise UsageError("--tcp-terms fit needs --scheduler: it times calls over a link between two hosts")
+    terms = _terms_file(args.tcp_terms) if args.tcp_terms not in (None, "fit") else None
     sizes = parse_sizes_bytes(args.sizes)
     if args.scheduler:
         result = _on_cluster(args, sizes)
     else:
         result = calibrate(workers=args.workers, sizes_bytes=sizes, repeats=args.repeats,
                            backend=args.backend, timeout_s=args.timeout)
+    if terms is not None:
+        result = dataclasses.replace(result, tcp=terms)
     if args.out:
         result.save(args.out)
     if args.json:
@@ -83,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
     model = result.model
     print(f"alpha = {format_latency(model.latency_s)}, beta = {model.beta_s_per_byte:.3e} s/B "
           f"({format_bandwidth(model.bandwidth_bps)})")
+    if result.tcp is not None:
+        t = result.tcp
+        print(f"TCP terms: {t.cpu_s_per_message * 1e6:.1f} us per message, duplex +{t.duplex_beta_fraction:.1%} "
+              f"of beta, incast {t.incast_s_per_sender * 1e6:.1f} us per extra sender")
     if args.out:
         print(f"saved {args.out}; use it as --bandwidth {args.out}")
     return 0

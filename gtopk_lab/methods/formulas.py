@@ -6,6 +6,9 @@ sparse pair, 8 with int32 indices, 12 with int64, ``h`` = the 8-byte count heade
 family modules (:mod:`gtopk_lab.methods.dense`, :mod:`~gtopk_lab.methods.sparse`,
 :mod:`~gtopk_lab.methods.oktopk`) attach one time and one bytes formula to each collective,
 wrapped by :func:`checked`; ``Method.predicted_time_s`` reads them from the registry.
+A network model with TCP terms (``NetworkModel.tcp``) adds them to every round: the
+formulas price rounds with ``round_time_s`` / ``message_time_s``, or, where a closed form
+needs one constant per round, with :func:`~gtopk_lab.network.formulas.exchange_alpha_beta`.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from typing import Any
 
 from gtopk_lab.comm.oktopk import ALLGATHER_MODES, allreduce_rounds, bisection_rounds, bruck_rounds
 from gtopk_lab.network.formulas import (
-    DENSE_ELEMENT_BYTES, SPARSE_HEADER_BYTES, check_sizes, log2_ceil, log2_floor, merge_contention, pair_bytes,
-    tree_mergers,
+    DENSE_ELEMENT_BYTES, SPARSE_HEADER_BYTES, check_sizes, exchange_alpha_beta, log2_ceil, log2_floor,
+    merge_contention, pair_bytes, tree_mergers,
 )
 from gtopk_lab.network.model import NetworkModel
 
@@ -54,8 +57,8 @@ def topk_allgather_time_s(net: NetworkModel, numel: int, k: int, workers: int,
     if p == 1:
         return 0.0
     m = pair_bytes(numel)
-    count_round = (p - 1) * (net.latency_s + SPARSE_HEADER_BYTES * net.beta_s_per_byte) if counted else 0.0
-    return (count_round + (p - 1) * (net.latency_s + m * k * net.beta_s_per_byte)
+    count_round = (p - 1) * net.round_time_s(SPARSE_HEADER_BYTES, SPARSE_HEADER_BYTES) if counted else 0.0
+    return (count_round + (p - 1) * net.round_time_s(m * k, m * k)
             + gamma_s_per_element * p * k * merge_contention(p, host_cores))
 
 
@@ -83,7 +86,8 @@ def gtopk_butterfly_time_s(net: NetworkModel, numel: int, k: int, workers: int,
     rounds = log2_floor(p)
     inner = 1 << rounds
     folded = p != inner
-    msg = net.latency_s + net.beta_s_per_byte * (SPARSE_HEADER_BYTES * header + m * k)
+    nbytes = SPARSE_HEADER_BYTES * header + m * k
+    msg = net.round_time_s(nbytes, nbytes)  # an exchange with the partner
     merge = gamma_s_per_element * 2 * k
     return ((rounds + 2 * folded) * msg + rounds * merge * merge_contention(inner, host_cores)
             + folded * merge * merge_contention(p - inner, host_cores))
@@ -108,7 +112,7 @@ def gtopk_tree_time_s(net: NetworkModel, numel: int, k: int, workers: int,
         return 0.0
     m = pair_bytes(numel)
     levels = log2_ceil(p)
-    msg = net.latency_s + net.beta_s_per_byte * (SPARSE_HEADER_BYTES * header + m * k)
+    msg = net.message_time_s(SPARSE_HEADER_BYTES * header + m * k)  # one way: up the tree, then down
     merge = gamma_s_per_element * 2 * k
     return 2 * levels * msg + merge * sum(merge_contention(tree_mergers(p, j), host_cores)
                                           for j in range(1, levels + 1))
@@ -146,7 +150,7 @@ def oktopk_phase_times_s(net: NetworkModel, numel: int, k: int, workers: int, *,
     names = ("reduce_scatter", "allgather", "reevaluation", "repartition", "warmup")
     if p == 1:
         return dict.fromkeys(names, 0.0)
-    a, b, h = net.latency_s, net.beta_s_per_byte, SPARSE_HEADER_BYTES
+    (a, b), h = exchange_alpha_beta(net), SPARSE_HEADER_BYTES
     m, c = pair_bytes(numel), _OKTOPK_COUNT_BYTES
     small_allreduce = allreduce_rounds(p) * (a + b * (h + c * p))
 
@@ -241,7 +245,7 @@ def oktopk_model_time_s(net: Any, numel: int, k: int, workers: int, rebalance_ev
     p = workers
     if p == 1:
         return 0.0
-    alpha, beta = net.latency_s, net.beta_s_per_byte
+    alpha, beta = exchange_alpha_beta(net)
     m = 8 if numel < 2**31 else 12
     c = 4 if p * numel < 2**31 else 8
     block = m * k / p

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gtopk_lab.network.model import NetworkModel
+from gtopk_lab.network.tcp_terms import TcpTerms
 
 __all__ = [
     "CalibrationResult",
@@ -131,13 +132,20 @@ class CalibrationResult:
     wall_s: float
     #: the Dask workers whose link was measured (``calibrate_cluster``); None: local ranks
     endpoints: list[str] | None = None
+    #: TCP terms fitted on timed collective calls over the link (``--tcp-terms``); None: none
+    tcp: TcpTerms | None = None
+    #: the timed calls they were fitted on (``gtopk_lab.network.tcp_fit.merge_rank_reports`` rows)
+    tcp_cases: list[dict[str, Any]] | None = None
     host: str = field(default_factory=platform.node)
     created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat())
 
     @property
     def model(self) -> NetworkModel:
-        """The fitted link as a :class:`NetworkModel` named ``calibrated:<backend>``."""
-        return NetworkModel.from_alpha_beta(self.alpha_s, self.beta_s_per_byte, name=f"calibrated:{self.backend}")
+        """The fitted link as a :class:`NetworkModel` named ``calibrated:<backend>`` (with its TCP terms)."""
+        plain = NetworkModel.from_alpha_beta(self.alpha_s, self.beta_s_per_byte, name=f"calibrated:{self.backend}")
+        if self.tcp is None:
+            return plain
+        return NetworkModel(plain.latency_s, plain.bandwidth_bps, plain.name, tcp=self.tcp)
 
     @property
     def relative_residuals(self) -> list[float]:
@@ -155,6 +163,8 @@ class CalibrationResult:
         })
         if self.endpoints is not None:
             out["endpoints"] = self.endpoints
+        if self.tcp_cases is not None:
+            out["tcp_cases"] = self.tcp_cases
         return out
 
     def save(self, path: str | os.PathLike[str]) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from gtopk_lab.network.model import NetworkModel
 
-__all__ = ["DENSE_ELEMENT_BYTES", "SPARSE_HEADER_BYTES", "check_sizes", "pair_bytes", "log2_floor",
-           "log2_ceil", "merge_contention", "tree_mergers", "dense_ring_allreduce_time_s"]
+__all__ = ["DENSE_ELEMENT_BYTES", "SPARSE_HEADER_BYTES", "check_sizes", "exchange_alpha_beta", "pair_bytes",
+           "log2_floor", "log2_ceil", "merge_contention", "tree_mergers", "dense_ring_allreduce_time_s"]
 
 #: Bytes per element of a dense fp32 gradient.
 DENSE_ELEMENT_BYTES = 4
@@ -26,6 +26,20 @@ def check_sizes(numel: int, k: int, workers: int) -> None:
             raise ValueError(f"{fname}={value!r} is invalid: expected an integer >= {low}")
     if k > numel:
         raise ValueError(f"k={k!r} is invalid: expected k <= numel ({numel})")
+
+
+def exchange_alpha_beta(net: NetworkModel) -> tuple[float, float]:
+    """``(a, b)`` such that an exchange round of ``n`` bytes each way costs ``a + b n`` on ``net``.
+
+    Plain model (``net.tcp`` None): ``(alpha, beta)``, bitwise. With TCP terms: alpha plus the
+    per-message CPU, beta times ``1 + duplex_beta_fraction`` (one sender a round; slow start,
+    which depends on each message's size, is left to the formulas that price rounds with
+    ``NetworkModel.round_time_s``). Closed forms whose rounds all send and receive alike use it.
+    """
+    if net.tcp is None:
+        return net.latency_s, net.beta_s_per_byte
+    return (net.latency_s + net.tcp.cpu_s_per_message,
+            net.beta_s_per_byte * (1.0 + net.tcp.duplex_beta_fraction))
 
 
 def pair_bytes(numel: int) -> int:
@@ -69,11 +83,12 @@ def dense_ring_allreduce_time_s(net: NetworkModel, numel: int, k: int, workers: 
 
     ``T = 2(P-1) * (a + b * ceil(4 d / P))`` (reduce-scatter then allgather, P-1 rounds
     each, one chunk of ``ceil(4d/P)`` bytes sent and received per round, as in
-    ``gtopk_lab.comm.schedules.ring_allreduce_steps``). ``gamma`` is not applied (dense adds
+    ``gtopk_lab.comm.schedules.ring_allreduce_steps``; with ``net.tcp`` each round adds its
+    TCP terms, ``NetworkModel.round_time_s``). ``gamma`` is not applied (dense adds
     are bandwidth-bound, not merge-bound). ``k`` is ignored.
     """
     p = workers
     if p == 1:
         return 0.0
     chunk_bytes = -(-DENSE_ELEMENT_BYTES * numel // p)
-    return 2 * (p - 1) * (net.latency_s + net.beta_s_per_byte * chunk_bytes)
+    return 2 * (p - 1) * net.round_time_s(chunk_bytes, chunk_bytes)

@@ -6,7 +6,10 @@ byte (``beta_s_per_byte = 8 / bandwidth_bps``). Every rank has its own full-dupl
 so a communication round in which a rank sends ``s`` and receives ``r`` bytes costs it
 ``alpha + beta * max(s, r)`` and a collective costs the sum over its rounds
 (:meth:`NetworkModel.steps_time_s`). An optional ``gamma`` (seconds per element) adds the
-merge/selection compute on the critical path (the alpha-beta-gamma model).
+merge/selection compute on the critical path (the alpha-beta-gamma model). An optional
+``tcp`` (:class:`~gtopk_lab.network.tcp_terms.TcpTerms`: per-message CPU, slow start,
+incast, duplex) adds what real TCP costs beside alpha-beta to every round; None (the
+default) is the plain model, bitwise.
 
 Users type networks as strings; :meth:`NetworkModel.from_strings` accepts
 
@@ -21,7 +24,7 @@ and a latency such as ``"0.5ms"``, ``"50us"``, ``"1e-4s"``. A latency given expl
 overrides the preset's; a bare rate without a latency means a latency of 0 (pure
 bandwidth link).
 
-Worker-side module: imports only the standard library.
+Worker-side module: imports only the standard library and :mod:`~gtopk_lab.network.tcp_terms`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+from gtopk_lab.network.tcp_terms import TcpTerms
 
 __all__ = [
     "DEFAULT_NETWORK",
@@ -164,7 +169,8 @@ class NetworkModel:
     ``bandwidth_bps = math.inf`` means unthrottled (zero per-byte cost). ``name`` is a
     label only (the preset or the string the user typed) and is ignored by ``==``.
     ``gamma_s_per_element`` is an optional default compute cost per element merged or
-    selected on the critical path of a sparse collective (0: not modelled).
+    selected on the critical path of a sparse collective (0: not modelled). ``tcp``: the
+    real-TCP terms each round adds (:class:`TcpTerms`; None: the plain alpha-beta model).
 
     Example::
 
@@ -176,6 +182,7 @@ class NetworkModel:
     bandwidth_bps: float
     name: str = field(default="", compare=False)
     gamma_s_per_element: float = 0.0
+    tcp: TcpTerms | None = None
 
     def __post_init__(self) -> None:
         for fname in ("latency_s", "bandwidth_bps", "gamma_s_per_element"):
@@ -193,6 +200,8 @@ class NetworkModel:
             )
         if not isinstance(self.name, str):
             raise TypeError(f"name={self.name!r} has type {type(self.name).__name__}: expected str")
+        if self.tcp is not None and not isinstance(self.tcp, TcpTerms):
+            raise TypeError(f"tcp={self.tcp!r} has type {type(self.tcp).__name__}: expected TcpTerms or None")
 
     # --- constructors -----------------------------------------------------------------
     @classmethod
@@ -210,14 +219,14 @@ class NetworkModel:
         latency_override = parse_latency_s(latency) if latency is not None else None
         text = bandwidth.strip()
         preset = _PRESET_ALIASES.get(text.lower())
-        gamma = 0.0
+        gamma, tcp = 0.0, None
         if preset is not None:
             latency_s, bandwidth_bps, _ = PRESETS[preset]
             name = preset
         elif text.startswith("{") or _is_calibration_path(text):
             model = cls.from_inline(text) if text.startswith("{") else cls.from_json(text)
             latency_s, bandwidth_bps, name = model.latency_s, model.bandwidth_bps, model.name
-            gamma = model.gamma_s_per_element
+            gamma, tcp = model.gamma_s_per_element, model.tcp
         else:
             bandwidth_bps = parse_bandwidth_bps(text)
             latency_s = 0.0
@@ -225,7 +234,8 @@ class NetworkModel:
         if latency_override is not None:
             latency_s = latency_override
             name = f"{name}@{latency.strip()}"  # type: ignore[union-attr]
-        return cls(latency_s=latency_s, bandwidth_bps=bandwidth_bps, name=name, gamma_s_per_element=gamma)
+        return cls(latency_s=latency_s, bandwidth_bps=bandwidth_bps, name=name, gamma_s_per_element=gamma,
+                   tcp=tcp)
 
     @classmethod
     def from_alpha_beta(cls, alpha_s: float, beta_s_per_byte: float, name: str = "") -> "NetworkModel":
@@ -257,23 +267,25 @@ class NetworkModel:
             raise ValueError(f"bandwidth={str(path)!r} is invalid: calibration JSON {exc}") from None
         if not model.name:
             model = cls(model.latency_s, model.bandwidth_bps, f"calibrated:{os.path.basename(str(path))}",
-                        model.gamma_s_per_element)
+                        model.gamma_s_per_element, model.tcp)
         return model
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "NetworkModel":
-        """Inverse of :meth:`to_dict`; also accepts ``alpha_s``/``beta_s_per_byte`` keys."""
+        """Inverse of :meth:`to_dict`; also accepts ``alpha_s``/``beta_s_per_byte`` keys and
+        an optional ``tcp`` dict (:meth:`TcpTerms.to_dict`)."""
         if not isinstance(data, dict):
             raise TypeError(f"data has type {type(data).__name__}: expected dict")
         name = str(data.get("name", ""))
         gamma = float(data.get("gamma_s_per_element", 0.0))
+        tcp = None if data.get("tcp") is None else TcpTerms.from_dict(data["tcp"])
         if "latency_s" in data and "bandwidth_bps" in data:
             bw = data["bandwidth_bps"]
             bandwidth_bps = math.inf if bw is None or bw == "inf" else float(bw)
-            return cls(float(data["latency_s"]), bandwidth_bps, name, gamma)
+            return cls(float(data["latency_s"]), bandwidth_bps, name, gamma, tcp)
         if "alpha_s" in data and "beta_s_per_byte" in data:
             model = cls.from_alpha_beta(float(data["alpha_s"]), float(data["beta_s_per_byte"]), name)
-            return cls(model.latency_s, model.bandwidth_bps, name, gamma)
+            return cls(model.latency_s, model.bandwidth_bps, name, gamma, tcp)
         raise ValueError(
             f"network dict keys {sorted(data)} are invalid: expected latency_s and bandwidth_bps "
             "(or alpha_s and beta_s_per_byte)"
@@ -303,8 +315,9 @@ class NetworkModel:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly dict; ``bandwidth_bps`` is ``None`` when unthrottled (JSON has no inf)."""
-        return {
+        """JSON-friendly dict; ``bandwidth_bps`` is ``None`` when unthrottled (JSON has no inf);
+        ``tcp`` only when the model carries TCP terms (so plain models' dicts are unchanged)."""
+        out: dict[str, Any] = {
             "name": self.name,
             "latency_s": self.latency_s,
             "bandwidth_bps": None if math.isinf(self.bandwidth_bps) else self.bandwidth_bps,
@@ -312,19 +325,23 @@ class NetworkModel:
             "beta_s_per_byte": self.beta_s_per_byte,
             "gamma_s_per_element": self.gamma_s_per_element,
         }
+        if self.tcp is not None:
+            out["tcp"] = self.tcp.to_dict()
+        return out
 
     def to_strings(self) -> tuple[str, str]:
         """(bandwidth, latency) strings that :meth:`from_strings` parses back to ``== self``.
 
-        (``gamma_s_per_element`` has no string form; use :meth:`to_dict` to keep it.)
+        (``gamma_s_per_element`` and ``tcp`` have no string form; use :meth:`to_dict` to keep them.)
         """
         return format_bandwidth(self.bandwidth_bps, exact=True), format_latency(self.latency_s, exact=True)
 
     def __str__(self) -> str:
         label = f"{self.name}: " if self.name else ""
+        terms = "" if self.tcp is None else " + TCP terms"
         if self.unthrottled and self.latency_s == 0:
-            return f"{label}unthrottled"
-        return f"{label}{format_bandwidth(self.bandwidth_bps)}, {format_latency(self.latency_s)} latency"
+            return f"{label}unthrottled{terms}"
+        return f"{label}{format_bandwidth(self.bandwidth_bps)}, {format_latency(self.latency_s)} latency{terms}"
 
     # --- basic quantities -------------------------------------------------------------
     @property
@@ -343,20 +360,38 @@ class NetworkModel:
         return math.isinf(self.bandwidth_bps)
 
     def message_time_s(self, nbytes: float) -> float:
-        """One point-to-point message: ``alpha + beta * nbytes``."""
-        return self.latency_s + self.beta_s_per_byte * float(nbytes)
+        """One point-to-point message: ``alpha + beta * nbytes`` (+ the TCP terms of a one-way round)."""
+        return self.round_time_s(nbytes, 0)
 
-    def steps_time_s(self, steps: Sequence[tuple[int, int]]) -> float:
-        """Time of one rank's rounds: ``sum(alpha + beta * max(sent, recv))``.
+    def round_time_s(self, sent: float, recv: float) -> float:
+        """One round in which this rank sends ``sent`` and receives ``recv`` bytes:
+        ``alpha + beta * max(sent, recv)``, plus ``tcp.extra_round_s`` when the model has TCP terms."""
+        t = self.latency_s + self.beta_s_per_byte * float(max(sent, recv))
+        if self.tcp is not None:
+            t += self.tcp.extra_round_s(self, sent, recv)
+        return t
 
-        ``steps`` is ``CommStats.steps``: per round, (bytes sent, bytes received) by
-        this rank. Full-duplex link, so a round costs the larger direction. O(rounds).
-        """
+    def ab_steps_time_s(self, steps: Sequence[tuple[int, int]]) -> float:
+        """The plain alpha-beta time of one rank's rounds, ``sum(alpha + beta * max(sent, recv))``
+        (no TCP terms). O(rounds)."""
         alpha, beta = self.latency_s, self.beta_s_per_byte
         total = 0.0
         for step in steps:
             sent, recv = step
             total += alpha + beta * max(sent, recv)
+        return total
+
+    def steps_time_s(self, steps: Sequence[tuple[int, int]]) -> float:
+        """Time of one rank's rounds: ``sum(alpha + beta * max(sent, recv))``, plus the TCP
+        terms of every round when the model has them (``tcp``; one sender per round).
+
+        ``steps`` is ``CommStats.steps``: per round, (bytes sent, bytes received) by
+        this rank. Full-duplex link, so a round costs the larger direction. O(rounds).
+        The virtual clock and the pacer charge this.
+        """
+        total = self.ab_steps_time_s(steps)
+        if self.tcp is not None:
+            total = self.tcp.steps_time_s(self, steps)
         return total
 
 

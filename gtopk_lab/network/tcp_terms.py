@@ -19,25 +19,41 @@ default, so ``TcpTerms()`` reproduces the plain model exactly):
    ``incast_s_per_sender * (s - 1)`` on top of the receiver's bandwidth term.
 4. **A straggler's link** sets the pace of every synchronous round:
    :func:`bottleneck_beta` gives the per-byte cost of the slowest link of a round.
+5. **Duplex** ``duplex_beta_fraction``: a round in which a rank sends and receives at once
+   costs ``f * beta * min(sent, recv)`` more: each direction's ACKs ride the other
+   direction's shaped link, and two TCP streams through one shaper lose some of its rate.
+   Cost: O(1) per round.
 
 Another helper's per-message CPU/contention term for in-process pacing (issue 27) is
 separate; these terms compose with it by addition, as each returns seconds to add.
 
-Constants: fitted by :func:`fit_per_message_cpu` on P <= 4 measurements and checked on
-P = 8 held out with :func:`relative_errors` (benchmarks/tcp_model.py, when it exists).
+Constants: fitted on P <= 4 measurements and checked on P = 8 held out
+(:mod:`gtopk_lab.network.tcp_fit`, ``benchmarks/tcp_model.py``; :func:`fit_per_message_cpu`
+fits the per-message term alone). A :class:`~gtopk_lab.network.model.NetworkModel` carries
+them (its ``tcp`` field, None by default), so the virtual clock and the formulas charge them.
 
-Worker-side module: imports only the standard library and the network model.
+Worker-side module: imports only the standard library.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Protocol, Sequence
 
-from gtopk_lab.network.model import NetworkModel
 
-__all__ = ["TcpTerms", "bottleneck_beta", "fit_per_message_cpu", "relative_errors", "slow_start_extra_s"]
+class Link(Protocol):
+    """What these terms read of a link (``gtopk_lab.network.model.NetworkModel``, which imports
+    this module to carry the terms: a protocol here keeps the two free of an import cycle)."""
+
+    bandwidth_bps: float
+
+    @property
+    def beta_s_per_byte(self) -> float: ...
+
+    def ab_steps_time_s(self, steps: Sequence[tuple[int, int]]) -> float: ...
+
+__all__ = ["Link", "TcpTerms", "bottleneck_beta", "fit_per_message_cpu", "relative_errors", "slow_start_extra_s"]
 
 
 def slow_start_extra_s(nbytes: float, bandwidth_bps: float, rtt_s: float, init_window_bytes: float) -> float:
@@ -85,9 +101,11 @@ class TcpTerms:
     rtt_s: float = 0.0
     init_window_bytes: float = 10 * 1448.0  # Linux's initial window: 10 segments of 1448 B
     incast_s_per_sender: float = 0.0
+    duplex_beta_fraction: float = 0.0
 
     def __post_init__(self) -> None:
-        for fname in ("cpu_s_per_message", "rtt_s", "init_window_bytes", "incast_s_per_sender"):
+        for fname in ("cpu_s_per_message", "rtt_s", "init_window_bytes", "incast_s_per_sender",
+                      "duplex_beta_fraction"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{fname}={value!r} has type {type(value).__name__}: expected float")
@@ -96,23 +114,45 @@ class TcpTerms:
         if self.init_window_bytes <= 0:
             raise ValueError(f"init_window_bytes={self.init_window_bytes!r} is invalid: expected bytes > 0")
 
-    def extra_round_s(self, net: NetworkModel, sent: int, recv: int, senders: int = 1) -> float:
-        """Seconds these terms add to one round of ``net.steps_time_s`` (steps 1-3)."""
+    @property
+    def is_zero(self) -> bool:
+        """True when no term adds anything (the plain alpha-beta model)."""
+        return (self.cpu_s_per_message == 0 and self.rtt_s == 0 and self.incast_s_per_sender == 0
+                and self.duplex_beta_fraction == 0)
+
+    def extra_round_s(self, net: Link, sent: int, recv: int, senders: int = 1) -> float:
+        """Seconds these terms add to one alpha-beta round (steps 1-3 and 5)."""
         if senders < 1:
             raise ValueError(f"senders={senders!r} is invalid: expected >= 1")
         return (self.cpu_s_per_message
                 + slow_start_extra_s(max(sent, recv), net.bandwidth_bps, self.rtt_s, self.init_window_bytes)
-                + self.incast_s_per_sender * (senders - 1))
+                + self.incast_s_per_sender * (senders - 1)
+                + self.duplex_beta_fraction * net.beta_s_per_byte * min(sent, recv))
 
-    def steps_time_s(self, net: NetworkModel, steps: Sequence[tuple[int, int]],
+    def to_dict(self) -> dict[str, float]:
+        """JSON form (every field); :meth:`from_dict` reads it back."""
+        return {f: float(getattr(self, f)) for f in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TcpTerms":
+        """Inverse of :meth:`to_dict`; an unknown key is refused naming it."""
+        if not isinstance(data, dict):
+            raise TypeError(f"tcp has type {type(data).__name__}: expected a dict of TcpTerms fields")
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"tcp={unknown[0]!r} is invalid: expected keys {', '.join(cls.__dataclass_fields__)}")
+        return cls(**data)
+
+    def steps_time_s(self, net: Link, steps: Sequence[tuple[int, int]],
                      senders: Sequence[int] | None = None) -> float:
-        """``net.steps_time_s(steps)`` plus :meth:`extra_round_s` of every round.
+        """The plain alpha-beta time of ``steps`` on ``net`` plus :meth:`extra_round_s` of every round
+        (``net``'s own ``tcp`` terms are not added: these replace them).
 
         ``senders``: per round, how many ranks send to this rank at once (default 1).
         """
         if senders is not None and len(senders) != len(steps):
             raise ValueError(f"senders has {len(senders)} entries: expected one per round ({len(steps)})")
-        total = net.steps_time_s(steps)
+        total = net.ab_steps_time_s(steps)
         for i, (sent, recv) in enumerate(steps):
             total += self.extra_round_s(net, sent, recv, 1 if senders is None else senders[i])
         return total

@@ -1,0 +1,175 @@
+"""Predict a measured collective call with the TCP terms, and fit their constants (issue 28, item 4).
+
+A call's prediction on one rank, from the rounds it really sent (``CommStats.steps``):
+
+1. ``ab``: the calibrated alpha-beta time of the rounds, ``net.steps_time_s(steps)`` (what the
+   virtual clock charges);
+2. ``cpu``: the rank's off-wire CPU per call times ``s = max(1, P / cores)``
+   (:func:`~gtopk_lab.network.cpu_contention.off_wire_time_s`: ranks that outnumber the cores
+   they get wait for one);
+3. ``tcp``: :class:`~gtopk_lab.network.tcp_terms.TcpTerms` per round, its per-message CPU also
+   times ``s`` (posting and completing a message is CPU work too), plus incast when ``senders``
+   hit one receiver in a round.
+
+The call's time is the largest over ranks (the slowest rank ends it). :func:`fit_tcp_constants`
+fits ``cpu_s_per_message``, ``incast_s_per_sender`` and ``duplex_beta_fraction`` by least
+squares on *relative* residuals (a 25M dense call of seconds must not outweigh a 1M gTop-k call
+of milliseconds), each >= 0.
+Cost: O(ranks x rounds) per call; the fit O(points).
+
+Worker-side module: standard library and the network model only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from gtopk_lab.network.cpu_contention import cpu_contention, off_wire_time_s
+from gtopk_lab.network.model import NetworkModel
+from gtopk_lab.network.tcp_terms import TcpTerms
+
+__all__ = ["CallPrediction", "FITTED", "fit_terms", "fit_tcp_constants", "merge_rank_reports", "predict_call", "predict_row"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CallPrediction:
+    """Seconds of one call: the alpha-beta rounds, + off-wire CPU, + the TCP terms (cumulative)."""
+
+    ab_s: float
+    ab_cpu_s: float
+    all_terms_s: float
+    #: rounds, incast senders and ``beta * sum(min(sent, recv))`` of the rank whose all-terms
+    #: time is largest (what a fit weighs)
+    rounds: int
+    senders: int
+    duplex_s: float
+
+
+def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequence[Sequence[int]]],
+                 cpu_s_per_rank: Sequence[float], ranks: int, cores: float | None,
+                 senders_per_rank: Sequence[int] | None = None) -> CallPrediction:
+    """Steps 1-3 of the module docstring, the largest over ranks for each column.
+
+    ``steps_per_rank``: each rank's rounds ``(sent, recv)``; ``cpu_s_per_rank``: each rank's
+    off-wire CPU per call; ``ranks`` share ``cores`` (None: a core per rank);
+    ``senders_per_rank``: how many ranks send to that rank at once in its rounds (default 1).
+    """
+    if len(steps_per_rank) != len(cpu_s_per_rank) or not steps_per_rank:
+        raise ValueError("steps_per_rank and cpu_s_per_rank are invalid: expected one entry per rank")
+    s = cpu_contention(ranks, cores)
+    scaled = dataclasses.replace(tcp, cpu_s_per_message=tcp.cpu_s_per_message * s)
+    ab = ab_cpu = best = duplex = 0.0
+    rounds = senders = 0
+    for r, steps in enumerate(steps_per_rank):
+        pairs = [(int(a), int(b)) for a, b in steps]
+        n_send = 1 if senders_per_rank is None else int(senders_per_rank[r])
+        t_ab = net.ab_steps_time_s(pairs)
+        t_cpu = t_ab + off_wire_time_s(float(cpu_s_per_rank[r]), ranks, cores)
+        t_all = t_cpu + scaled.steps_time_s(net, pairs, [n_send] * len(pairs)) - t_ab
+        ab, ab_cpu = max(ab, t_ab), max(ab_cpu, t_cpu)
+        if t_all >= best:
+            best, rounds, senders = t_all, len(pairs), n_send
+            duplex = net.beta_s_per_byte * sum(min(a, b) for a, b in pairs)
+    return CallPrediction(ab, ab_cpu, best, rounds, senders, duplex)
+
+
+#: the constants :func:`fit_tcp_constants` fits, and the point key of each one's units
+FITTED = (("cpu_s_per_message", "message_units"), ("incast_s_per_sender", "incast_units"),
+          ("duplex_beta_fraction", "duplex_units"))
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when singular."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for c in range(n):
+        piv = max(range(c, n), key=lambda r: abs(m[r][c]))
+        if abs(m[piv][c]) < 1e-300:
+            return None
+        m[c], m[piv] = m[piv], m[c]
+        for r in range(n):
+            if r != c:
+                f = m[r][c] / m[c][c]
+                m[r] = [x - f * y for x, y in zip(m[r], m[c])]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def fit_tcp_constants(points: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The :data:`FITTED` constants (each >= 0) from measured calls (P <= 4 only).
+
+    Each point: ``measured_s``, ``base_s`` (its prediction with every fitted constant 0) and,
+    per constant, its units (:data:`FITTED`: rounds x contention ``s``, ``senders - 1``,
+    ``beta * sum(min(sent, recv))`` of the critical rank; a missing key counts 0).
+
+    1. Residual ``d = measured - base``; every term divided by ``measured`` (a relative fit).
+    2. For every subset of the constants (at most 2**3), least squares of ``d`` on those
+       units (normal equations); keep the subsets whose constants are all >= 0.
+    3. The kept subset with the smallest squared residual wins (non-negative least squares by
+       enumeration; the others are 0). Cost: O(8 x points).
+    """
+    if not points:
+        raise ValueError("points is invalid: expected at least one measured call")
+    rows = []
+    for p in points:
+        t = float(p["measured_s"])
+        if not t > 0:
+            raise ValueError(f"measured_s={t!r} is invalid: expected seconds > 0")
+        rows.append(((t - float(p["base_s"])) / t, [float(p.get(key, 0.0)) / t for _, key in FITTED]))
+    best: tuple[float, list[float]] = (sum(d * d for d, _ in rows), [0.0] * len(FITTED))
+    for mask in range(1, 1 << len(FITTED)):
+        cols = [j for j in range(len(FITTED)) if mask >> j & 1]
+        a = [[sum(u[i] * u[j] for _, u in rows) for j in cols] for i in cols]
+        b = [sum(d * u[i] for d, u in rows) for i in cols]
+        sol = _solve(a, b)
+        if sol is None or any(x < 0 for x in sol):
+            continue
+        full = [0.0] * len(FITTED)
+        for j, x in zip(cols, sol):
+            full[j] = x
+        sse = sum((d - sum(c * x for c, x in zip(full, u))) ** 2 for d, u in rows)
+        if sse < best[0]:
+            best = (sse, full)
+    return {name: value for (name, _), value in zip(FITTED, best[1])}
+
+
+def merge_rank_reports(per_rank: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per case from every rank's timed cases (``gtopk_lab.worker.tcp_calls``):
+    the slowest rank's median, the fewest cores any rank saw, every rank's rounds and CPU."""
+    rows = []
+    for j, case in enumerate(per_rank[0]):
+        per = [r[j] for r in per_rank]
+        rows.append({**{k: case[k] for k in ("collective", "numel", "density", "workers")},
+                     "median_s": case["median_s"], "slowest_s": case["slowest_s"],
+                     "cores": min(p["available_cores"] for p in per),
+                     "steps": [p["steps"] for p in per], "cpu_s": [p["cpu_s"] for p in per]})
+    return rows
+
+
+def predict_row(net: NetworkModel, tcp: TcpTerms, row: dict[str, Any], host_cores: float,
+                ranks_on_box: int | None = None, link: NetworkModel | None = None) -> dict[str, float]:
+    """:func:`predict_call` of a merged row: ``ab_s``, ``ab_cpu_s``, ``all_s`` and the units a fit
+    weighs (``base_s``, ``message_units``, ``incast_units``, ``duplex_units``).
+
+    ``ranks_on_box``: the ranks sharing the cores (default the row's P); the cores they get
+    are the row's probe, at most ``host_cores``; ``link``: the network of the all-terms
+    column (a straggler's slower link; default ``net``). An ``incast`` row has P - 1 senders
+    into rank 0.
+    """
+    p = int(row["workers"])
+    ranks = p if ranks_on_box is None else ranks_on_box
+    cores = min(float(row["cores"]) * ranks / p, float(host_cores))
+    senders = [p - 1] + [1] * (p - 1) if row["collective"] == "incast" else None
+    base = predict_call(net, TcpTerms(), row["steps"], row["cpu_s"], ranks, cores, senders)
+    full = predict_call(net if link is None else link, tcp, row["steps"], row["cpu_s"], ranks, cores, senders)
+    return {"ab_s": base.ab_s, "ab_cpu_s": base.ab_cpu_s, "all_s": full.all_terms_s, "base_s": base.ab_cpu_s,
+            "message_units": base.rounds * cpu_contention(ranks, cores), "incast_units": base.senders - 1,
+            "duplex_units": base.duplex_s}
+
+
+def fit_terms(net: NetworkModel, rows: Sequence[dict[str, Any]], host_cores: float) -> TcpTerms:
+    """The :class:`TcpTerms` of :func:`fit_tcp_constants` on merged rows (each priced by
+    :func:`predict_row` with the terms zero); the unfitted fields keep their defaults."""
+    points = [{**predict_row(net, TcpTerms(), r, host_cores), "measured_s": r["median_s"]} for r in rows]
+    return TcpTerms(**fit_tcp_constants(points))

@@ -1,0 +1,148 @@
+"""The TCP terms hooked into the model: fit, prediction, NetworkModel.tcp, formulas, clock, CLI.
+
+Oracles: hand-computed alpha-beta sums with each term written out here; synthetic calls
+built from known constants (the fit must give them back); the plain model's own numbers
+(a model without terms must price everything exactly as before).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gtopk_lab.analysis.predict import collective_time_s
+from gtopk_lab.network.clock import VirtualClock
+from gtopk_lab.network.model import NetworkModel
+from gtopk_lab.network.tcp_fit import fit_tcp_constants, predict_call
+from gtopk_lab.network.tcp_terms import TcpTerms
+
+pytestmark = pytest.mark.timeout(60)
+ALPHA, RATE = 1e-4, 200e6
+BETA = 8.0 / RATE
+TERMS = TcpTerms(cpu_s_per_message=2e-4, duplex_beta_fraction=0.25, incast_s_per_sender=1e-3)
+
+
+def test_fit_recovers_known_constants_from_synthetic_calls() -> None:
+    points = []
+    for i, (rounds, duplex_s, senders) in enumerate([(2, 0.01, 1), (6, 0.0, 1), (4, 0.05, 1), (1, 0.0, 3),
+                                                     (3, 0.2, 1), (1, 0.0, 7), (10, 0.3, 1)]):
+        base = 0.001 * (i + 1)
+        measured = base + 2e-4 * rounds + 0.25 * duplex_s + 1e-3 * (senders - 1)
+        points.append({"measured_s": measured, "base_s": base, "message_units": rounds,
+                       "duplex_units": duplex_s, "incast_units": senders - 1})
+    fit = fit_tcp_constants(points)
+    assert fit["cpu_s_per_message"] == pytest.approx(2e-4, rel=1e-6)
+    assert fit["duplex_beta_fraction"] == pytest.approx(0.25, rel=1e-6)
+    assert fit["incast_s_per_sender"] == pytest.approx(1e-3, rel=1e-6)
+
+
+def test_fit_is_never_negative_and_refuses_bad_points() -> None:
+    faster = [{"measured_s": 1.0, "base_s": 2.0, "message_units": 3, "duplex_units": 0.1, "incast_units": 0}]
+    assert fit_tcp_constants(faster) == {"cpu_s_per_message": 0.0, "incast_s_per_sender": 0.0,
+                                         "duplex_beta_fraction": 0.0}
+    with pytest.raises(ValueError, match="measured_s"):
+        fit_tcp_constants([{"measured_s": 0.0, "base_s": 1.0}])
+    with pytest.raises(ValueError, match="points"):
+        fit_tcp_constants([])
+
+
+def test_predict_call_by_hand() -> None:
+    net = NetworkModel(ALPHA, RATE)
+    steps = [[(1000, 1000), (0, 5000)], [(2000, 0)]]
+    # 4 ranks on 2 cores: contention s = 2 on the off-wire CPU and the per-message CPU
+    pred = predict_call(net, TERMS, steps, [1e-3, 0.0], ranks=4, cores=2.0)
+    rank0_ab = 2 * ALPHA + BETA * 1000 + BETA * 5000
+    rank0 = rank0_ab + 2 * 1e-3 + 2 * (2 * 2e-4) + 0.25 * BETA * 1000
+    rank1 = ALPHA + BETA * 2000 + 2 * 2e-4
+    assert pred.ab_s == pytest.approx(max(rank0_ab, ALPHA + BETA * 2000))
+    assert pred.ab_cpu_s == pytest.approx(rank0_ab + 2e-3)
+    assert pred.all_terms_s == pytest.approx(max(rank0, rank1))
+    assert (pred.rounds, pred.senders) == (2, 1)
+
+
+def test_network_model_carries_terms_and_plain_models_are_unchanged() -> None:
+    plain = NetworkModel(ALPHA, RATE, "link")
+    assert "tcp" not in plain.to_dict() and plain.tcp is None
+    net = NetworkModel(ALPHA, RATE, "link", tcp=TERMS)
+    steps = [(1000, 3000), (8000, 0)]
+    by_hand = (2 * ALPHA + BETA * 3000 + BETA * 8000 + 2 * 2e-4 + 0.25 * BETA * 1000)
+    assert net.steps_time_s(steps) == pytest.approx(by_hand)
+    assert net.ab_steps_time_s(steps) == plain.steps_time_s(steps)
+    assert net.message_time_s(8000) == pytest.approx(ALPHA + BETA * 8000 + 2e-4)
+    # the terms travel with the model: inline (to the workers), JSON files, from_strings
+    assert NetworkModel.from_strings(net.to_inline()).tcp == TERMS
+    assert "+ TCP terms" in str(net)
+    with pytest.raises(TypeError, match="tcp="):
+        NetworkModel(ALPHA, RATE, tcp={"cpu_s_per_message": 1.0})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'cpu_per_msg'"):
+        TcpTerms.from_dict({"cpu_per_msg": 1.0})
+
+
+def test_formulas_and_clock_charge_the_terms() -> None:
+    plain, net = NetworkModel(ALPHA, RATE), NetworkModel(ALPHA, RATE, tcp=TERMS)
+    numel, k, p = 1_000_000, 10_000, 4
+    msg = 8 * k  # exact-k rounds: k (fp32, int32) pairs, no header
+    # gTop-k butterfly, P = 4: 2 exchange rounds
+    assert collective_time_s(plain, "gtopk_allreduce", numel, k, p, algorithm="butterfly", exact_k=True) \
+        == 2 * (ALPHA + BETA * msg)
+    assert collective_time_s(net, "gtopk_allreduce", numel, k, p, algorithm="butterfly", exact_k=True) \
+        == pytest.approx(2 * (ALPHA + BETA * msg + 2e-4 + 0.25 * BETA * msg))
+    # tree, P = 4: 4 one-way rounds (no duplex)
+    assert collective_time_s(net, "gtopk_allreduce", numel, k, p, algorithm="tree", exact_k=True) \
+        == pytest.approx(4 * (ALPHA + BETA * msg + 2e-4))
+    # dense ring: 2 (P - 1) exchanges of 4 numel / P bytes
+    chunk = 4 * numel // p
+    assert collective_time_s(net, "dense", numel, k, p) == pytest.approx(
+        2 * (p - 1) * (ALPHA + BETA * chunk + 2e-4 + 0.25 * BETA * chunk))
+    # Ok-Topk's closed form gets the per-message CPU and duplex on every round: more than plain
+    assert collective_time_s(net, "oktopk", numel, k, p) > collective_time_s(plain, "oktopk", numel, k, p)
+    clock = VirtualClock(net)
+    clock.simulate_collective([0.0], [[(msg, msg)]])
+    assert clock.synced_time_s == pytest.approx(ALPHA + BETA * msg + 2e-4 + 0.25 * BETA * msg)
+
+
+CLI = [sys.executable, "-m", "gtopk_lab.cli"]
+
+
+def test_calibrate_tcp_terms_bad_input_is_one_line(tmp_path: Path) -> None:
+    res = subprocess.run([*CLI, "calibrate", "--tcp-terms", "fit"], capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--scheduler" in res.stderr
+    res = subprocess.run([*CLI, "calibrate", "--tcp-terms", str(tmp_path / "none.json")], capture_output=True,
+                         text=True)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--tcp-terms" in res.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"tcp": {"cpu_s_per_message": -1.0}}))
+    res = subprocess.run([*CLI, "calibrate", "--tcp-terms", str(bad)], capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "cpu_s_per_message" in res.stderr
+
+
+@pytest.mark.timeout(120)
+def test_calibrate_stores_terms_that_gtopk_lab_model_charges(tmp_path: Path) -> None:
+    terms = tmp_path / "terms.json"
+    terms.write_text(json.dumps({"tcp": TERMS.to_dict(), "fitted_on": "by hand"}))
+    out = tmp_path / "cal.json"
+    res = subprocess.run([*CLI, "calibrate", "--sizes", "1K,64K", "--repeats", "2", "--tcp-terms", str(terms),
+                          "--out", str(out)], capture_output=True, text=True, timeout=100)
+    assert res.returncode == 0, res.stderr
+    assert "TCP terms: 200.0 us per message" in res.stdout
+    saved = json.loads(out.read_text())
+    assert TcpTerms.from_dict(saved["tcp"]) == TERMS
+    model = NetworkModel.from_json(out)
+    assert model.tcp == TERMS
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({k: v for k, v in saved.items() if k != "tcp"}))
+    rows = {}
+    for name, path in (("tcp", out), ("plain", plain)):
+        res = subprocess.run([*CLI, "model", "scaling", "--bandwidth", str(path), "--workers", "4", "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        rows[name] = {r["method"]: r["comm_s"] for r in json.loads(res.stdout)["rows"]}
+    # dense's 6 rounds each gain 200 us of CPU and a quarter of their bytes' time
+    d, p = 25_000_000, 4
+    chunk = 4 * d // p
+    extra = 2 * (p - 1) * (2e-4 + 0.25 * model.beta_s_per_byte * chunk)
+    assert rows["tcp"]["dense"] - rows["plain"]["dense"] == pytest.approx(extra, rel=1e-6)
