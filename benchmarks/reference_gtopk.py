@@ -28,6 +28,11 @@ rank])``, its top-k by magnitude in descending order (ties: lower index), as
 ``torch.topk`` hands it to training. Both sides generate them from (seed, rank); the MPI
 ranks report a digest that the driver checks against its own.
 
+Transports (``--transports gloo,shm``): ours runs once per transport, the same ranks' inputs,
+``GTOPK_LAB_SHM=0`` for gloo's TCP loopback, ``=1`` for the shared-memory rings of
+:mod:`gtopk_lab.comm.shm_transport` (the row says which one the ranks really used); ``cpu``
+is the process CPU time per call of the median rank (a transport that spins shows it there).
+
 Timing: every call starts at an instant all ranks agreed on (a MAX allreduce of
 ``monotonic() + 30 ms``, then a spin), per call the slowest rank's time, median over
 ``--repeats`` calls after ``--warmup``; ours likewise (``gtopk_lab.bench.timing``), with
@@ -197,11 +202,15 @@ def mpi_worker(numels: Sequence[int], density: float, seed: int, repeats: int, w
 # ours (gloo ranks of the project's venv)
 def _ours_rank(rank: int, world_size: int, numels: Sequence[int], density: float, seed: int,
                repeats: int, warmup: int) -> list[dict[str, Any]]:
-    """``run_gloo`` target: per numel and algorithm, this rank's call times and rank 0's result."""
+    """``run_gloo`` target: per numel and algorithm, this rank's call times (wall, process CPU),
+    the transport it used and its result."""
     import torch
 
     from gtopk_lab.bench.timing import common_start_s
     from gtopk_lab.comm.torch_dist import gtopk_allreduce
+    from gtopk_lab.comm.transport_choice import transport_kind
+
+    kind = transport_kind()
 
     rows = []
     for numel in numels:
@@ -209,29 +218,41 @@ def _ours_rank(rank: int, world_size: int, numels: Sequence[int], density: float
         v_np, i_np = rank_inputs(seed, rank, numel, k)
         values, indices = torch.from_numpy(v_np), torch.from_numpy(i_np)
         for algorithm in ("tree", "butterfly"):
-            times = []
+            times, cpus = [], []
             result = None
             for rep in range(warmup + repeats):
                 common_start_s()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 result = gtopk_allreduce(values, indices, numel, k, algorithm=algorithm, exact_k=True)
                 if rep >= warmup:
                     times.append(time.perf_counter() - t0)
+                    cpus.append(time.process_time() - c0)
             assert result is not None
             rows.append({"numel": numel, "k": k, "algorithm": algorithm, "times_s": times,
+                         "cpu_s": statistics.median(cpus), "transport": kind,
                          "digest": digest(v_np, i_np), "values": result.values.numpy().copy(),
                          "indices": result.indices.numpy().astype(np.int64)})
     return rows
 
 
 def run_ours(workers: int, numels: Sequence[int], density: float, seed: int, repeats: int,
-             warmup: int) -> list[dict[str, Any]]:
-    """One gloo group of ``workers`` ranks; per (numel, algorithm): median of the slowest rank,
-    the digests of the inputs, rank 0's result, and whether every rank holds it bitwise."""
+             warmup: int, transport: str = "gloo") -> list[dict[str, Any]]:
+    """One gloo group of ``workers`` ranks (``transport``: "gloo" or "shm", the shared-memory
+    rings where the ranks can use them); per (numel, algorithm): median of the slowest rank,
+    the median rank's CPU per call, the digests of the inputs, rank 0's result, and whether
+    every rank holds it bitwise."""
     sys.path.insert(0, str(REPO))
     from gtopk_lab.comm.launch import run_gloo
 
-    per_rank = run_gloo(_ours_rank, workers, list(numels), density, seed, repeats, warmup, timeout_s=600)
+    before = os.environ.get("GTOPK_LAB_SHM")
+    os.environ["GTOPK_LAB_SHM"] = "1" if transport == "shm" else "0"  # the ranks adopt this environment
+    try:
+        per_rank = run_gloo(_ours_rank, workers, list(numels), density, seed, repeats, warmup, timeout_s=600)
+    finally:
+        if before is None:
+            os.environ.pop("GTOPK_LAB_SHM", None)
+        else:
+            os.environ["GTOPK_LAB_SHM"] = before
     out = []
     for j, row0 in enumerate(per_rank[0]):
         rows = [r[j] for r in per_rank]
@@ -240,7 +261,8 @@ def run_ours(workers: int, numels: Sequence[int], density: float, seed: int, rep
                    and np.array_equal(r["indices"], row0["indices"]) for r in rows)
         out.append({**{key: row0[key] for key in ("numel", "k", "algorithm", "values", "indices")},
                     "median_s": statistics.median(slowest), "digests": [r["digest"] for r in rows],
-                    "ranks_agree": same})
+                    "ranks_agree": same, "cpu_s": statistics.median(r["cpu_s"] for r in rows),
+                    "transport": "/".join(sorted({r["transport"] for r in rows}))})
     return out
 
 
@@ -296,6 +318,37 @@ def parse_counts(text: str, flag: str) -> list[int]:
     return out
 
 
+def _label(n: int) -> str:
+    return f"{n // 10**6}M" if n % 10**6 == 0 else str(n)
+
+
+def _report(p: int, ref: dict[str, Any], ours: list[dict[str, Any]], tmp: Path,
+            per_round: dict[tuple[int, int, str], list[tuple[float, float, float]]]) -> bool:
+    """Print one row per numel of one run of ours beside the reference; True if a check failed."""
+    failed = False
+    for case in ref["cases"]:
+        n = case["numel"]
+        saved = np.load(tmp / f"ref_P{p}_n{n}.npz")
+        by_alg = {r["algorithm"]: r for r in ours if r["numel"] == n}
+        checks = {}
+        for alg, r in by_alg.items():
+            if r["digests"] != case["digests"]:
+                raise RuntimeError(f"P={p} numel={n}: the two venvs generated different inputs "
+                                   f"({case['digests']} vs {r['digests']})")
+            checks[alg] = compare(saved["values"], saved["indices"], r["values"], r["indices"])
+            if not r["ranks_agree"]:
+                checks[alg] += "/ranks differ"
+            failed |= checks[alg] not in ("equal", "ties")
+        tree, bfly = by_alg["tree"], by_alg["butterfly"]
+        t_ref, t_tree, t_bfly = case["median_s"], tree["median_s"], bfly["median_s"]
+        print(f"{p:>3} {_label(n):>6} {case['k']:>6} {tree['transport']:>5} {t_ref * 1e3:>10.2f} "
+              f"{t_tree * 1e3:>8.2f} {t_bfly * 1e3:>10.2f} {t_ref / t_tree:>8.2f}x {t_ref / t_bfly:>8.2f}x "
+              f"{tree['cpu_s'] * 1e3:>9.2f} {bfly['cpu_s'] * 1e3:>9.2f} "
+              f"{checks['tree']:>11} {checks['butterfly']:>11}", flush=True)
+        per_round.setdefault((p, n, tree["transport"]), []).append((t_ref, t_tree, t_bfly))
+    return failed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="2,4", help="world sizes, powers of two (default 2,4)")
@@ -310,6 +363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="alternate the reference and ours this many times per P and print the "
                              "median of the per-round ratios too (default 1): on a shared box the "
                              "state drifts between the two jobs of one round")
+    parser.add_argument("--transports", default="gloo,shm",
+                        help="ours over these transports, one run each: gloo (TCP loopback), shm "
+                             "(shared-memory rings) (default gloo,shm)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mpiexec run (default 600)")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", default=None, help=argparse.SUPPRESS)
@@ -324,6 +380,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--density={args.density!r} is invalid: expected a number in (0, 1]")
         if args.rounds < 1:
             raise ValueError(f"--rounds={args.rounds!r} is invalid: expected an integer >= 1")
+        transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+        if not transports or any(t not in ("gloo", "shm") for t in transports):
+            raise ValueError(f"--transports={args.transports!r} is invalid: expected gloo, shm or both")
         if args.repeats < 1 or args.warmup < 0:
             raise ValueError(f"--repeats={args.repeats!r}/--warmup={args.warmup!r} is invalid: "
                              "expected repeats >= 1 and warmup >= 0")
@@ -341,47 +400,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"# reference gTop-k (port of hclhkbu/gtopkssgd, mpi4py, {args.mpi_python}) vs gtopk_allreduce "
-          f"(gloo, exact-k) on 127.0.0.1; density {args.density}, seed {args.seed}; ms per call = "
+          f"(exact-k; transports {', '.join(transports)}) on 127.0.0.1; density {args.density}, seed {args.seed}; ms per call = "
           f"median of {args.repeats} after {args.warmup} warm-up, slowest rank per call")
     print(f"# host: {cores} cores, load average {' '.join(load)} at start"
           + (f"; up to {max(workers)} ranks share them" if max(workers) > (cores or 1) else ""))
-    print(f"{'P':>3} {'numel':>6} {'k':>6} {'reference':>10} {'tree':>8} {'butterfly':>10} "
-          f"{'ref/tree':>9} {'ref/bfly':>9} {'check tree':>11} {'check bfly':>11}")
+    print(f"{'P':>3} {'numel':>6} {'k':>6} {'via':>5} {'reference':>10} {'tree':>8} {'butterfly':>10} "
+          f"{'ref/tree':>9} {'ref/bfly':>9} {'cpu tree':>9} {'cpu bfly':>9} {'check tree':>11} {'check bfly':>11}")
     failed = False
-    per_round: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
+    per_round: dict[tuple[int, int, str], list[tuple[float, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="ref-gtopk-") as tmp:
         for p in (p for p in workers for _ in range(args.rounds)):
             ref = run_reference(mpiexec, args.mpi_python, p, args, Path(tmp))
-            ours = run_ours(p, numels, args.density, args.seed, args.repeats, args.warmup)
-            for case in ref["cases"]:
-                n = case["numel"]
-                saved = np.load(Path(tmp) / f"ref_P{p}_n{n}.npz")
-                by_alg = {r["algorithm"]: r for r in ours if r["numel"] == n}
-                checks = {}
-                for alg, r in by_alg.items():
-                    if r["digests"] != case["digests"]:
-                        raise RuntimeError(f"P={p} numel={n}: the two venvs generated different inputs "
-                                           f"({case['digests']} vs {r['digests']})")
-                    checks[alg] = compare(saved["values"], saved["indices"], r["values"], r["indices"])
-                    if not r["ranks_agree"]:
-                        checks[alg] += "/ranks differ"
-                    failed |= checks[alg] not in ("equal", "ties")
-                t_ref, t_tree, t_bfly = (case["median_s"], by_alg["tree"]["median_s"],
-                                         by_alg["butterfly"]["median_s"])
-                label = f"{n // 10**6}M" if n % 10**6 == 0 else str(n)
-                print(f"{p:>3} {label:>6} {case['k']:>6} {t_ref * 1e3:>10.2f} {t_tree * 1e3:>8.2f} "
-                      f"{t_bfly * 1e3:>10.2f} {t_ref / t_tree:>8.2f}x {t_ref / t_bfly:>8.2f}x "
-                      f"{checks['tree']:>11} {checks['butterfly']:>11}", flush=True)
-                per_round.setdefault((p, n), []).append((t_ref, t_tree, t_bfly))
+            for transport in transports:
+                ours = run_ours(p, numels, args.density, args.seed, args.repeats, args.warmup, transport)
+                failed |= _report(p, ref, ours, Path(tmp), per_round)
     if args.rounds > 1:
         print(f"# median over {args.rounds} rounds (times: medians; ratios: the median of the "
               "rounds' ratios; min-max of the ratios)")
-        for (p, n), rows in per_round.items():
+        for (p, n, via), rows in per_round.items():
             ref_t, tree_t, bfly_t = (statistics.median(col) for col in zip(*rows))
             r_tree = sorted(r / t for r, t, _ in rows)
             r_bfly = sorted(r / b for r, _, b in rows)
-            label = f"{n // 10**6}M" if n % 10**6 == 0 else str(n)
-            print(f"{p:>3} {label:>6} {max(1, int(args.density * n)):>6} {ref_t * 1e3:>10.2f} "
+            print(f"{p:>3} {_label(n):>6} {max(1, int(args.density * n)):>6} {via:>5} {ref_t * 1e3:>10.2f} "
                   f"{tree_t * 1e3:>8.2f} {bfly_t * 1e3:>10.2f} {statistics.median(r_tree):>8.2f}x "
                   f"{statistics.median(r_bfly):>8.2f}x   tree {r_tree[0]:.2f}-{r_tree[-1]:.2f}x, "
                   f"butterfly {r_bfly[0]:.2f}-{r_bfly[-1]:.2f}x")

@@ -31,9 +31,9 @@ import torch
 import torch.distributed as dist
 
 from gtopk_lab.comm.profiling import RoundProfile
+from gtopk_lab.comm.round_hooks import RoundHooks
 from gtopk_lab.comm.transport import Transport
 from gtopk_lab.comm.wire import WireFormat
-from gtopk_lab.network.pacing import active_pacer
 
 __all__ = ["DistTransport", "rank_world", "comm_device", "global_rank"]
 
@@ -66,7 +66,7 @@ def global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
     return dist.get_global_rank(group, group_rank)
 
 
-class DistTransport(Transport):
+class DistTransport(RoundHooks, Transport):
     """torch.distributed endpoint of one rank for one call (see the module docstring).
 
     ``eager``: receives of unknown size go into a buffer of ``wire.capacity_bytes`` (default:
@@ -75,15 +75,12 @@ class DistTransport(Transport):
 
     def __init__(self, group: dist.ProcessGroup | None, device: torch.device, wire: WireFormat, *,
                  profile: RoundProfile | None = None, eager: bool | None = None) -> None:
-        self.group, self.device, self.wire, self.profile = group, device, wire, profile
+        self.group, self.device = group, device
+        self._init_rounds(wire, profile)
         self._eager = eager
-        self.pacer = active_pacer()
         self._sends: list[tuple[dist.Work, torch.Tensor]] = []
         self._planned: deque[int] = deque()
         self._preposted: tuple[int, torch.Tensor, dist.Work] | None = None
-        self._open = False
-        self._sent = self._recv = 0
-        self._stamp: tuple[float, float] | None = None
 
     @property
     def eager(self) -> bool:
@@ -133,32 +130,9 @@ class DistTransport(Transport):
         fixed = self.wire.fixed_bytes
         return self._irecv(fixed if fixed is not None else self.wire.capacity_bytes, peer)
 
-    def _begin(self) -> None:
-        if not self._open:
-            self._open, self._sent, self._recv = True, 0, 0
-            if self.pacer is not None:
-                self.pacer.begin_round()
-
-    def _close(self) -> None:
-        if not self._open:
-            return
-        self._open = False
-        if self.pacer is not None:
-            self.pacer.end_round(self._sent, self._recv)
-        if self.profile is not None and self._stamp is not None:
-            self.profile.stop("sendrecv", self._stamp)
-            self._stamp = None
-
     def post(self, dst: int, payload: object) -> None:
-        self._begin()
-        prof = self.profile
-        stamp = prof.stamp() if prof is not None else None
-        buf = self.wire.encode(payload, self.device)
-        if prof is not None:
-            prof.stop("pack", stamp)
-            self._stamp = prof.stamp()
+        buf = self._pack(payload, self.device)
         n = buf.numel()
-        self._sent += n
         wire = self.wire
         if wire.fixed_bytes is not None or (self.eager and n <= wire.capacity_bytes):
             self._isend(buf, dst)
@@ -172,10 +146,7 @@ class DistTransport(Transport):
             self._isend(buf, dst)
 
     def receive(self, src: int) -> object:
-        self._begin()
-        prof = self.profile
-        if prof is not None and self._stamp is None:
-            self._stamp = prof.stamp()
+        self._start_receive()
         wire = self.wire
         if wire.fixed_bytes is not None or self.eager:
             buf, work = self._take_preposted(src) or self._post_receive(src)
@@ -201,14 +172,7 @@ class DistTransport(Transport):
         self._recv += total
         self._post_next()  # before this round's merge, so the peer's next message finds a buffer
         self._close()
-        stamp = prof.stamp() if prof is not None else None
-        out = wire.decode(buf, payload)
-        if prof is not None:
-            prof.stop("unpack", stamp)
-        return out
-
-    def end_round(self) -> None:
-        self._close()
+        return self._unpack(buf, payload)
 
     def finish(self) -> None:
         for work, _buf in self._sends:

@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from gtopk_lab.comm.dist_transport import DistTransport, comm_device, rank_world
+from gtopk_lab.comm.dist_transport import comm_device, rank_world
 from gtopk_lab.comm.recorder import Recorder
 from gtopk_lab.comm.stats import CollectiveResult
 from gtopk_lab.comm.transport import drive, run_programs
+from gtopk_lab.comm.transport_choice import transport_for
 from gtopk_lab.comm.wire import TENSOR_HEADER_BYTES, TENSORS
 
 __all__ = ["TENSOR_HEADER_BYTES", "TensorProgram", "run_tensor_program", "simulate_tensor_programs"]
@@ -42,7 +43,7 @@ def run_tensor_program(make_program: Callable[[int, int], TensorProgram], name: 
     rank, world = rank_world(group)
     device = comm_device(like, group) if like is not None else torch.device("cpu")
     rec = Recorder(TENSORS, rank, world)
-    out = drive(rec.wrap(make_program(rank, world)), DistTransport(group, device, TENSORS))
+    out = drive(rec.wrap(make_program(rank, world)), transport_for(group, device, TENSORS))
     return rec.result(out, name)
 
 

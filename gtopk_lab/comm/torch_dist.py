@@ -15,7 +15,8 @@ How gTop-k is built: the algorithm of one rank is a generator (:func:`gtopk_prog
 requests taken from :mod:`gtopk_lab.comm.schedules`, doing all merging with
 :func:`gtopk_lab.compression.merge.merge_sparse`; a
 :class:`~gtopk_lab.comm.recorder.Recorder` counts its rounds and a
-:class:`~gtopk_lab.comm.dist_transport.DistTransport` carries them here, while
+:class:`~gtopk_lab.comm.dist_transport.DistTransport` (or, between ranks on one host,
+:class:`~gtopk_lab.comm.shm_transport.ShmTransport`) carries them here, while
 :mod:`gtopk_lab.comm.inprocess` carries the same rounds between virtual ranks in one
 process. So real and simulated CommStats agree by construction.
 
@@ -33,13 +34,14 @@ import time
 import torch
 import torch.distributed as dist
 
-from gtopk_lab.comm.dist_transport import DistTransport, comm_device, global_rank, rank_world
+from gtopk_lab.comm.dist_transport import comm_device, global_rank, rank_world
 from gtopk_lab.comm.profiling import active_profile
 from gtopk_lab.comm.programs import allgather_assemble, allgather_steps, dense_stats, gtopk_program
 from gtopk_lab.comm.recorder import Recorder
 from gtopk_lab.comm.schedules import sparse_schedule
 from gtopk_lab.comm.stats import CollectiveResult, Payload, check_algorithm, check_exact_k, check_k, check_numel, wire
 from gtopk_lab.comm.transport import drive
+from gtopk_lab.comm.transport_choice import transport_for
 from gtopk_lab.comm.wire import PartsWire, sparse_wire
 from gtopk_lab.compression.merge import check_sparse, index_dtype
 from gtopk_lab.network.pacing import active_pacer
@@ -165,7 +167,7 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     device = comm_device(values, group) if world > 1 else values.device
     check_exact_k(exact_k, {"this rank": values.numel()}, k)  # before anything is posted
     messages = sparse_wire(values.dtype, index_dtype(numel), k, exact_k)
-    transport = DistTransport(group, device, messages, profile=prof)
+    transport = transport_for(group, device, messages, profile=prof)
     if exact_k and world > 1:
         # every receive's buffer waits for its message (DistTransport.plan), the first posted
         # before the local sort. A receive posted ahead cannot be taken back, so a bad index

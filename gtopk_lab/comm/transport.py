@@ -11,8 +11,11 @@ business (:mod:`gtopk_lab.comm.wire`). Implementations:
   (sender, receiver) pair carrying the payload objects themselves (no copy); a receive
   that finds nothing returns None.
 
-A transport for ranks on one host (shared memory) or a TCP transport of its own plugs in
-as another blocking :class:`Transport`.
+- :class:`~gtopk_lab.comm.shm_transport.ShmTransport`: ranks on one host, shared-memory
+  rings per directed pair (:mod:`gtopk_lab.comm.shm_ring`); **blocking** receives. Real
+  ranks get it or DistTransport from :func:`gtopk_lab.comm.transport_choice.transport_for`.
+
+A TCP transport of its own would plug in as another blocking :class:`Transport`.
 
 Drivers run the rounds that :meth:`gtopk_lab.comm.recorder.Recorder.wrap` yields,
 ``(dst, src, payload)``:
@@ -54,6 +57,10 @@ class Transport(ABC):
     @abstractmethod
     def receive(self, src: int) -> Any | None:
         """The next payload from rank ``src`` (messages between two ranks arrive in order)."""
+
+    def plan(self, receive_peers: list[int]) -> None:
+        """A hint: this rank's receives will come from ``receive_peers``, in this order (a
+        transport that posts receives ahead uses it; by default nothing happens)."""
 
     def end_round(self) -> None:
         """The round's sends are posted and its receive (if any) is done (pacing hooks)."""

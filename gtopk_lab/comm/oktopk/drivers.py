@@ -32,13 +32,14 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from gtopk_lab.comm.dist_transport import DistTransport, comm_device, rank_world
+from gtopk_lab.comm.dist_transport import comm_device, rank_world
 from gtopk_lab.comm.oktopk.program import ProgramOutput, oktopk_faithful_program
 from gtopk_lab.comm.oktopk.rounds import Block
 from gtopk_lab.comm.oktopk.schedule import ALLGATHER_MODES, CallPlan, OkTopkBuffer, OkTopkFaithfulState, plan_call
 from gtopk_lab.comm.recorder import Recorder
 from gtopk_lab.comm.stats import CollectiveResult, check_k
 from gtopk_lab.comm.transport import drive, run_programs
+from gtopk_lab.comm.transport_choice import transport_for
 from gtopk_lab.comm.wire import BYTES
 
 __all__ = ["oktopk_faithful_allreduce", "sim_oktopk_faithful_allreduce"]
@@ -109,7 +110,7 @@ def oktopk_faithful_allreduce(acc: torch.Tensor, k: int, group: dist.ProcessGrou
     plan = plan_call(st, buf, rank)
     rec = Recorder(BYTES, rank, world)
     out = drive(rec.wrap(oktopk_faithful_program(rank, world, flat.to(device), numel, k, plan, allgather)),
-                DistTransport(group, device, BYTES))
+                transport_for(group, device, BYTES))
     _recorded(out, rec)
     _advance(st, buf, plan, numel, [(rank, out)])
     res, there = out.result, flat.device

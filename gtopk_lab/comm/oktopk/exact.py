@@ -84,7 +84,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from gtopk_lab.comm.dist_transport import DistTransport, comm_device, rank_world
+from gtopk_lab.comm.dist_transport import comm_device, rank_world
 from gtopk_lab.comm.inprocess import check_lists
 from gtopk_lab.comm.oktopk.rounds import (
     Block, Request, allreduce_sum, as_bytes, bruck_allgather, magnitude_keys, pairs_from_bytes,
@@ -92,6 +92,7 @@ from gtopk_lab.comm.oktopk.rounds import (
 from gtopk_lab.comm.recorder import Recorder
 from gtopk_lab.comm.stats import CollectiveResult, CommStats, check_k, check_numel, wire
 from gtopk_lab.comm.transport import drive, run_programs
+from gtopk_lab.comm.transport_choice import transport_for
 from gtopk_lab.comm.wire import BYTES
 from gtopk_lab.compression.merge import check_sparse, coalesce_sparse
 
@@ -351,7 +352,7 @@ def oktopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k:
     gen = oktopk_program(rank, world, values, indices, numel, k, st.current(numel, world), rebalance,
                          st.bins_per_region, st.threshold_probes)
     rec = Recorder(BYTES, rank, world)
-    result, bounds = drive(rec.wrap(gen), DistTransport(group, device, BYTES))
+    result, bounds = drive(rec.wrap(gen), transport_for(group, device, BYTES))
     st.advance(bounds, numel, world, rebalance)
     st.phase_bytes = _phase_bytes(rec)
     s = rec.fill(result.stats)
