@@ -131,7 +131,9 @@ def test_real_gloo_ranks_equal_the_simulator_on_a_tiny_mlp() -> None:
 
     config = _mlp_config()
     real = run_gloo(gloo_rank_entry, 2, config.to_dict(), timeout_s=120)
-    sim = simulate(config)
+    # bitwise equality is the sequential simulator's promise; the batched (vmap) path's losses
+    # differ in the last bits (test_batched_ranks checks it within tolerance)
+    sim = simulate(config.replace(extra={**config.extra, "sim_batched": "off"}))
     assert torch.equal(real[0].final_weights, real[1].final_weights)
     assert torch.equal(sim.final_weights, real[0].final_weights)
     key = lambda row: (row["rank"], row["iteration"], row["bytes_sent"], row["bytes_recv"], row["train_loss"])  # noqa: E731

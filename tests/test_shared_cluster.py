@@ -111,6 +111,15 @@ def test_runs_command_and_control_panel_show_why_a_run_waits(tmp_path, capsys):
                                   "latency": None, "seed": 0, "source": "real", "run_id": "queued-run",
                                   "status": "queued", "rows": 0, "queue_reason": REASON}])
 
+        def done(self) -> bool:
+            return False
+
+        def points(self) -> pd.DataFrame:  # no run has rows yet
+            return pd.DataFrame()
+
+        def metrics(self) -> pd.DataFrame:
+            return pd.DataFrame()
+
     class FakeLab:
         out = str(tmp_path)
         closed = False
@@ -123,7 +132,8 @@ def test_runs_command_and_control_panel_show_why_a_run_waits(tmp_path, capsys):
 
     panel = ControlPanel(FakeLab())
     study = Study()
-    panel.studies.append(study)
+    panel.studies.append(study)  # what a launch does (ControlPanel._launch)
+    panel.shown.add(study, launched=True)
     panel._on_study(study)
     assert f"queued, 0 rows ({REASON})" in html.unescape(panel.run_lines.value)
     frame = panel.refresh_runs(force=True)
