@@ -46,9 +46,7 @@ class StudyLauncher:
     def share_point(self, key: str, labels: RunLabels) -> RunHandle | None:
         """Step 2 of the module docstring: the queued or running study point ``key`` of this
         Lab, now also labelled ``labels``; None when there is none (submit it then)."""
-        # a Lab assembled without its monitor (a test's stand-in) runs no points to share
-        monitor = getattr(self, "_monitor", None)
-        handle = monitor.active_point(key) if monitor is not None else None
+        handle = self._monitor.active_point(key)
         if handle is None:
             return None
         if handle.add_labels(labels) and handle.status == "completed":

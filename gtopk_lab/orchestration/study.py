@@ -102,8 +102,7 @@ class Study:
                 if point.key in self.stored:
                     continue
                 # a point another study of this Lab runs now: this study follows that run
-                shared = lab.share_point(point.key, self.labels(point)) if skip_completed and hasattr(
-                    lab, "share_point") else None
+                shared = lab.share_point(point.key, self.labels(point)) if skip_completed else None
                 if shared is not None:
                     self.handles[point.key] = shared
                     self.shared.add(point.key)
