@@ -460,8 +460,12 @@ def test_control_panel_launches_a_study_by_clicking(quickstart: Session) -> None
     panel.locator("button", has_text="Launch").click()
     page.wait_for_function("() => /study 2: 6 point\\(s\\): 6 completed/.test("
                            "(document.querySelector('.gtopk-panel-lines') || {}).innerText || '')", timeout=180_000)
-    page.wait_for_function(f"() => {_PANEL_TRACES}('Scaling').filter(t => t.markers).map(t => t.group)"
-                           ".filter((g, i, a) => a.indexOf(g) === i).length === 2", timeout=30_000)
+    # the figure redraws on the panel's refresh, after the lines' text: under load the last
+    # seeds' points reach it a refresh or more later, so wait for that state, not a guess
+    page.wait_for_function(f"() => {{ const t = {_PANEL_TRACES}('Scaling').filter(t => t.markers);"
+                           " const g = t.map(t => t.group).filter((g, i, a) => a.indexOf(g) === i);"
+                           " return g.length === 2 && t.some(t => t.group === g[1] && t.name.includes('2 seeds')); }",
+                           timeout=30_000)
     page.wait_for_timeout(800)
     quickstart.shot("browser_panel_two_studies", panel)
     traces = [t for t in page.evaluate(f"() => {_PANEL_TRACES}('Scaling')") if t["legend"]]

@@ -109,12 +109,15 @@ def _stop(proc: subprocess.Popen[str] | None) -> None:
 
 
 # --- a host's link goes down mid-run ---------------------------------------------------------
-EPOCHS = 150
+#: paced to at least 20 ms an iteration (``--latency 20ms --throttle``): the run lasts 9.6 s
+#: or more whatever the CPU, so the cable is pulled mid-run (after epoch 1, before half of
+#: it) while the resume has only the rest of 480 iterations to do
+EPOCHS = 30
 ITERATIONS = EPOCHS * 16  # epochs of 512 samples in batches of 2 x 16
 DOWN_RUN = ["--method", "gtopk", "--workers", "2", "--density", "0.05", "--model", "mlp", "--dataset",
             "synthetic", "--train-samples", "512", "--test-samples", "64", "--batch-size", "16",
-            "--epochs", str(EPOCHS), "--sink-every", "5", "--checkpoint", "--timeout", f"{TIMEOUT_S:g}",
-            "--no-progress", "--json"]
+            "--epochs", str(EPOCHS), "--latency", "20ms", "--throttle", "--sink-every", "5", "--checkpoint",
+            "--timeout", f"{TIMEOUT_S:g}", "--no-progress", "--json"]
 
 
 @pytest.mark.slow
@@ -188,7 +191,10 @@ def _same_rows(streamed: pd.DataFrame, now: pd.DataFrame) -> None:
 
 # --- a link slowed mid-run -------------------------------------------------------------------
 FAST, SLOW, SLOW_BPS = "1gbit", "5mbit", 5e6
-SLOW_ITERATIONS = 3000
+#: enough that the run outlasts its slow phase (20 fast iterations, the settle, 20 slow
+#: ones of ~0.1 s each: some 150-250 iterations in all) with a margin, and no more: the
+#: iterations after the rate goes up again only lengthen the test
+SLOW_ITERATIONS = 800
 SLOW_RUN = ["--method", "dense", "--workers", "2", "--model", "mlp", "--dataset", "synthetic",
             "--train-samples", "8192", "--test-samples", "64", "--batch-size", "16", "--epochs", "12",
             "--max-iterations", str(SLOW_ITERATIONS), "--sink-every", "5", "--timeout", "30",

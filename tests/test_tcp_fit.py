@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gtopk_lab.analysis.predict import collective_time_s
+from gtopk_lab.cli.main import main as cli_main
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.tcp_fit import fit_tcp_constants, predict_call
@@ -108,20 +109,30 @@ def test_formulas_and_clock_charge_the_terms() -> None:
 CLI = [sys.executable, "-m", "gtopk_lab.cli"]
 
 
-def test_calibrate_tcp_terms_bad_input_is_one_line(tmp_path: Path) -> None:
-    res = subprocess.run([*CLI, "calibrate", "--tcp-terms", "fit"], capture_output=True, text=True)
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--scheduler" in res.stderr
-    res = subprocess.run([*CLI, "calibrate", "--tcp-terms", str(tmp_path / "none.json")], capture_output=True,
-                         text=True)
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--tcp-terms" in res.stderr
+def _cli_in_process(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """The CLI's own ``main`` in this process: its exit code and what it printed. A second
+    interpreter's start would add only its imports (seconds each under load); the CLI tests
+    check the process-level behaviour once for all commands."""
+    capsys.readouterr()
+    code = cli_main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_calibrate_tcp_terms_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _cli_in_process(capsys, "calibrate", "--tcp-terms", "fit")
+    assert code == 2 and err.count("\n") == 1 and "--scheduler" in err
+    code, _, err = _cli_in_process(capsys, "calibrate", "--tcp-terms", str(tmp_path / "none.json"))
+    assert code == 2 and err.count("\n") == 1 and "--tcp-terms" in err
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"tcp": {"cpu_s_per_message": -1.0}}))
-    res = subprocess.run([*CLI, "calibrate", "--tcp-terms", str(bad)], capture_output=True, text=True)
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "cpu_s_per_message" in res.stderr
+    code, _, err = _cli_in_process(capsys, "calibrate", "--tcp-terms", str(bad))
+    assert code == 2 and err.count("\n") == 1 and "cpu_s_per_message" in err
 
 
 @pytest.mark.timeout(120)
-def test_calibrate_stores_terms_that_gtopk_lab_model_charges(tmp_path: Path) -> None:
+def test_calibrate_stores_terms_that_gtopk_lab_model_charges(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
     terms = tmp_path / "terms.json"
     terms.write_text(json.dumps({"tcp": TERMS.to_dict(), "fitted_on": "by hand"}))
     out = tmp_path / "cal.json"
@@ -137,10 +148,10 @@ def test_calibrate_stores_terms_that_gtopk_lab_model_charges(tmp_path: Path) -> 
     plain.write_text(json.dumps({k: v for k, v in saved.items() if k != "tcp"}))
     rows = {}
     for name, path in (("tcp", out), ("plain", plain)):
-        res = subprocess.run([*CLI, "model", "scaling", "--bandwidth", str(path), "--workers", "4", "--json"],
-                             capture_output=True, text=True, timeout=60)
-        assert res.returncode == 0, res.stderr
-        rows[name] = {r["method"]: r["comm_s"] for r in json.loads(res.stdout)["rows"]}
+        code, out_text, err = _cli_in_process(capsys, "model", "scaling", "--bandwidth", str(path), "--workers", "4",
+                                              "--json")
+        assert code == 0, err
+        rows[name] = {r["method"]: r["comm_s"] for r in json.loads(out_text)["rows"]}
     # dense's 6 rounds each gain 200 us of CPU and a quarter of their bytes' time
     d, p = 25_000_000, 4
     chunk = 4 * d // p
