@@ -7,9 +7,11 @@ the round's paced deadline the rank returns from its wait
 (:func:`gtopk_lab.comm.timing.wakeup_delay_s`) runs before and after. With ``--busy N``
 N busy loops (other jobs) run beside the ranks, and are stopped at the end.
 
-Printed per algorithm: the probe's delay, the mean excess per round position (slowest rank
-per call), and the mean over rounds; the claim checked is that the excess per round is of
-the order of the probe's delay.
+Printed per algorithm: the probe's delay (median and mean of its rounds), the mean excess
+per round position (slowest rank per call), and the mean and median over rounds; the claim
+checked is that the butterfly's excess per round is of the order of the probe's delay (the
+tree's per-position figures mix ranks on different rounds, see
+:func:`gtopk_lab.bench.round_delays.summarise_round_delays`).
 
     PYTHONPATH=. .venv/bin/python benchmarks/wakeup_rounds.py --workers 4 --busy 2
 """
@@ -48,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 args.calls, algorithm, timeout_s=300)
             s = summarise_round_delays(per_rank)
             rounds = " ".join(f"{x * 1e3:.2f}" for x in s["per_round_excess_s"])
-            print(f"{algorithm:<9} window {s['window_s'] * 1e3:.2f} ms: probe {s['probe_s'] * 1e3:.2f} ms/round; "
+            print(f"{algorithm:<9} window {s['window_s'] * 1e3:.2f} ms: probe median {s['probe_median_s'] * 1e3:.2f}, "
+                  f"mean {s['probe_mean_s'] * 1e3:.2f} ms/round; "
                   f"excess per round (slowest rank, mean of {s['calls']} calls) {rounds} ms; mean "
                   f"{s['mean_excess_s'] * 1e3:.2f}, median {s['median_excess_s'] * 1e3:.2f} ms")
     finally:
