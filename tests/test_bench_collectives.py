@@ -41,6 +41,12 @@ def test_throttled_bench_reports_both_models(capsys) -> None:
             assert r["measured_vs_abgc"] == pytest.approx(r["median_s"] / r["model_abgc_s"])
         else:  # no profile: no off-wire term
             assert "model_abgc_s" not in r
+        # + the probed wake-up delay per dependent round x the rounds on the critical path
+        # (P = 2: butterfly 1 exchange, tree 1 up + 1 down, library collectives 1 paced wait)
+        rounds = 2 if r["algorithm"] == "tree" else 1
+        assert r["wakeup_delay_s"] > 0 and r["wakeup_delay_mean_s"] > 0
+        assert r["model_abgw_s"] == pytest.approx(r["model_abg_s"] + rounds * r["wakeup_delay_s"])
+        assert r["measured_vs_abgw"] == pytest.approx(r["median_s"] / r["model_abgw_s"])
     assert rows[1]["bytes_sent_per_rank"] == 2000 * 8  # exact count: no count allgather
     dense = rows[0]
     assert dense["model_s"] == pytest.approx(2 * 800_000 / 2 * 8 / 10e6)  # ring: 2 (P-1)/P * bytes

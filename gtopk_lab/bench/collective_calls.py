@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from gtopk_lab.analysis.predict import collective_time_s
 from gtopk_lab.bench.profile import VIRTUAL_LINK, profile_calls, summarise_profile
-from gtopk_lab.bench.timing import available_cores, common_start_s, host_cores
+from gtopk_lab.bench.timing import available_cores, common_start_s, host_cores, wakeup_delays_s
 from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.comm.torch_dist import dense_allreduce, gtopk_allreduce, topk_allgather
 from gtopk_lab.compression.selection import get_selector
@@ -33,6 +33,7 @@ from gtopk_lab.network.calibrate import measure_gamma_s_per_element
 from gtopk_lab.network.cpu_contention import off_wire_cpu_s, off_wire_time_s
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.pacing import throttled_call
+from gtopk_lab.network.wakeup import wakeup_time_s
 
 __all__ = ["COLLECTIVES", "GAMMA_CALLS", "collective_call", "measure_gamma", "bench_collectives"]
 
@@ -70,6 +71,7 @@ def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, r
         x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
         values, indices = get_selector("topk")(x, k)
         gamma_loaded = float("nan")
+        round_s = 0.0
         if network is not None:
             # every rank merges at once, each merge after one round's idle wait on a fresh
             # operand: gamma under the collective's own load and cache state
@@ -87,6 +89,8 @@ def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, r
             result = None
             # the cores these ranks get right now (other jobs take some): before and after
             cores_before = available_cores() if network is not None else float("nan")
+            # and how long a rank woken after a paced wait takes to complete an exchange
+            wakes = wakeup_delays_s(min(round_s, 0.004)) if network is not None else []
             for rep in range(repeats + 1):
                 start_s, late = common_start_s()
                 model_s = float("nan")
@@ -101,12 +105,15 @@ def _bench_rank(rank: int, world_size: int, numels: list[int], density: float, r
                     late_starts += late
             assert result is not None
             cores_now = (cores_before + available_cores()) / 2 if network is not None else float("nan")
+            if network is not None:
+                wakes += wakeup_delays_s(min(round_s, 0.004))
             st = result.stats
             rows.append({"numel": numel, "k": k, "workers": world_size, "collective": collective,
                          "algorithm": algorithm, "times_s": times, "model_s": models,
                          "bytes_sent": st.bytes_sent, "bytes_recv": st.bytes_recv,
                          "rounds": st.rounds, "merge_cpu_s": st.merge_cpu_s, "late_starts": late_starts,
                          "gamma_loaded_s_per_element": gamma_loaded, "available_cores": cores_now,
+                         "wakeup_delays_s": wakes,
                          "gamma_in_collective_s_per_element": gamma_in_collective})
             if profile_repeats > 0 and collective == "gtopk_allreduce":
                 # after the timed calls, so those run with the hooks off
@@ -150,6 +157,24 @@ def _add_off_wire_term(row: dict[str, Any], workers: int, cores: float) -> None:
     cpu = max(off_wire_cpu_s(r["phases_cpu_s"]) for r in ranks)
     row["off_wire_cpu_s"] = cpu
     row["model_abgc_s"] = row["model_abg_s"] + off_wire_time_s(cpu, workers, cores)
+
+
+def _add_wakeup_term(row: dict[str, Any], delays_s: list[float]) -> None:
+    """Add ``wakeup_delay_s`` (the median probed delay per dependent round, before and after
+    the row's calls; ``wakeup_delay_mean_s`` beside it), ``wakeup_s`` (that delay x the critical
+    path's rounds, :mod:`gtopk_lab.network.wakeup`) and ``model_abgw_s`` = alpha-beta-gamma +
+    it; with the off-wire term (profiled rows) also ``model_abgcw_s``."""
+    algorithm = None if row["algorithm"] == "ring" else row["algorithm"]
+    # the row's time is a median of calls, so the term takes the probe rounds' median: the
+    # rare round that stalls ~4 ms (gloo's wake-ups behind a busy core) sets the mean of
+    # rounds, not the typical call (the mean stays in the JSON beside it)
+    delay_s = statistics.median(delays_s)
+    row["wakeup_delay_s"] = delay_s
+    row["wakeup_delay_mean_s"] = statistics.fmean(delays_s)
+    row["wakeup_s"] = wakeup_time_s(delay_s, row["collective"], row["workers"], algorithm)
+    row["model_abgw_s"] = row["model_abg_s"] + row["wakeup_s"]
+    if "model_abgc_s" in row:
+        row["model_abgcw_s"] = row["model_abgc_s"] + row["wakeup_s"]
 
 
 def _nanmax(values: Any) -> float:
@@ -252,6 +277,7 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
                                                                      exact_k=True)
                 row["host_cores"] = cores
                 _add_off_wire_term(row, p, available)
+                _add_wakeup_term(row, rows[0]["wakeup_delays_s"])  # every rank holds the same
             out.append(row)
     for row in out:
         dense = next(r for r in out if r["numel"] == row["numel"] and r["workers"] == row["workers"]
@@ -265,4 +291,8 @@ def bench_collectives(workers: Sequence[int], numels: Sequence[int], density: fl
                                   if row.get("model_abg_s") else None)
         row["measured_vs_abgc"] = (row["median_s"] / row["model_abgc_s"]
                                    if row.get("model_abgc_s") else None)
+        row["measured_vs_abgw"] = (row["median_s"] / row["model_abgw_s"]
+                                   if row.get("model_abgw_s") else None)
+        row["measured_vs_abgcw"] = (row["median_s"] / row["model_abgcw_s"]
+                                    if row.get("model_abgcw_s") else None)
     return out

@@ -11,7 +11,9 @@ repeats, bytes sent per rank (max over ranks) and both as a ratio to dense. With
 ``VirtualClock(network, throttle=True)`` without the clock's one MAX all_reduce per call
 (bookkeeping, not network): every round is paced to its alpha-beta time before the merge
 that needs it. The table adds the alpha-beta time of the slowest rank's rounds and the
-closed-form alpha-beta-gamma time, each with measured/modelled.
+closed-form alpha-beta-gamma time, each with measured/modelled, and the wake-up term
+(the probed delay of a dependent round x the rounds on the critical path,
+:mod:`gtopk_lab.network.wakeup`) with ``abgw`` = alpha-beta-gamma + it.
 
 After the timed calls of each gTop-k algorithm, ``--profile-repeats`` (default: as many as
 ``--repeats``; 0: none) more calls run with the timing hooks of

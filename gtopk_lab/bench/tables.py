@@ -42,6 +42,10 @@ def print_collectives_notes(rows: list[dict[str, Any]], workers: Sequence[int], 
               f"(x ranks/cores; cores = the share of the {cores} the ranks got computing all at once, "
               "measured before and after each row's calls: other jobs take the rest); calls timed "
               "from a start all ranks agreed on; exact-k messages (no counts)")
+        print("# wake ms = wake-up delay per dependent round (a paced wait's end to the peer exchange "
+              "done, slowest rank, median of 40 probe rounds before and after each row's calls) x the rounds on the "
+              "critical path (butterfly log2 P, tree 2 log2 P, paced-as-a-whole collectives 1); "
+              "abgw = abg + wake")
         print("# gamma ns = merge CPU per element used by abg: "
               + ("given" if gamma is not None else
                  f"from {GAMMA_CALLS} untimed calls of the same collective, slowest rank"))
@@ -71,6 +75,7 @@ def print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
     if modelled:
         head += f" {'ab ms':>9} {'meas/ab':>8} {'gamma ns':>8} {'cores':>5} {'abg ms':>9} {'meas/abg':>8}"
         head += f" {'abgc ms':>9} {'meas/abgc':>9}"  # + off-wire CPU x max(1, P/cores), profiled rows
+        head += f" {'wake ms':>7} {'abgw ms':>9} {'meas/abgw':>9}"  # + wake-up delay x critical rounds
     print(head)
     for r in rows:
         name = r["collective"] + ("" if r["algorithm"] == "ring" else f"/{r['algorithm']}")
@@ -86,6 +91,8 @@ def print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
                 line += f" {r['model_abgc_s'] * 1e3:>9.2f} {r['measured_vs_abgc']:>9.2f}"
             else:
                 line += f" {'-':>9} {'-':>9}"
+            line += (f" {r['wakeup_s'] * 1e3:>7.2f} {r['model_abgw_s'] * 1e3:>9.2f}"
+                     f" {r['measured_vs_abgw']:>9.2f}")
         print(line)
 
 

@@ -1,13 +1,16 @@
-"""Timing of benchmarked collectives: the common start and the cores the ranks get
-(:mod:`gtopk_lab.comm.timing`, re-exported here), and the host's cores."""
+"""Timing of benchmarked collectives: the common start, the cores the ranks get and the
+wake-up delay of a dependent round (:mod:`gtopk_lab.comm.timing`, re-exported here), and
+the host's cores."""
 
 from __future__ import annotations
 
 import os
 
-from gtopk_lab.comm.timing import CORE_PROBE_S, START_MARGIN_S, available_cores, common_start_s
+from gtopk_lab.comm.timing import CORE_PROBE_S, START_MARGIN_S, available_cores, common_start_s, wakeup_delay_s, \
+    wakeup_delays_s
 
-__all__ = ["START_MARGIN_S", "common_start_s", "host_cores", "available_cores", "CORE_PROBE_S"]
+__all__ = ["START_MARGIN_S", "common_start_s", "host_cores", "available_cores", "CORE_PROBE_S", "wakeup_delay_s",
+           "wakeup_delays_s"]
 
 
 def host_cores() -> int:

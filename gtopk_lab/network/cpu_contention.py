@@ -8,8 +8,8 @@ the model can leave it out; when P ranks share fewer cores, and other jobs take 
 those, a rank's off-wire work waits for a core behind the other ranks' and the jobs', so
 it lasts ``max(1, P / cores)`` times its CPU time, like a merge. On a 2-core box at
 P = 4 beside two busy loops (cores the ranks got: 1.1-1.35) that is ~0.5 ms x 3 = 1.5-1.8 ms
-a gTop-k call, a third to a half of what the model missed; the rest is scheduling wake-up
-latency (docs/network.md, "Off-wire CPU").
+a gTop-k call, a third to a half of what the model missed (the rest: docs/network.md, "Wake-up
+latency of dependent rounds", and :mod:`gtopk_lab.network.wakeup`).
 
 Algorithm:
 
