@@ -258,3 +258,47 @@ def test_the_switch_takes_0_or_1_and_names_itself_otherwise(monkeypatch: pytest.
     monkeypatch.setenv("GTOPK_LAB_SHM", "maybe")
     with pytest.raises(ValueError, match="GTOPK_LAB_SHM='maybe' is invalid"):
         shm_wanted()
+
+
+def _bad_setting_job(rank: int, world: int, variable: str, text: str) -> tuple[str, float]:
+    from gtopk_lab.comm.torch_dist import gtopk_allreduce
+
+    if rank == world - 1:  # only the last rank's environment is wrong
+        os.environ[variable] = text
+    _acc, v, i = _inputs(rank)
+    t0 = time.monotonic()
+    try:
+        gtopk_allreduce(v, i, NUMEL, K)
+    except ValueError as exc:
+        return str(exc), time.monotonic() - t0
+    return "no error", time.monotonic() - t0
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("variable,text", [("GTOPK_LAB_SHM", "maybe"), ("GTOPK_LAB_SHM_SPIN_US", "-3")])
+def test_an_invalid_setting_on_one_rank_is_the_same_one_line_error_on_every_rank(variable: str, text: str) -> None:
+    """The group's timeout is 100 s: a rank left waiting for the one that gave up would take
+    that long; every rank instead raises at the handshake, with the same message."""
+    got = run_gloo(_bad_setting_job, 3, variable, text, timeout_s=100.0)
+    want = f"{variable}='{text}' is invalid"
+    messages = {m for m, _ in got}
+    assert len(messages) == 1, messages
+    message = messages.pop()
+    assert message.startswith(want) and "rank 2 of 3" in message and "\n" not in message
+    assert max(s for _, s in got) < 50.0
+
+
+@pytest.mark.timeout(60)
+def test_whole_messages_of_several_parts_wrap_around_the_ring_intact(tmp_path: Path) -> None:
+    """Messages of 1-3 parts, 1 to 3000 bytes, through a 4 kB ring, so that lengths and bytes
+    straddle its end; the oracle is the concatenation of the parts, in order."""
+    a, b = _pair(tmp_path, [os.getpid()] * 2, 4096)
+    gen = torch.Generator().manual_seed(7)
+    for n in range(60):
+        sizes = [int(x) for x in torch.randint(0, 1000, (1 + n % 3,), generator=gen)]
+        sizes[0] += 1
+        parts = [torch.randint(0, 256, (s,), dtype=torch.uint8, generator=gen) for s in sizes]
+        a.send(1, parts)
+        got = b.receive(0)
+        assert torch.equal(got, torch.cat(parts)), n
+    assert not any(a.pending.values())

@@ -52,8 +52,13 @@ def rank_world(group: dist.ProcessGroup | None) -> tuple[int, int]:
     return rank, dist.get_world_size(group)
 
 
+_CPU_DEVICE = torch.device("cpu")
+
+
 def comm_device(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.device:
     """Device the backend can send from: the tensor's own for NCCL, CPU for gloo."""
+    if tensor.device.type == "cpu":  # every backend sends a CPU tensor from the CPU: no lookup
+        return _CPU_DEVICE
     backend = dist.get_backend(group)
     if tensor.device.type == "cuda" and str(backend).lower() == "nccl":
         return tensor.device
@@ -72,6 +77,8 @@ class DistTransport(RoundHooks, Transport):
     ``eager``: receives of unknown size go into a buffer of ``wire.capacity_bytes`` (default:
     True except on NCCL). ``profile``: the active RoundProfile, or None (nothing timed).
     """
+
+    posts_ahead = True
 
     def __init__(self, group: dist.ProcessGroup | None, device: torch.device, wire: WireFormat, *,
                  profile: RoundProfile | None = None, eager: bool | None = None) -> None:

@@ -68,6 +68,18 @@ class RoundHooks:
         self._sent += buf.numel()
         return buf
 
+    def _pack_parts(self, payload: Any, device: torch.device) -> list[torch.Tensor]:
+        """:meth:`_pack` as the pieces of the buffer (``WireFormat.encode_parts``), uncopied."""
+        self._begin()
+        prof = self.profile
+        stamp = prof.stamp() if prof is not None else None
+        parts = self.wire.encode_parts(payload, device)
+        if prof is not None:
+            prof.stop("pack", stamp)
+            self._stamp = prof.stamp()
+        self._sent += sum(p.numel() for p in parts)
+        return parts
+
     def _start_receive(self) -> None:
         """Steps 1-2 for a receive: the round is open and its ``sendrecv`` time runs."""
         self._begin()

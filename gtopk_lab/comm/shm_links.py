@@ -4,12 +4,16 @@
 this host, or None (then gloo carries the messages). It is decided once per group, by the
 handshake, on the group's first point-to-point call (every rank makes that call):
 
-1. each rank (unless ``GTOPK_LAB_SHM=0`` or the platform lacks support,
-   :func:`~gtopk_lab.comm.shm_ring.shm_supported`) removes stale segments of dead
-   processes, then creates its mailbox segment: P - 1 rings of ``GTOPK_LAB_SHM_RING_BYTES``
-   (default 2 MiB) each;
+1. each rank reads its settings (``GTOPK_LAB_SHM``, ``GTOPK_LAB_SHM_RING_BYTES``, the two
+   wait variables below); unless ``GTOPK_LAB_SHM=0``, a setting is invalid or the platform
+   lacks support (:func:`~gtopk_lab.comm.shm_ring.shm_supported`), it removes stale
+   segments of dead processes, then creates its mailbox segment: P - 1 rings of
+   ``GTOPK_LAB_SHM_RING_BYTES`` (default 2 MiB) each;
 2. ``all_gather_object`` over the group of (willing, host identity, segment name, pid,
-   ring bytes): shared memory only if every rank is willing and all identities are equal;
+   ring bytes, settings error): an invalid setting on any rank is then the same one-line
+   ``ValueError`` on every rank (naming that rank), so none waits out the group's timeout
+   for a peer that has given up; shared memory only if every rank is willing and all
+   identities are equal;
 3. each rank maps its peers' segments; a second ``all_gather_object`` of "mapped";
 4. every rank unlinks its own segment file: from here on nothing of it is left in
    /dev/shm, whatever happens to any rank (a rank killed inside steps 1-3 leaves its file
@@ -18,11 +22,13 @@ handshake, on the group's first point-to-point call (every rank makes that call)
 Cost: two ``all_gather_object`` once per group (a few ms), P - 1 rings of memory per rank.
 
 Waiting: a rank that waits (for a message, or for space to send into) first spins for
-``GTOPK_LAB_SHM_SPIN_US`` (default 50 us; 0 when the ranks outnumber the cores, where a
-spinning rank would take the core its peer needs), then polls between ``sched_yield``
+``GTOPK_LAB_SHM_SPIN_US`` (default 50 us, :data:`DEFAULT_SPIN_US`: longer spins measured
+slower on a loaded box; 0 when the ranks outnumber the cores of this process's affinity,
+where a spinning rank would take the core its peer needs), then polls between ``sched_yield``
 calls for ``GTOPK_LAB_SHM_YIELD_US`` (default 500 us: a runnable peer on this core goes
 first), then sleeps on its doorbell (futex, 2 ms timeout): on the 2-core VM a futex
-wake-up took 40-100 us a hop, a spinning or yielding one 15 us (8 kB ping-pong). While it waits it keeps moving its own pending sends, checks every 50 ms
+wake-up took 40-100 us a hop, a spinning or yielding one 15 us (8 kB ping-pong). While it
+waits it keeps moving its own pending sends, checks every 50 ms
 that its peers still run (a dead peer is a ``RuntimeError`` naming it, as gloo's closed
 connection would be) and gives up after the group's timeout.
 """
@@ -46,7 +52,8 @@ from gtopk_lab.comm.shm_ring import (CONTROL_BYTES, RING_HEADER_BYTES, SHM_DIR, 
                                      host_identity, process_alive, segment_name, shm_supported,
                                      sweep_stale_segments)
 
-__all__ = ["SHM_ENV", "RING_BYTES_ENV", "SPIN_ENV", "YIELD_ENV", "ShmLinks", "shm_links", "shm_wanted", "forget_links"]
+__all__ = ["SHM_ENV", "RING_BYTES_ENV", "SPIN_ENV", "YIELD_ENV", "DEFAULT_SPIN_US", "ShmLinks", "shm_links",
+           "shm_wanted", "wait_settings", "forget_links"]
 
 #: "0" turns the shared-memory transport off (gloo everywhere); "1" (default): used where it can be
 SHM_ENV = "GTOPK_LAB_SHM"
@@ -54,6 +61,11 @@ RING_BYTES_ENV = "GTOPK_LAB_SHM_RING_BYTES"
 SPIN_ENV = "GTOPK_LAB_SHM_SPIN_US"
 YIELD_ENV = "GTOPK_LAB_SHM_YIELD_US"
 DEFAULT_RING_BYTES = 2 << 20
+#: spin this long before yielding while the ranks fit the cores. Longer spins lost on the
+#: shared 2-core box (P = 2, 1M, back to back, load 7-9: 0 / 50 / 300 / 1000 us -> 0.70 /
+#: 0.80 / 1.28 / 3.05 ms a butterfly call, 0.88 / 1.79 / 3.48 / 6.88 ms a tree call): with
+#: other jobs runnable, a spinner burns the slice its peer or they could use
+DEFAULT_SPIN_US = 50
 _SLEEP_S = 0.002
 _PEER_CHECK_S = 0.05
 _LENGTH = 8  # bytes of a message's length in front of it in a ring
@@ -78,6 +90,30 @@ def shm_wanted() -> bool:
     raise ValueError(f"{SHM_ENV}={text!r} is invalid: expected 0 (gloo only) or 1 (shared memory where possible)")
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def wait_settings(world: int) -> tuple[int, int]:
+    """(spin, yield) microseconds of a wait (module docstring): ``GTOPK_LAB_SHM_SPIN_US``
+    (default :data:`DEFAULT_SPIN_US` while the ranks fit the cores, else 0: a spinning rank
+    would hold the core its peer needs) and ``GTOPK_LAB_SHM_YIELD_US`` (default 500)."""
+    spin = _env_int(SPIN_ENV, DEFAULT_SPIN_US if world <= _cores() else 0, 0)
+    return spin, _env_int(YIELD_ENV, 500, 0)
+
+
+def _settings(world: int) -> tuple[bool, int]:
+    """(wanted, ring bytes) from the environment, every variable checked: ValueError naming
+    the first invalid one (:func:`_handshake` shares it with every rank before raising it)."""
+    wanted = shm_wanted()
+    capacity = _env_int(RING_BYTES_ENV, DEFAULT_RING_BYTES, 64)
+    wait_settings(world)
+    return wanted, capacity
+
+
 def _ring_offset(sender: int, receiver: int, capacity: int) -> int:
     slot = sender - (sender > receiver)
     return CONTROL_BYTES + slot * (RING_HEADER_BYTES + capacity)
@@ -99,18 +135,26 @@ class ShmLinks:
         self.outbox = {d: Ring(seg, _ring_offset(rank, d, capacities[d]), capacities[d]) for d, seg in peers.items()}
         self.bell = Doorbell(own)
         self.peer_bells = {d: Doorbell(seg) for d, seg in peers.items()}
-        #: per destination: [uint8 array, bytes written, the tensor that owns it]
+        #: per destination: [uint8 array, bytes written, unused]
         self.pending: dict[int, deque[list]] = {d: deque() for d in peers}
-        self.spin_s = _env_int(SPIN_ENV, 50 if world <= (os.cpu_count() or 1) else 0, 0) * 1e-6
-        self.yield_s = _env_int(YIELD_ENV, 500, 0) * 1e-6
+        self.spin_s, self.yield_s = (us * 1e-6 for us in wait_settings(world))
 
     # ------------------------------------------------------------------ sending
-    def send(self, dst: int, buf: torch.Tensor) -> None:
-        """Queue one message (length, then ``buf``'s bytes) to ``dst`` and move what fits now."""
-        length = np.array([buf.numel()], dtype=np.int64).view(np.uint8)
+    def send(self, dst: int, parts: torch.Tensor | list[torch.Tensor]) -> None:
+        """Send one message (its length, then the bytes of the uint8 tensor ``parts``, or of
+        a list of them one after the other) to ``dst``: copied into the ring at once when
+        nothing is queued before it and it fits (one published store, one doorbell), else
+        queued and moved as far as the free space allows now, the rest while this rank waits."""
+        arrays = [parts.numpy()] if isinstance(parts, torch.Tensor) else [t.numpy() for t in parts]
+        total = sum(a.size for a in arrays)
+        length = np.array([total], dtype=np.int64).view(np.uint8)
         queue = self.pending[dst]
+        if not queue and self.outbox[dst].write_message(arrays, length, total):
+            self.peer_bells[dst].ring()
+            return
         queue.append([length, 0, None])
-        queue.append([buf.numpy(), 0, buf])
+        # a copy: the parts may be views of tensors the program reuses once post returns
+        queue.append([arrays[0].copy() if len(arrays) == 1 else np.concatenate(arrays), 0, None])
         self.pump()
 
     def pump(self) -> bool:
@@ -142,10 +186,20 @@ class ShmLinks:
         """The next message from ``src`` as a fresh uint8 tensor (blocks)."""
         ring = self.inbox[src]
         length = np.zeros(1, dtype=np.int64)
+        whole = ring.read_message(length)  # the common case: the peer sent before we looked
+        if whole is not None:
+            self.peer_bells[src].ring()  # space freed: a writer waiting for it goes on
+            return torch.from_numpy(whole)
         length_bytes = length.view(np.uint8)
         state = {"got": 0, "out": None, "out_np": None}
 
         def ready() -> bool:
+            if state["out"] is None and state["got"] == 0:
+                whole = ring.read_message(length)
+                if whole is not None:
+                    self.peer_bells[src].ring()
+                    state["out"] = torch.from_numpy(whole)
+                    return True
             if state["out"] is None:
                 n = ring.read_some(length_bytes, state["got"])
                 if n:
@@ -216,8 +270,12 @@ def _group_timeout_s(group: dist.ProcessGroup | None) -> float:
 
 def _handshake(group: dist.ProcessGroup | None, rank: int, world: int) -> ShmLinks | None:
     """Steps 1-4 of the module docstring; the same answer on every rank."""
-    capacity = _env_int(RING_BYTES_ENV, DEFAULT_RING_BYTES, 64)
-    willing = shm_wanted() and shm_supported()
+    error = ""
+    try:
+        wanted, capacity = _settings(world)
+    except ValueError as exc:  # raised below on every rank, not here on this one alone
+        error, wanted, capacity = str(exc), False, DEFAULT_RING_BYTES
+    willing = wanted and shm_supported()
     own: Segment | None = None
     peers: dict[int, Segment] = {}
     links: ShmLinks | None = None
@@ -230,7 +288,10 @@ def _handshake(group: dist.ProcessGroup | None, rank: int, world: int) -> ShmLin
                 willing = False
         infos: list = [None] * world
         dist.all_gather_object(infos, (willing, host_identity(), own.path.name if own else "", os.getpid(),
-                                       capacity), group=group)
+                                       capacity, error), group=group)
+        bad = [(r, info[5]) for r, info in enumerate(infos) if info[5]]
+        if bad:  # the same error on every rank, so none waits for a peer that has given up
+            raise ValueError(f"{bad[0][1]} (in the environment of rank {bad[0][0]} of {world})")
         if not all(info[0] for info in infos) or len({info[1] for info in infos}) != 1:
             return None
         mapped = True

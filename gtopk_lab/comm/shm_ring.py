@@ -225,3 +225,47 @@ class Ring:
             dst[start + first:start + n] = self.data[:n - first]
         self.pos[_READ_SLOT] = r + n  # the space is free only once the bytes are out
         return n
+
+    def write_message(self, parts: list[np.ndarray], length: np.ndarray, total: int) -> bool:
+        """Copy a whole message (``length``'s 8 bytes, then ``parts``, ``total`` bytes of
+        them) in and publish it with one store, if the free space holds all of it; else
+        write nothing and return False (the caller streams it). Cost: the copies alone."""
+        w, cap = int(self.pos[0]), self.capacity
+        if cap - (w - int(self.pos[_READ_SLOT])) < total + length.size:
+            return False
+        at = w
+        for part in (length, *parts):
+            n, start = part.size, at % cap
+            first = min(n, cap - start)
+            self.data[start:start + first] = part[:first]
+            if n > first:
+                self.data[:n - first] = part[first:]
+            at += n
+        self.pos[0] = at  # published after all the bytes
+        return True
+
+    def read_message(self, length: np.ndarray) -> np.ndarray | None:
+        """The next message as a fresh uint8 array, taken with one store, when its 8-byte
+        length (read into ``length``, int64) and all its bytes are in; else None and
+        nothing taken (the caller streams it). Cost: one copy of the message."""
+        r, cap = int(self.pos[_READ_SLOT]), self.capacity
+        avail = int(self.pos[0]) - r
+        head = length.view(np.uint8)
+        if avail < head.size:
+            return None
+        at = r % cap
+        first = min(head.size, cap - at)
+        head[:first] = self.data[at:at + first]
+        if head.size > first:
+            head[first:] = self.data[:head.size - first]
+        n = int(length[0])
+        if avail < head.size + n:
+            return None
+        out = np.empty(n, dtype=np.uint8)
+        at = (r + head.size) % cap
+        first = min(n, cap - at)
+        out[:first] = self.data[at:at + first]
+        if n > first:
+            out[first:] = self.data[:n - first]
+        self.pos[_READ_SLOT] = r + head.size + n  # the space is free only once the bytes are out
+        return out

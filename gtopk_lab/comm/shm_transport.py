@@ -5,8 +5,10 @@ transport.drive`) over this rank's :class:`~gtopk_lab.comm.shm_links.ShmLinks`, 
 wire format as :class:`~gtopk_lab.comm.dist_transport.DistTransport` (the same bytes, so the
 same results, bitwise), with the same pacing and profiling (:mod:`gtopk_lab.comm.round_hooks`):
 
-1. ``post(dst, payload)``: the payload's one buffer (``wire.encode``) is queued to ``dst``'s
-   ring, and as much of it as fits is copied in at once; the rest moves whenever this rank
+1. ``post(dst, payload)``: the payload's pieces (``wire.encode_parts``: the header and views
+   of its tensors, whose concatenation is ``wire.encode``'s buffer) are copied straight into
+   ``dst``'s ring when it has room for the whole message; else they are queued and as much
+   as fits is copied in at once; the rest moves whenever this rank
    waits (it never waits for its own send before its receive: a ring whose ranks all send
    right, then receive left, cannot deadlock, whatever the message size);
 2. ``receive(src)``: the next message from ``src``'s ring (its length first, then its
@@ -43,7 +45,7 @@ class ShmTransport(RoundHooks, Transport):
         self._init_rounds(wire, profile)
 
     def post(self, dst: int, payload: object) -> None:
-        self.links.send(dst, self._pack(payload, _CPU))
+        self.links.send(dst, self._pack_parts(payload, _CPU))
 
     def receive(self, src: int) -> object:
         self._start_receive()

@@ -168,7 +168,7 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     check_exact_k(exact_k, {"this rank": values.numel()}, k)  # before anything is posted
     messages = sparse_wire(values.dtype, index_dtype(numel), k, exact_k)
     transport = transport_for(group, device, messages, profile=prof)
-    if exact_k and world > 1:
+    if exact_k and world > 1 and transport.posts_ahead:
         # every receive's buffer waits for its message (DistTransport.plan), the first posted
         # before the local sort. A receive posted ahead cannot be taken back, so a bad index
         # (which the sort's compiled pass finds) leaves one that takes a later message; with
@@ -177,13 +177,15 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     if prof is not None:  # the program adds its own range check and sort to prep
         prof.stop("prep", stamp)
     rec = Recorder(messages, rank, world)
-    gen = gtopk_program(rank, world, values.to(device), indices.to(device), numel, k, algorithm,
-                        profile=prof, name=name)
+    if values.device != device or indices.device != device:  # a no-op .to() still costs a dispatch
+        values, indices = values.to(device), indices.to(device)
+    gen = gtopk_program(rank, world, values, indices, numel, k, algorithm, profile=prof, name=name)
     result: CollectiveResult = drive(rec.wrap(gen), transport)
     stamp = prof.stamp() if prof is not None else None
     st = rec.fill(result.stats)
     st.drops_to(out_device)
-    out = CollectiveResult(result.values.to(out_device), result.indices.to(out_device), st)
+    out = (result if result.values.device == out_device else
+           CollectiveResult(result.values.to(out_device), result.indices.to(out_device), st))
     if prof is not None:
         prof.stop("finish", stamp)
     return out

@@ -49,6 +49,8 @@ class Transport(ABC):
 
     #: ``receive`` waits for its message (True) or returns None when it has not arrived (False)
     blocking: bool = True
+    #: :meth:`plan` posts receives ahead (callers skip working out the plan where it does not)
+    posts_ahead: bool = False
 
     @abstractmethod
     def post(self, dst: int, payload: Any) -> None:

@@ -79,6 +79,12 @@ class WireFormat:
         """The message of ``payload`` as one uint8 buffer on ``device``."""
         raise NotImplementedError
 
+    def encode_parts(self, payload: Any, device: torch.device) -> list[torch.Tensor]:
+        """The message of ``payload`` as uint8 pieces whose concatenation is ``encode``'s
+        buffer (a transport that copies them into place, the shared-memory rings, skips the
+        concatenation's allocation and copy). By default the one buffer."""
+        return [self.encode(payload, device)]
+
     def head_bytes(self, buf: torch.Tensor) -> tuple[int, int] | None:
         """``(header bytes, message bytes)`` read from the start of ``buf``; None when ``buf``
         is too short to tell."""
@@ -121,11 +127,16 @@ class PartsWire(WireFormat):
         return self.header + n * self.element_bytes
 
     def encode(self, payload: Any, device: torch.device) -> torch.Tensor:
+        parts = self.encode_parts(payload, device)
+        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+
+    def encode_parts(self, payload: Any, device: torch.device) -> list[torch.Tensor]:
+        """The header (if any), then each part's bytes: views of the payload, not copies."""
         parts = [p.to(device).contiguous().view(torch.uint8) for p in self._parts(payload)]
         if self.header:
             n = parts[0].numel() // self.dtypes[0].itemsize
             parts.insert(0, torch.tensor([n], dtype=torch.int64, device=device).view(torch.uint8))
-        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        return parts
 
     def head_bytes(self, buf: torch.Tensor) -> tuple[int, int] | None:
         if not self.header:

@@ -328,6 +328,14 @@ def warm_up() -> None:
         _compiled("sort")(v, i[::-1].astype(np.int64))
 
 
+def _np(t: torch.Tensor) -> np.ndarray:
+    """``t``'s memory as a numpy array: a view when it is contiguous and needs no grad (a
+    detach or contiguous that does nothing still costs a dispatch, on every merge)."""
+    if t.requires_grad or not t.is_contiguous():
+        t = t.detach().contiguous()
+    return t.numpy()
+
+
 def merge_applies(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, i_b: torch.Tensor) -> bool:
     """Whether :func:`numba_merge` may take this merge: :func:`enabled`, CPU float32 values,
     int32 indices (the wire dtype below 2**31 elements; one specialisation to compile, int64
@@ -343,8 +351,7 @@ def numba_merge(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, i_b: to
     """``merge_sparse``'s result (kept values, indices, dropped values, indices) from the
     compiled kernel, or None when it declines (an operand not strictly ascending, a NaN
     sum). Callers check :func:`merge_applies` first."""
-    ok, kv, ki, dv, di = _compiled("merge")(v_a.detach().contiguous().numpy(), i_a.contiguous().numpy(),
-                                 v_b.detach().contiguous().numpy(), i_b.contiguous().numpy(), k)
+    ok, kv, ki, dv, di = _compiled("merge")(_np(v_a), _np(i_a), _np(v_b), _np(i_b), k)
     if not ok:
         return None
     return torch.from_numpy(kv), torch.from_numpy(ki), torch.from_numpy(dv), torch.from_numpy(di)
@@ -358,8 +365,7 @@ def _sort(values: torch.Tensor, indices: torch.Tensor, index_dtypes: tuple[torch
             and values.dtype == torch.float32 and indices.dtype in index_dtypes
             and indices.numel() > 0):
         return None
-    lo, hi, ascending, v, i = _compiled("sort")(values.detach().contiguous().numpy(),
-                                                indices.contiguous().numpy())
+    lo, hi, ascending, v, i = _compiled("sort")(_np(values), _np(indices))
     return int(lo), int(hi), bool(ascending), v, i
 
 
