@@ -233,7 +233,7 @@ n_workers = 4
 workers = 4
 methods = ["dense", "topk", "gtopk", "gaussiank"]
 densities = [0.01, 0.001]
-seeds = 1                 # runs per (method, density): seeds 0 .. seeds-1; n >= 2: 95% confidence intervals
+seeds = 1                 # runs per (method, density): seeds 0 .. seeds-1; 2 or more: 95% confidence intervals
 model = "cnn"
 dataset = "mnist1d"
 epochs = 10

@@ -76,6 +76,16 @@ def test_every_notebook_has_ci_parameters_and_a_parameters_cell() -> None:
             assert f"{key} =" in declared, f"{name}: CI parameter {key} is not in the parameters cell"
 
 
+def test_papermill_reads_every_ci_parameter_from_the_parameters_cell() -> None:
+    """papermill's own parser (what ``papermill -p`` and its "Passed unknown parameter"
+    warning use) finds each CI parameter: a second ``=`` on a line, even in its comment,
+    makes it skip that line."""
+    papermill = pytest.importorskip("papermill")
+    for name, params in CI_PARAMETERS.items():
+        declared = set(papermill.inspect_notebook(str(NOTEBOOK_DIR / name)))
+        assert set(params) <= declared, f"{name}: papermill does not see {sorted(set(params) - declared)}"
+
+
 def test_notebooks_are_generated_from_build_script(tmp_path: Path) -> None:
     sys.path.insert(0, str(NOTEBOOK_DIR))
     try:
