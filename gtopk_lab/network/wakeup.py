@@ -10,9 +10,11 @@ it: it is latency, not work, and it is paid once per dependent round on the crit
 
 Algorithm:
 
-1. ``d`` = the mean delay per round from "a paced wait ends" to "the exchange with the peer
+1. ``d`` = the delay per round from "a paced wait ends" to "the exchange with the peer
    has completed", on the slowest rank, measured on the ranks themselves under the load of
-   the moment (:func:`gtopk_lab.comm.timing.wakeup_delay_s`; 0 when not measured);
+   the moment (:func:`gtopk_lab.comm.timing.wakeup_delay_s`; 0 when not measured); the
+   bench takes the median probe round, the figure to set beside its median of calls (a
+   few long stalls move the mean, not the typical call);
 2. ``n`` = the dependent rounds on the critical path (:func:`critical_rounds`):
    the gTop-k butterfly's ``log2 P`` exchanges (``floor(log2 P) + 2`` with the fold and
    unfold rounds of a P that is not a power of two), each needing both peers running; the
