@@ -16,10 +16,14 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    :func:`~gtopk_lab.training.batched_ranks.batched_refusal` allows it and P > 1; "on"; "off"): the P
    forward/backward passes are one vmapped call
    (:class:`~gtopk_lab.training.batched_ranks.BatchedGradients`) on the P shards' batches,
-   each rank's row then goes through its own ``begin`` as above. The call is measured once
-   and each rank is charged 1/P of it (summary: ``compute_s_attribution``
-   "batched_call_over_P", else "per_rank", or "fixed" with a fixed or calibrated compute
-   time); ``batched_ranks`` says whether it ran, ``batched_ranks_refusal`` why not
+   then, where :func:`~gtopk_lab.training.batched_step.batched_step_refusal` allows, the P
+   ``begin`` s are one :class:`~gtopk_lab.training.batched_step.BatchedSteps` (``[P, d]``
+   error feedback and top-k; step 4's memory updates too), else each row goes through its
+   rank's own ``begin``. Each batched call is measured once and each rank charged 1/P of it
+   (summary: ``compute_s_attribution`` / ``selection_s_attribution`` "batched_call_over_P",
+   else "per_rank", or "fixed" with a fixed or calibrated compute time); ``batched_ranks`` /
+   ``batched_steps`` say whether they ran, ``batched_ranks_refusal`` /
+   ``batched_steps_refusal`` why not
 2. the method's in-process collective (``Collective.simulate``: the real per-rank message
    programs without transport; identical ``CommStats``)
 3. ``VirtualClock.simulate_collective(compute_s, stats)``: virtual time advances by the
@@ -34,8 +38,8 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    clip), giving the update ``G / P``, then one optimiser step of the shared replica with
    rank 0's update (in synchronous SGD every rank holds the same weights; a local-steps
    method's finish is every rank's own outer step instead). The clock is charged what one
-   real rank pays: rank 0's finish and the optimiser step; the other P - 1 ranks' finishes
-   run here but cost no virtual time, so the charged update does not grow with P
+   real rank pays: rank 0's finish (batched: 1/P of the P memory updates, and rank 0's
+   aggregate) and the optimiser step; the other ranks' finishes cost no virtual time
 
 Steps 1, 2 and 4 are the driver's three seams (``_VirtualRanks.iteration``): P gradients and
 P contributions, one ``Collective.simulate`` call, P finishes.
@@ -99,6 +103,7 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
 from gtopk_lab.training.batched_ranks import BatchedGradients, batched_refusal, use_batched
+from gtopk_lab.training.batched_step import BatchedRound, BatchedSteps, batched_step_refusal
 from gtopk_lab.training.compute_charge import (
     ComputeCharge, charged_selection_s, clock_merge_options, compute_time_fields, fixed_times,
 )
@@ -184,11 +189,7 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                        "compute_charge": (None if fixed_compute_s is not None
                                                           else ranks.charge.rule),
                                        "compute_s_spread": ranks.charge.spread(),
-                                       "batched_ranks": ranks.batched is not None,
-                                       "batched_ranks_refusal": ranks.batched_refusal,
-                                       "compute_s_attribution": (
-                                           "fixed" if fixed_compute_s is not None else
-                                           "batched_call_over_P" if ranks.batched is not None else "per_rank"),
+                                       **ranks.batched_fields(fixed_compute_s is not None),
                                        **ranks.states[0].step.describe()})
         # In a simulation wall throughput is the simulator's own speed, not the cluster's.
         summary["samples_per_s_wall"] = math.nan if world > 1 else summary["samples_per_s_wall"]
@@ -244,6 +245,18 @@ class _VirtualRanks:
         self.batched = BatchedGradients(replica) if batched else None
         if not batched and self.batched_refusal is None and slower is not None:
             self.batched_refusal = f"model {config.model!r}: {slower}"
+        self.steps_refusal = (batched_step_refusal(self.states[0].step) if batched
+                              else "the gradients are not batched")
+        self.steps = BatchedSteps([s.step for s in self.states]) if self.steps_refusal is None else None
+
+    def batched_fields(self, fixed: bool) -> dict[str, Any]:
+        """The summary's account of what ran batched and how its time was charged."""
+        def rule(batched: bool) -> str:
+            return "fixed" if fixed else "batched_call_over_P" if batched else "per_rank"
+        return {"batched_ranks": self.batched is not None, "batched_ranks_refusal": self.batched_refusal,
+                "batched_steps": self.steps is not None, "batched_steps_refusal": self.steps_refusal,
+                "compute_s_attribution": rule(self.batched is not None),
+                "selection_s_attribution": rule(self.steps is not None)}
 
     def _contribute(self, state: RankState, point: Point) -> _RankWork:
         """One rank's gradient and contribution (phase 1), timed."""
@@ -259,16 +272,22 @@ class _VirtualRanks:
             c1, w2 = rank_clock_s(dev), time.perf_counter()
         return _RankWork(loss, sync, c1 - c0, c1 - c_mid, (w1 - w0, w2 - w1))
 
-    def _contribute_batched(self, point: Point) -> list[_RankWork]:
+    def _contribute_batched(self, point: Point) -> tuple[list[_RankWork], BatchedRound | None]:
         """Phase 1 with the P gradients from one batched call, each rank charged 1/P of its
-        time, then each rank's contribution (its RNG current, as in :meth:`_contribute`)."""
+        time, then the P contributions: one batched step (charged alike), or each rank's own
+        (its RNG current, as in :meth:`_contribute`)."""
         states, dev, world = self.states, self.dev, self.world
         assert self.batched is not None
         batches = [s.next_batch(point.epoch_index, point.first_of_epoch) for s in states]
         c0, w0 = rank_clock_s(dev), time.perf_counter()
         grads, losses = self.batched([b[0] for b in batches], [b[1] for b in batches])
-        compute_cpu_s = (rank_clock_s(dev) - c0) / world
-        compute_wall_s = (time.perf_counter() - w0) / world
+        c1, w1 = rank_clock_s(dev), time.perf_counter()
+        compute_cpu_s, compute_wall_s = (c1 - c0) / world, (w1 - w0) / world
+        if self.steps is not None:
+            round_ = self.steps.begin(grads, point.k, point.iteration)
+            sel_cpu_s, sel_wall_s = (rank_clock_s(dev) - c1) / world, (time.perf_counter() - w1) / world
+            return [_RankWork(loss, None, compute_cpu_s + sel_cpu_s, sel_cpu_s, (compute_wall_s, sel_wall_s))
+                    for loss in losses.tolist()], round_
         work = []
         for state, g, loss in zip(states, grads, losses.tolist()):
             with state.active(self.replica, swap_buffers=False):
@@ -276,7 +295,7 @@ class _VirtualRanks:
                 sync = state.step.begin(g, point.k, point.iteration)  # rows are not overwritten
                 c2, w2 = rank_clock_s(dev), time.perf_counter()
             work.append(_RankWork(loss, sync, compute_cpu_s + (c2 - c1), c2 - c1, (compute_wall_s, w2 - w1)))
-        return work
+        return work, None
 
     def _finish(self, state: RankState, sync: Sync, result: Any) -> torch.Tensor | None:
         """One rank's end of the synchronisation, with its own weights current (a local-steps
@@ -288,8 +307,8 @@ class _VirtualRanks:
         config, replica, dev, clock, states = self.config, self.replica, self.dev, self.clock, self.states
         world, it, lr, k = self.world, point.iteration, point.lr, point.k
         # 1. P gradients, P contributions
-        work = (self._contribute_batched(point) if self.batched is not None
-                else [self._contribute(state, point) for state in states])
+        work, round_ = (self._contribute_batched(point) if self.batched is not None
+                        else ([self._contribute(state, point) for state in states], None))
         losses = [w.loss for w in work]
         syncs = [w.sync for w in work]
         compute_s = [w.compute_cpu_s for w in work]
@@ -304,8 +323,21 @@ class _VirtualRanks:
             compute_s = self.charge.charge(compute_s)
         update_cpu_s = update_wall_s = 0.0
         results: list[Any] = [None] * world
-        synced = syncs[0] is not None  # every rank's step has the same schedule
-        if synced:
+        synced = round_ is not None or syncs[0] is not None  # every rank has the same schedule
+        if round_ is not None:
+            # 2. and 3. batched: one collective, then the P memory updates as one (1/P of it
+            # charged to rank 0) and rank 0's update
+            results = self.collective.simulate(round_.contributions, round_.call)
+            clock.simulate_collective(compute_s, [r.stats for r in results])
+            assert self.steps is not None
+            u0, uw0 = rank_clock_s(dev), time.perf_counter()
+            self.steps.update_memories(round_, results)
+            u1, uw1 = rank_clock_s(dev), time.perf_counter()
+            update = self.steps.update(round_, results)
+            replica.apply(update, lr)
+            update_cpu_s = (u1 - u0) / world + rank_clock_s(dev) - u1
+            update_wall_s = (uw1 - uw0) / world + time.perf_counter() - uw1
+        elif synced:
             # 2. one collective over all P contributions; one collective state for the group:
             # every real rank would hold the same (rank 0's call carries it)
             results = self.collective.simulate([s.contribution for s in syncs], syncs[0].call)
