@@ -46,7 +46,7 @@ from gtopk_lab.compression.selection import topk_select
 from gtopk_lab.methods.base import CommCall, Contribution
 from gtopk_lab.training.step import RankStep
 
-__all__ = ["BatchedRound", "BatchedSteps", "batched_step_refusal", "batched_topk"]
+__all__ = ["BatchedRound", "BatchedSteps", "batched_step_refusal", "batched_summary", "batched_topk"]
 
 
 def batched_step_refusal(step: RankStep) -> str | None:
@@ -67,6 +67,19 @@ def batched_step_refusal(step: RankStep) -> str | None:
     if settings.grad_clip is not None and settings.grad_clip_mode == "local":
         return "grad_clip_mode='local' clips each rank by its own norm: not batched"
     return None
+
+
+def batched_summary(gradients: bool, gradients_refusal: str | None, steps_refusal: str | None, *,
+                    fixed: bool) -> dict[str, object]:
+    """A simulated run's summary fields: whether the gradients (``gradients``) and the steps
+    (``steps_refusal`` None) ran batched, why not, and how their time was charged (1/P of each
+    batched call per rank, else per rank, or ``fixed``)."""
+    def rule(batched: bool) -> str:
+        return "fixed" if fixed else "batched_call_over_P" if batched else "per_rank"
+    steps = steps_refusal is None
+    return {"batched_ranks": gradients, "batched_ranks_refusal": gradients_refusal,
+            "batched_steps": steps, "batched_steps_refusal": steps_refusal,
+            "compute_s_attribution": rule(gradients), "selection_s_attribution": rule(steps)}
 
 
 def batched_topk(acc: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -44,33 +44,27 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
 Steps 1, 2 and 4 are the driver's three seams (``_VirtualRanks.iteration``): P gradients and
 P contributions, one ``Collective.simulate`` call, P finishes.
 
-**Fixed compute time** (``compute_time_s=`` / ``config.compute_charge.compute_time_s``, and
-optionally ``selection_time_s=`` / ``config.compute_charge.selection_time_s``): on a loaded machine
-one rank's measured forward/backward varies 3-5x between iterations, and step 3 takes the
-slowest of P such measurements, so measured virtual time drifts upward with P for reasons that
-have nothing to do with the method. With a fixed compute time every virtual rank is charged
-exactly ``compute_time_s`` (forward + backward + optimiser step of one rank's batch, e.g. the
-median of a few passes measured once at P=1 with
-:func:`~gtopk_lab.training.compute_time.measure_iteration_times`) plus, for sparse methods, a
-selection time: ``selection_time_s`` when given, else the *median* over virtual ranks of the
-measured selection CPU time of that iteration. The update's measured CPU time is then not
-added (it is part of ``compute_time_s``). Virtual time per iteration becomes
-``compute_time_s + selection + max_i steps_time_s(stats_i)``, so scaling efficiencies differ
-only by communication and selection and are reproducible. Rows then report the charged values
-in ``compute_s`` / ``selection_s``, and the summary says ``compute_time_source: "fixed"``
-(``"measured"`` otherwise) with ``fixed_compute_time_s`` / ``fixed_selection_time_s``.
+**Fixed compute time** (``compute_time_s=`` / ``config.compute_charge.compute_time_s``, optionally
+``selection_time_s=`` / ``.selection_time_s``): on a loaded machine one rank's measured
+forward/backward varies 3-5x, and step 3 takes the slowest of P, so measured virtual time
+drifts up with P for reasons unrelated to the method. Fixed, every rank is charged exactly
+``compute_time_s`` (forward + backward + optimiser step of one batch, e.g. the median measured
+once at P=1 by :func:`~gtopk_lab.training.compute_time.measure_iteration_times`) plus, for sparse
+methods, ``selection_time_s`` or else the median over ranks of that iteration's measured
+selection CPU time; the update is not added. Virtual time per iteration is then
+``compute_time_s + selection + max_i steps_time_s(stats_i)``, reproducible. Rows report the
+charged ``compute_s`` / ``selection_s``; the summary says ``compute_time_source: "fixed"``
+(else ``"measured"``) with ``fixed_compute_time_s`` / ``fixed_selection_time_s``.
 
 Only one model exists, so memory is one replica plus, per virtual rank, a residual and
 (with momentum correction) a velocity of d floats: P * d * 4 bytes each.
 
-Rows: the same schema as ``train_rank``'s. ``iter`` rows are emitted for every virtual rank
-when P <= 32 and for virtual rank 0 only above that (``rows="all"`` / ``"rank0"`` or
-``config.simulator.rows`` overrides; rows of rank 0 only add ``comm_peak_rounds`` and
-``comm_peak_wire_bytes``, the largest collective of any rank, which
-:mod:`~gtopk_lab.analysis.reprice` needs when rank 0 is not the slowest). In simulated rows
-``comm_s`` is the *modelled* communication time (there is no real transfer), ``compute_s`` / ``selection_s`` are the
-rank's own wall times, ``update_s`` the shared step's, and ``wall_time_s`` the simulator's
-elapsed time. The summary is rank 0's, as in a real run, and adds ``simulated: True``.
+Rows: ``train_rank``'s schema; ``iter`` rows of every virtual rank when P <= 32, of rank 0
+above (``rows="all"`` / ``"rank0"`` or ``config.simulator.rows``; rank 0's alone add
+``comm_peak_rounds`` / ``comm_peak_wire_bytes``, any rank's largest collective, for
+:mod:`~gtopk_lab.analysis.reprice`). ``comm_s`` is the *modelled* communication time,
+``compute_s`` / ``selection_s`` the rank's own (or charged) wall times, ``update_s`` the shared
+step's, ``wall_time_s`` the simulator's elapsed time. The summary is rank 0's plus ``simulated: True``.
 
 Result: to float tolerance the same weights as a real P-rank gloo run of the same config
 (tests/test_simulator.py checks dense, topk and gtopk at P=4).
@@ -103,7 +97,7 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
 from gtopk_lab.training.batched_ranks import BatchedGradients, batched_refusal, use_batched
-from gtopk_lab.training.batched_step import BatchedRound, BatchedSteps, batched_step_refusal
+from gtopk_lab.training.batched_step import BatchedRound, BatchedSteps, batched_step_refusal, batched_summary
 from gtopk_lab.training.compute_charge import (
     ComputeCharge, charged_selection_s, clock_merge_options, compute_time_fields, fixed_times,
 )
@@ -189,7 +183,8 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                        "compute_charge": (None if fixed_compute_s is not None
                                                           else ranks.charge.rule),
                                        "compute_s_spread": ranks.charge.spread(),
-                                       **ranks.batched_fields(fixed_compute_s is not None),
+                                       **batched_summary(ranks.batched is not None, ranks.batched_refusal,
+                                                         ranks.steps_refusal, fixed=fixed_compute_s is not None),
                                        **ranks.states[0].step.describe()})
         # In a simulation wall throughput is the simulator's own speed, not the cluster's.
         summary["samples_per_s_wall"] = math.nan if world > 1 else summary["samples_per_s_wall"]
@@ -248,15 +243,6 @@ class _VirtualRanks:
         self.steps_refusal = (batched_step_refusal(self.states[0].step) if batched
                               else "the gradients are not batched")
         self.steps = BatchedSteps([s.step for s in self.states]) if self.steps_refusal is None else None
-
-    def batched_fields(self, fixed: bool) -> dict[str, Any]:
-        """The summary's account of what ran batched and how its time was charged."""
-        def rule(batched: bool) -> str:
-            return "fixed" if fixed else "batched_call_over_P" if batched else "per_rank"
-        return {"batched_ranks": self.batched is not None, "batched_ranks_refusal": self.batched_refusal,
-                "batched_steps": self.steps is not None, "batched_steps_refusal": self.steps_refusal,
-                "compute_s_attribution": rule(self.batched is not None),
-                "selection_s_attribution": rule(self.steps is not None)}
 
     def _contribute(self, state: RankState, point: Point) -> _RankWork:
         """One rank's gradient and contribution (phase 1), timed."""
