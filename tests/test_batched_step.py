@@ -132,3 +132,17 @@ def test_a_simulated_run_says_what_ran_batched_and_charges_every_rank_alike() ->
     assert other["selection_s_attribution"] == "per_rank" and other["batched_steps_refusal"].startswith("selector")
     off = simulate(RunConfig(method="gtopk", **{**base, "simulator": {"batched": "off"}})).summary
     assert off["batched_steps"] is False and off["batched_steps_refusal"] == "the gradients are not batched"
+
+
+@pytest.mark.timeout(120)
+def test_a_batched_simulated_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path) -> None:
+    config = RunConfig(method="gtopk", workers=4, model="mlp", dataset="synthetic", train_samples=256,
+                       test_samples=32, epochs=3, batch_size=16, density=0.05, momentum=0.9, checkpoint=True,
+                       simulator={"batched": "on"}, extra={"return_weights": True})
+    whole = simulate(config)
+    assert whole.summary["batched_steps"] is True
+    folder = str(tmp_path / "checkpoints")
+    simulate(config.replace(epochs=1), checkpoint_dir=folder)  # "interrupted" after epoch 1 of 3
+    resumed = simulate(config, checkpoint_dir=folder, resume_from=folder)
+    assert min(r["iteration"] for r in resumed.rows if r["kind"] == "iter") > 0
+    assert torch.equal(whole.final_weights, resumed.final_weights)

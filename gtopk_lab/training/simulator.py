@@ -310,12 +310,15 @@ class _VirtualRanks:
         update_cpu_s = update_wall_s = 0.0
         results: list[Any] = [None] * world
         synced = round_ is not None or syncs[0] is not None  # every rank has the same schedule
-        if round_ is not None:
-            # 2. and 3. batched: one collective, then the P memory updates as one (1/P of it
-            # charged to rank 0) and rank 0's update
-            results = self.collective.simulate(round_.contributions, round_.call)
+        if synced:
+            # 2. one collective over all P contributions; one collective state for the group:
+            # every real rank would hold the same (rank 0's call carries it)
+            contributions, call = ((round_.contributions, round_.call) if round_ is not None
+                                   else ([s.contribution for s in syncs], syncs[0].call))
+            results = self.collective.simulate(contributions, call)
             clock.simulate_collective(compute_s, [r.stats for r in results])
-            assert self.steps is not None
+        if round_ is not None and self.steps is not None:
+            # 3. batched: the P memory updates as one (1/P of it charged to rank 0), rank 0's update
             u0, uw0 = rank_clock_s(dev), time.perf_counter()
             self.steps.update_memories(round_, results)
             u1, uw1 = rank_clock_s(dev), time.perf_counter()
@@ -324,10 +327,6 @@ class _VirtualRanks:
             update_cpu_s = (u1 - u0) / world + rank_clock_s(dev) - u1
             update_wall_s = (uw1 - uw0) / world + time.perf_counter() - uw1
         elif synced:
-            # 2. one collective over all P contributions; one collective state for the group:
-            # every real rank would hold the same (rank 0's call carries it)
-            results = self.collective.simulate([s.contribution for s in syncs], syncs[0].call)
-            clock.simulate_collective(compute_s, [r.stats for r in results])
             # 3. P finishes, then rank 0's update written. A real rank pays its own finish and
             # optimiser step; the other P - 1 ranks' finishes run here one after the other but
             # cost no virtual time, so the charged update does not grow with P.
