@@ -24,8 +24,8 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    else "per_rank", or "fixed" with a fixed or calibrated compute time); ``batched_ranks`` /
    ``batched_steps`` say whether they ran, ``batched_ranks_refusal`` /
    ``batched_steps_refusal`` why not
-2. the method's in-process collective (``Collective.simulate``: the real per-rank message
-   programs without transport; identical ``CommStats``)
+2. the method's in-process collective (``Collective.simulate``: the per-rank message programs
+   without transport, gTop-k's merges each made once; identical ``CommStats``)
 3. ``VirtualClock.simulate_collective(compute_s, stats)``: virtual time advances by the
    slowest rank's *charged* compute plus the slowest rank's modelled communication. The
    charge follows ``config.simulator.compute``
