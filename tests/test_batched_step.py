@@ -110,6 +110,9 @@ def test_methods_that_cannot_batch_their_steps_say_why(method: str, fields: dict
     assert batched_step_refusal(step) == reason
     with pytest.raises(ValueError, match="^BatchedSteps is invalid for this run: "):
         BatchedSteps([step])
+    gtopk = RankStep(StepSettings(get_method("gtopk"), world=4), 100, torch.device("cpu"))
+    assert batched_step_refusal(gtopk, "cuda:0") == ("device 'cuda:0': the row-wise top-k is checked against "
+                                                     "each rank's on CPU only")
     for ok in ("dense", "topk", "gtopk", "oktopk-exact"):
         assert batched_step_refusal(RankStep(StepSettings(get_method(ok), world=4), 100, torch.device("cpu"))) is None
 

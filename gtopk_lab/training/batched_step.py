@@ -21,7 +21,8 @@ on ``[P, d]`` tensors, with the same result on every row as the rank's own step:
 5. the update ``G_sum / P`` from rank 0's result (every rank's is the same), through rank 0's
    ``RankStep.aggregate`` (the aggregated clip included).
 
-Refused (the per-rank path stays, the reason in one line): a memory of the method's own
+Refused (the per-rank path stays, the reason in one line): a device other than the CPU (the
+row-wise top-k's equality is checked there only), a memory of the method's own
 (PowerSGD, CLT-k, EF21, SparseLoCo: their updates are their own code), a selector other than
 ``topk_select`` (thresholds and random picks have no row-wise form that selects exactly as the
 rank's own call), DGC momentum correction and the local clip (per-rank state and norms; not
@@ -49,10 +50,14 @@ from gtopk_lab.training.step import RankStep
 __all__ = ["BatchedRound", "BatchedSteps", "batched_step_refusal", "batched_summary", "batched_topk"]
 
 
-def batched_step_refusal(step: RankStep) -> str | None:
+def batched_step_refusal(step: RankStep, device: torch.device | str = "cpu") -> str | None:
     """Why the P steps of this run cannot run as one batched step, in one line, or None
-    (``step``: rank 0's; every rank's is built from the same settings)."""
+    (``step``: rank 0's; every rank's is built from the same settings; ``device``: the run's)."""
     settings, method = step.settings, step.method
+    if torch.device(device).type != "cpu":
+        # CUDA's topk picks its kernel by slice size: rows and one rank's vector may break
+        # ties differently, and that has not been checked on a device
+        return f"device {str(device)!r}: the row-wise top-k is checked against each rank's on CPU only"
     if settings.local_steps:
         return f"method {method.name!r} takes local steps: each rank synchronises its own weights"
     if step.memory is not None and type(step.memory) is not ErrorFeedback:

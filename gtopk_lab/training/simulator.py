@@ -240,7 +240,7 @@ class _VirtualRanks:
         self.batched = BatchedGradients(replica) if batched else None
         if not batched and self.batched_refusal is None and slower is not None:
             self.batched_refusal = f"model {config.model!r}: {slower}"
-        self.steps_refusal = (batched_step_refusal(self.states[0].step) if batched
+        self.steps_refusal = (batched_step_refusal(self.states[0].step, dev) if batched
                               else "the gradients are not batched")
         self.steps = BatchedSteps([s.step for s in self.states]) if self.steps_refusal is None else None
 
