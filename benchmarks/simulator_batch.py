@@ -9,6 +9,10 @@ the last one (rank 0's cumulative ``wall_time_s``), so the first iteration's one
 (kernel compilation, caches) is left out; per virtual rank = that / P; ratio = per virtual
 rank / one P = 1 iteration of the sequential path (issue 29's target: <= 0.15 at P = 64, batched). One
 torch thread, as a rank has. Prints the CPU model, the load average and the commit.
+
+On a shared machine wall time follows the other jobs' load; the last two columns give the same
+ratio in CPU seconds of this process (``time.process_time`` stamped once per iteration by the
+row sink), which the load changes far less.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -45,16 +50,21 @@ def commit() -> str:
         return "unknown"
 
 
-def iteration_s(workers: int, batched: str, args: argparse.Namespace) -> float:
-    """Steady wall seconds per iteration of one simulated run (see the module docstring)."""
+def iteration_s(workers: int, batched: str, args: argparse.Namespace) -> tuple[float, float]:
+    """Steady (wall, CPU) seconds per iteration of one simulated run (see the module docstring)."""
     per_epoch = args.iterations + 1
     config = RunConfig(method=args.method, density=args.density, model=args.model, dataset=args.dataset,
                        batch_size=args.batch_size, workers=workers, max_iterations=args.iterations + 1,
                        train_samples=workers * args.batch_size * per_epoch, test_samples=100, epochs=10,
-                       eval_every_epochs=10, sink_every=10**6, simulator={"batched": batched, "rows": "rank0"})
-    rows = [r for r in simulate(config).rows if r["kind"] == "iter" and r["rank"] == 0]
+                       eval_every_epochs=10, sink_every=1, simulator={"batched": batched, "rows": "rank0"})
+    cpu_stamps: list[float] = []
+    rows = [r for r in simulate(config, sink=lambda _: cpu_stamps.append(time.process_time())).rows
+            if r["kind"] == "iter" and r["rank"] == 0]
     rows.sort(key=lambda r: r["iteration"])
-    return (rows[-1]["wall_time_s"] - rows[0]["wall_time_s"]) / (len(rows) - 1)
+    # one stamp per iteration's row (rank 0's only); the epoch row's flush comes after the last
+    cpu = cpu_stamps[:len(rows)]
+    return ((rows[-1]["wall_time_s"] - rows[0]["wall_time_s"]) / (len(rows) - 1),
+            (cpu[-1] - cpu[0]) / (len(cpu) - 1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,20 +90,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {args.method}, density {args.density}, {args.model} on {args.dataset}, batch {args.batch_size}, "
           f"{args.iterations} timed iterations")
     one: dict[str, float] = {}
+    one_cpu = 0.0
     print("| P | sequential ms/iter | batched ms/iter | sequential ms/rank | batched ms/rank "
-          "| sequential ratio | batched ratio | speed-up |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| sequential ratio | batched ratio | speed-up | batched CPU ms/iter | batched CPU ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for p in sorted(set(workers) | {1}):
-        times = {mode: iteration_s(p, mode, args) for mode in ("off", "on")}
+        measured = {mode: iteration_s(p, mode, args) for mode in ("off", "on")}
+        times = {m: t[0] for m, t in measured.items()}
         if p == 1:
-            one = dict(times)
+            one, one_cpu = dict(times), measured["off"][1]
         if p not in workers:
             continue
         per_rank = {m: t / p for m, t in times.items()}
+        cpu_on = measured["on"][1]
         print(f"| {p} | {times['off'] * 1e3:.2f} | {times['on'] * 1e3:.2f} | {per_rank['off'] * 1e3:.3f} "
               f"| {per_rank['on'] * 1e3:.3f} | {per_rank['off'] / one['off']:.3f} | {per_rank['on'] / one['off']:.3f} "
-              f"| {times['off'] / times['on']:.2f}x |", flush=True)
-    print(f"# ratio: per-rank cost / one sequential P = 1 iteration; load average {os.getloadavg()[0]:.2f} at end")
+              f"| {times['off'] / times['on']:.2f}x | {cpu_on * 1e3:.2f} | {cpu_on / p / one_cpu:.3f} |", flush=True)
+    print(f"# ratio: per-rank cost / one sequential P = 1 iteration (CPU ratio: in CPU seconds); "
+          f"load average {os.getloadavg()[0]:.2f} at end")
     return 0
 
 

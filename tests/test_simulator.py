@@ -126,29 +126,43 @@ def test_density_one_sparse_methods_reproduce_dense(algorithm: str) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_mass_rule_conserves_gradient_mass_every_iteration(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("batched", ["off", "on"])
+def test_mass_rule_conserves_gradient_mass_every_iteration(monkeypatch: pytest.MonkeyPatch, batched: str) -> None:
     """Mass rule: sum_i residual_i + G == sum_i acc_i after every iteration (nothing lost or
-    counted twice), also with P not a power of two and the density warm-up changing k."""
+    counted twice), also with P not a power of two and the density warm-up changing k; on
+    the per-rank steps and on the batched ones (BatchedSteps' one memory update)."""
+    from gtopk_lab.training.batched_step import BatchedSteps
     from gtopk_lab.training.step import RankStep, aggregate_dense
 
     seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     errors: list[float] = []
-    finish = RankStep.finish
+    finish, update_memories = RankStep.finish, BatchedSteps.update_memories
+
+    def check() -> None:
+        acc_sum = sum(a for a, _, _ in seen)
+        kept = sum(r for _, r, _ in seen) + seen[0][2]
+        errors.append(float((kept - acc_sum).abs().max() / acc_sum.abs().max()))
+        seen.clear()
 
     def checked(step, local, result) -> None:
         finish(step, local, result)
         seen.append((local.acc.clone(), step.memory.residual.clone(),
                      aggregate_dense(result, local.acc.numel(), local.acc.device)))
         if len(seen) == 3:
-            acc_sum = sum(a for a, _, _ in seen)
-            kept = sum(r for _, r, _ in seen) + seen[0][2]
-            errors.append(float((kept - acc_sum).abs().max() / acc_sum.abs().max()))
-            seen.clear()
+            check()
+
+    def checked_batched(steps, round_, results) -> None:
+        update_memories(steps, round_, results)
+        for step, local, result in zip(steps.steps, round_.contributions, results):
+            seen.append((local.acc.clone(), step.memory.residual.clone(),
+                         aggregate_dense(result, local.acc.numel(), local.acc.device)))
+        check()
 
     monkeypatch.setattr(RankStep, "finish", checked)
+    monkeypatch.setattr(BatchedSteps, "update_memories", checked_batched)
     config = _config("gtopk", workers=3, density=0.01, density_warmup=(0.05, 1), max_iterations=30, epochs=3,
-                     train_samples=3 * 8 * 10)
-    simulate(config, rows="rank0")
+                     train_samples=3 * 8 * 10, simulator={"batched": batched})
+    assert simulate(config, rows="rank0").summary["batched_steps"] is (batched == "on")
     assert len(errors) == 30 and max(errors) < 1e-5
 
 

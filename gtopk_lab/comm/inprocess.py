@@ -3,11 +3,13 @@
 P virtual ranks live in one process; each function takes one input per virtual rank and
 returns one :class:`~gtopk_lab.comm.stats.CollectiveResult` per virtual rank, with the same
 values and the same CommStats (bytes, messages, rounds, steps, drops) the real rank would
-report. gTop-k runs the very same per-rank program
+report. gTop-k can run the very same per-rank program
 (:func:`gtopk_lab.comm.programs.gtopk_program`, built on :mod:`gtopk_lab.comm.schedules` and
 ``merge_sparse``) under the same recorder, over in-process transports
 (:func:`gtopk_lab.comm.transport.run_programs`) instead of torch.distributed, so results are
-bitwise equal to gloo runs. ``merge_cpu_s`` is measured here, so it differs.
+bitwise equal to gloo runs; by default it makes each of their merges once instead
+(:mod:`gtopk_lab.comm.sim_gtopk`: P - 1 merges instead of P log2 P, the same results and
+stats, tested against the programs). ``merge_cpu_s`` is measured here, so it differs.
 
 Example::
 
@@ -24,6 +26,7 @@ import torch
 
 from gtopk_lab.comm.programs import allgather_assemble, dense_stats, gtopk_program
 from gtopk_lab.comm.recorder import Recorder
+from gtopk_lab.comm.sim_gtopk import sim_gtopk_shared_merges
 from gtopk_lab.comm.stats import CollectiveResult, check_algorithm, check_exact_k, check_k, check_numel, wire
 from gtopk_lab.comm.transport import run_programs
 from gtopk_lab.comm.wire import sparse_wire
@@ -93,8 +96,12 @@ def sim_topk_allgather(values_list: list[torch.Tensor], indices_list: list[torch
 
 
 def sim_gtopk_allreduce(values_list: list[torch.Tensor], indices_list: list[torch.Tensor], numel: int,
-                        k: int, algorithm: str = "butterfly", exact_k: bool = False) -> list[CollectiveResult]:
-    """gTop-k between virtual ranks with the real per-rank programs (see module docstring).
+                        k: int, algorithm: str = "butterfly", exact_k: bool = False, *,
+                        programs: bool = False) -> list[CollectiveResult]:
+    """gTop-k between virtual ranks: each merge once
+    (:func:`~gtopk_lab.comm.sim_gtopk.sim_gtopk_shared_merges`, the default), or with
+    ``programs=True`` the real per-rank programs (see module docstring); the same results and
+    ``CommStats`` either way (but the measured ``merge_cpu_s``).
 
     ``exact_k`` as in :func:`gtopk_lab.comm.torch_dist.gtopk_allreduce`: header-free messages
     of exactly k pairs (the same bytes and message counts as the real call).
@@ -106,6 +113,8 @@ def sim_gtopk_allreduce(values_list: list[torch.Tensor], indices_list: list[torc
     check_exact_k(exact_k, {f"virtual rank {r}": v.numel() for r, v in enumerate(values_list)}, k)
     world = len(values_list)
     messages = sparse_wire(values_list[0].dtype, index_dtype(numel), k, exact_k)
+    if not programs:
+        return sim_gtopk_shared_merges(values_list, indices_list, numel, k, algorithm, messages)
     recs = [Recorder(messages, r, world) for r in range(world)]
     outs = run_programs([rec.wrap(gtopk_program(r, world, v, i, numel, k, algorithm))
                          for r, (rec, v, i) in enumerate(zip(recs, values_list, indices_list))])

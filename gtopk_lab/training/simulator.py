@@ -16,12 +16,16 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    :func:`~gtopk_lab.training.batched_ranks.batched_refusal` allows it and P > 1; "on"; "off"): the P
    forward/backward passes are one vmapped call
    (:class:`~gtopk_lab.training.batched_ranks.BatchedGradients`) on the P shards' batches,
-   each rank's row then goes through its own ``begin`` as above. The call is measured once
-   and each rank is charged 1/P of it (summary: ``compute_s_attribution``
-   "batched_call_over_P", else "per_rank", or "fixed" with a fixed or calibrated compute
-   time); ``batched_ranks`` says whether it ran, ``batched_ranks_refusal`` why not
-2. the method's in-process collective (``Collective.simulate``: the real per-rank message
-   programs without transport; identical ``CommStats``)
+   then, where :func:`~gtopk_lab.training.batched_step.batched_step_refusal` allows, the P
+   ``begin`` s are one :class:`~gtopk_lab.training.batched_step.BatchedSteps` (``[P, d]``
+   error feedback and top-k; step 4's memory updates too), else each row goes through its
+   rank's own ``begin``. Each batched call is measured once and each rank charged 1/P of it
+   (summary: ``compute_s_attribution`` / ``selection_s_attribution`` "batched_call_over_P",
+   else "per_rank", or "fixed" with a fixed or calibrated compute time); ``batched_ranks`` /
+   ``batched_steps`` say whether they ran, ``batched_ranks_refusal`` /
+   ``batched_steps_refusal`` why not
+2. the method's in-process collective (``Collective.simulate``: the per-rank message programs
+   without transport, gTop-k's merges each made once; identical ``CommStats``)
 3. ``VirtualClock.simulate_collective(compute_s, stats)``: virtual time advances by the
    slowest rank's *charged* compute plus the slowest rank's modelled communication. The
    charge follows ``config.simulator.compute``
@@ -34,39 +38,33 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    clip), giving the update ``G / P``, then one optimiser step of the shared replica with
    rank 0's update (in synchronous SGD every rank holds the same weights; a local-steps
    method's finish is every rank's own outer step instead). The clock is charged what one
-   real rank pays: rank 0's finish and the optimiser step; the other P - 1 ranks' finishes
-   run here but cost no virtual time, so the charged update does not grow with P
+   real rank pays: rank 0's finish (batched: 1/P of the P memory updates, and rank 0's
+   aggregate) and the optimiser step; the other ranks' finishes cost no virtual time
 
 Steps 1, 2 and 4 are the driver's three seams (``_VirtualRanks.iteration``): P gradients and
 P contributions, one ``Collective.simulate`` call, P finishes.
 
-**Fixed compute time** (``compute_time_s=`` / ``config.compute_charge.compute_time_s``, and
-optionally ``selection_time_s=`` / ``config.compute_charge.selection_time_s``): on a loaded machine
-one rank's measured forward/backward varies 3-5x between iterations, and step 3 takes the
-slowest of P such measurements, so measured virtual time drifts upward with P for reasons that
-have nothing to do with the method. With a fixed compute time every virtual rank is charged
-exactly ``compute_time_s`` (forward + backward + optimiser step of one rank's batch, e.g. the
-median of a few passes measured once at P=1 with
-:func:`~gtopk_lab.training.compute_time.measure_iteration_times`) plus, for sparse methods, a
-selection time: ``selection_time_s`` when given, else the *median* over virtual ranks of the
-measured selection CPU time of that iteration. The update's measured CPU time is then not
-added (it is part of ``compute_time_s``). Virtual time per iteration becomes
-``compute_time_s + selection + max_i steps_time_s(stats_i)``, so scaling efficiencies differ
-only by communication and selection and are reproducible. Rows then report the charged values
-in ``compute_s`` / ``selection_s``, and the summary says ``compute_time_source: "fixed"``
-(``"measured"`` otherwise) with ``fixed_compute_time_s`` / ``fixed_selection_time_s``.
+**Fixed compute time** (``compute_time_s=`` / ``config.compute_charge.compute_time_s``, optionally
+``selection_time_s=`` / ``.selection_time_s``): on a loaded machine one rank's measured
+forward/backward varies 3-5x, and step 3 takes the slowest of P, so measured virtual time
+drifts up with P for reasons unrelated to the method. Fixed, every rank is charged exactly
+``compute_time_s`` (forward + backward + optimiser step of one batch, e.g. the median measured
+once at P=1 by :func:`~gtopk_lab.training.compute_time.measure_iteration_times`) plus, for sparse
+methods, ``selection_time_s`` or else the median over ranks of that iteration's measured
+selection CPU time; the update is not added. Virtual time per iteration is then
+``compute_time_s + selection + max_i steps_time_s(stats_i)``, reproducible. Rows report the
+charged ``compute_s`` / ``selection_s``; the summary says ``compute_time_source: "fixed"``
+(else ``"measured"``) with ``fixed_compute_time_s`` / ``fixed_selection_time_s``.
 
 Only one model exists, so memory is one replica plus, per virtual rank, a residual and
 (with momentum correction) a velocity of d floats: P * d * 4 bytes each.
 
-Rows: the same schema as ``train_rank``'s. ``iter`` rows are emitted for every virtual rank
-when P <= 32 and for virtual rank 0 only above that (``rows="all"`` / ``"rank0"`` or
-``config.simulator.rows`` overrides; rows of rank 0 only add ``comm_peak_rounds`` and
-``comm_peak_wire_bytes``, the largest collective of any rank, which
-:mod:`~gtopk_lab.analysis.reprice` needs when rank 0 is not the slowest). In simulated rows
-``comm_s`` is the *modelled* communication time (there is no real transfer), ``compute_s`` / ``selection_s`` are the
-rank's own wall times, ``update_s`` the shared step's, and ``wall_time_s`` the simulator's
-elapsed time. The summary is rank 0's, as in a real run, and adds ``simulated: True``.
+Rows: ``train_rank``'s schema; ``iter`` rows of every virtual rank when P <= 32, of rank 0
+above (``rows="all"`` / ``"rank0"`` or ``config.simulator.rows``; rank 0's alone add
+``comm_peak_rounds`` / ``comm_peak_wire_bytes``, any rank's largest collective, for
+:mod:`~gtopk_lab.analysis.reprice`). ``comm_s`` is the *modelled* communication time,
+``compute_s`` / ``selection_s`` the rank's own (or charged) wall times, ``update_s`` the shared
+step's, ``wall_time_s`` the simulator's elapsed time. The summary is rank 0's plus ``simulated: True``.
 
 Result: to float tolerance the same weights as a real P-rank gloo run of the same config
 (tests/test_simulator.py checks dense, topk and gtopk at P=4).
@@ -99,6 +97,7 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
 from gtopk_lab.training.batched_ranks import BatchedGradients, batched_refusal, use_batched
+from gtopk_lab.training.batched_step import BatchedRound, BatchedSteps, batched_step_refusal, batched_summary
 from gtopk_lab.training.compute_charge import (
     ComputeCharge, charged_selection_s, clock_merge_options, compute_time_fields, fixed_times,
 )
@@ -184,11 +183,8 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                        "compute_charge": (None if fixed_compute_s is not None
                                                           else ranks.charge.rule),
                                        "compute_s_spread": ranks.charge.spread(),
-                                       "batched_ranks": ranks.batched is not None,
-                                       "batched_ranks_refusal": ranks.batched_refusal,
-                                       "compute_s_attribution": (
-                                           "fixed" if fixed_compute_s is not None else
-                                           "batched_call_over_P" if ranks.batched is not None else "per_rank"),
+                                       **batched_summary(ranks.batched is not None, ranks.batched_refusal,
+                                                         ranks.steps_refusal, fixed=fixed_compute_s is not None),
                                        **ranks.states[0].step.describe()})
         # In a simulation wall throughput is the simulator's own speed, not the cluster's.
         summary["samples_per_s_wall"] = math.nan if world > 1 else summary["samples_per_s_wall"]
@@ -244,6 +240,9 @@ class _VirtualRanks:
         self.batched = BatchedGradients(replica) if batched else None
         if not batched and self.batched_refusal is None and slower is not None:
             self.batched_refusal = f"model {config.model!r}: {slower}"
+        self.steps_refusal = (batched_step_refusal(self.states[0].step, dev) if batched
+                              else "the gradients are not batched")
+        self.steps = BatchedSteps([s.step for s in self.states]) if self.steps_refusal is None else None
 
     def _contribute(self, state: RankState, point: Point) -> _RankWork:
         """One rank's gradient and contribution (phase 1), timed."""
@@ -259,16 +258,22 @@ class _VirtualRanks:
             c1, w2 = rank_clock_s(dev), time.perf_counter()
         return _RankWork(loss, sync, c1 - c0, c1 - c_mid, (w1 - w0, w2 - w1))
 
-    def _contribute_batched(self, point: Point) -> list[_RankWork]:
+    def _contribute_batched(self, point: Point) -> tuple[list[_RankWork], BatchedRound | None]:
         """Phase 1 with the P gradients from one batched call, each rank charged 1/P of its
-        time, then each rank's contribution (its RNG current, as in :meth:`_contribute`)."""
+        time, then the P contributions: one batched step (charged alike), or each rank's own
+        (its RNG current, as in :meth:`_contribute`)."""
         states, dev, world = self.states, self.dev, self.world
         assert self.batched is not None
         batches = [s.next_batch(point.epoch_index, point.first_of_epoch) for s in states]
         c0, w0 = rank_clock_s(dev), time.perf_counter()
         grads, losses = self.batched([b[0] for b in batches], [b[1] for b in batches])
-        compute_cpu_s = (rank_clock_s(dev) - c0) / world
-        compute_wall_s = (time.perf_counter() - w0) / world
+        c1, w1 = rank_clock_s(dev), time.perf_counter()
+        compute_cpu_s, compute_wall_s = (c1 - c0) / world, (w1 - w0) / world
+        if self.steps is not None:
+            round_ = self.steps.begin(grads, point.k, point.iteration)
+            sel_cpu_s, sel_wall_s = (rank_clock_s(dev) - c1) / world, (time.perf_counter() - w1) / world
+            return [_RankWork(loss, None, compute_cpu_s + sel_cpu_s, sel_cpu_s, (compute_wall_s, sel_wall_s))
+                    for loss in losses.tolist()], round_
         work = []
         for state, g, loss in zip(states, grads, losses.tolist()):
             with state.active(self.replica, swap_buffers=False):
@@ -276,7 +281,7 @@ class _VirtualRanks:
                 sync = state.step.begin(g, point.k, point.iteration)  # rows are not overwritten
                 c2, w2 = rank_clock_s(dev), time.perf_counter()
             work.append(_RankWork(loss, sync, compute_cpu_s + (c2 - c1), c2 - c1, (compute_wall_s, w2 - w1)))
-        return work
+        return work, None
 
     def _finish(self, state: RankState, sync: Sync, result: Any) -> torch.Tensor | None:
         """One rank's end of the synchronisation, with its own weights current (a local-steps
@@ -288,8 +293,8 @@ class _VirtualRanks:
         config, replica, dev, clock, states = self.config, self.replica, self.dev, self.clock, self.states
         world, it, lr, k = self.world, point.iteration, point.lr, point.k
         # 1. P gradients, P contributions
-        work = (self._contribute_batched(point) if self.batched is not None
-                else [self._contribute(state, point) for state in states])
+        work, round_ = (self._contribute_batched(point) if self.batched is not None
+                        else ([self._contribute(state, point) for state in states], None))
         losses = [w.loss for w in work]
         syncs = [w.sync for w in work]
         compute_s = [w.compute_cpu_s for w in work]
@@ -304,12 +309,24 @@ class _VirtualRanks:
             compute_s = self.charge.charge(compute_s)
         update_cpu_s = update_wall_s = 0.0
         results: list[Any] = [None] * world
-        synced = syncs[0] is not None  # every rank's step has the same schedule
+        synced = round_ is not None or syncs[0] is not None  # every rank has the same schedule
         if synced:
             # 2. one collective over all P contributions; one collective state for the group:
             # every real rank would hold the same (rank 0's call carries it)
-            results = self.collective.simulate([s.contribution for s in syncs], syncs[0].call)
+            contributions, call = ((round_.contributions, round_.call) if round_ is not None
+                                   else ([s.contribution for s in syncs], syncs[0].call))
+            results = self.collective.simulate(contributions, call)
             clock.simulate_collective(compute_s, [r.stats for r in results])
+        if round_ is not None and self.steps is not None:
+            # 3. batched: the P memory updates as one (1/P of it charged to rank 0), rank 0's update
+            u0, uw0 = rank_clock_s(dev), time.perf_counter()
+            self.steps.update_memories(round_, results)
+            u1, uw1 = rank_clock_s(dev), time.perf_counter()
+            update = self.steps.update(round_, results)
+            replica.apply(update, lr)
+            update_cpu_s = (u1 - u0) / world + rank_clock_s(dev) - u1
+            update_wall_s = (uw1 - uw0) / world + time.perf_counter() - uw1
+        elif synced:
             # 3. P finishes, then rank 0's update written. A real rank pays its own finish and
             # optimiser step; the other P - 1 ranks' finishes run here one after the other but
             # cost no virtual time, so the charged update does not grow with P.

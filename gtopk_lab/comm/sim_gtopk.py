@@ -1,0 +1,159 @@
+"""gTop-k between P virtual ranks with every merge computed once (the simulator's fast path).
+
+The per-rank programs (:func:`~gtopk_lab.comm.programs.gtopk_program` under
+:func:`~gtopk_lab.comm.transport.run_programs`) make every rank of a butterfly round merge the
+same two operands as its partner, lower rank first: P log2 P merges, each behind a generator
+and a recorder. Both partners then hold bitwise the same tensors (``merge_sparse`` is
+deterministic), and after round r every aligned block of 2^(r+1) ranks does. So the merges are
+a reduction over blocks, P - 1 of them for any P, as the binomial tree's reduce already is:
+
+1. every rank's selection in the wire format, sorted by index (``canonical_wire``, per rank);
+2. butterfly, m = 2^floor(log2 P), e = P - m: the fold merges rank j's vector with rank
+   m + j's (j < e); then for r = 0 .. log2 m - 1 the vector of each block [s, s + 2^(r+1))
+   is ``merge_sparse(vec[s], vec[s + 2^r])``, charged to s (its lowest rank) for the drops;
+   the unfold hands the result back to the e extra ranks. Tree: the reduce level by level,
+   ``vec[s] = merge_sparse(vec[s], vec[s + 2^r])`` where s + 2^r < P, charged to s; the
+   broadcast hands out the result. P = 1: one merge with an empty operand keeps k;
+3. every rank's rounds as its schedule (:func:`~gtopk_lab.comm.schedules.sparse_schedule`)
+   would record them: ``(bytes sent, bytes received)`` of the vectors each round carries in
+   the wire format, a message per round that sends; merged elements and measured merge CPU
+   of every merge the rank's own program would make; the drops it is charged, as the
+   program returns them (one part as is, several as ``dropped_parts``).
+
+Results and ``CommStats`` equal the per-rank programs' (tests/test_sim_gtopk.py checks every
+field but the measured ``merge_cpu_s`` for P = 1 .. 17, 32, 64 and both patterns); every
+rank's result is the same tensor (as a tree broadcast's already is): do not modify it in
+place. Cost: P - 1 merges of at most 2k pairs, P ``canonical_wire`` calls and O(P log P)
+Python steps for the accounting, against P log2 P merges and generator rounds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from gtopk_lab.comm.schedules import largest_power_of_two
+from gtopk_lab.comm.stats import CollectiveResult, CommStats
+from gtopk_lab.comm.wire import PartsWire
+from gtopk_lab.compression.merge import canonical_wire, merge_sparse
+
+__all__ = ["sim_gtopk_shared_merges"]
+
+
+class _Vec(NamedTuple):
+    """A sparse vector some ranks hold, with its wire size."""
+
+    values: torch.Tensor
+    indices: torch.Tensor
+    nbytes: int
+
+
+class _Ledger:
+    """Every rank's rounds, messages, merges and drops (step 3), filled as the merges run."""
+
+    def __init__(self, world: int, wire: PartsWire, k: int) -> None:
+        self.wire, self.k = wire, k
+        self.steps: list[list[tuple[int, int]]] = [[] for _ in range(world)]
+        self.messages = [0] * world
+        self.merged = [0] * world
+        self.cpu_s = [0.0] * world
+        self.drops: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(world)]
+
+    def vec(self, values: torch.Tensor, indices: torch.Tensor) -> _Vec:
+        return _Vec(values, indices, self.wire.nbytes((values, indices)))
+
+    def move(self, src: int, dst: int, vec: _Vec) -> None:
+        """One round: ``src`` sends ``vec`` to ``dst``."""
+        self.steps[src].append((vec.nbytes, 0))
+        self.messages[src] += 1
+        self.steps[dst].append((0, vec.nbytes))
+
+    def exchange(self, lo: int, hi: int, lo_vec: _Vec, hi_vec: _Vec) -> None:
+        """One butterfly round of ranks ``lo`` and ``hi``: each sends its vector."""
+        self.steps[lo].append((lo_vec.nbytes, hi_vec.nbytes))
+        self.steps[hi].append((hi_vec.nbytes, lo_vec.nbytes))
+        self.messages[lo] += 1
+        self.messages[hi] += 1
+
+    def merge(self, first: _Vec, second: _Vec, charged: int, by: Sequence[int]) -> _Vec:
+        """``merge_sparse(first, second)`` once, for the ranks ``by`` that would each make it."""
+        t0 = time.process_time()
+        values, indices, d_v, d_i = merge_sparse(first.values, first.indices, second.values, second.indices,
+                                                 self.k)
+        cpu_s = time.process_time() - t0
+        n = first.values.numel() + second.values.numel()
+        for r in by:
+            self.merged[r] += n
+            self.cpu_s[r] += cpu_s
+        self.drops[charged].append((d_v, d_i))
+        return self.vec(values, indices)
+
+    def result(self, rank: int, final: _Vec, algorithm: str) -> CollectiveResult:
+        drops = self.drops[rank]
+        drop_v, drop_i = drops[0] if len(drops) == 1 else (final.values.new_empty(0), final.indices.new_empty(0))
+        steps = self.steps[rank]
+        stats = CommStats(collective="gtopk_allreduce", algorithm=algorithm, merge_cpu_s=self.cpu_s[rank],
+                          merged_elements=self.merged[rank], dropped_values=drop_v, dropped_indices=drop_i,
+                          library_estimate=False, dropped_parts=drops if len(drops) > 1 else None,
+                          bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),
+                          messages=self.messages[rank], rounds=len(steps), steps=steps)
+        return CollectiveResult(final.values, final.indices, stats)
+
+
+def _butterfly(vec: list[_Vec], ledger: _Ledger) -> _Vec:
+    world = len(vec)
+    m = largest_power_of_two(world)
+    extra = world - m
+    for j in range(extra):  # fold
+        ledger.move(m + j, j, vec[m + j])
+        vec[j] = ledger.merge(vec[j], vec[m + j], charged=j, by=(j,))
+    half = 1
+    while half < m:
+        for start in range(0, m, 2 * half):
+            lo, hi = vec[start], vec[start + half]
+            for i in range(start, start + half):
+                ledger.exchange(i, i + half, lo, hi)
+            vec[start] = ledger.merge(lo, hi, charged=start, by=range(start, start + 2 * half))
+        half *= 2
+    for j in range(extra):  # unfold
+        ledger.move(j, m + j, vec[0])
+    return vec[0]
+
+
+def _tree(vec: list[_Vec], ledger: _Ledger) -> _Vec:
+    world = len(vec)
+    levels = (world - 1).bit_length()
+    for r in range(levels):  # reduce
+        half = 1 << r
+        for start in range(0, world - half, 2 * half):
+            ledger.move(start + half, start, vec[start + half])
+            vec[start] = ledger.merge(vec[start], vec[start + half], charged=start, by=(start,))
+    for r in reversed(range(levels)):  # broadcast
+        half = 1 << r
+        for start in range(0, world - half, 2 * half):
+            ledger.move(start, start + half, vec[0])
+    return vec[0]
+
+
+def sim_gtopk_shared_merges(values_list: Sequence[torch.Tensor], indices_list: Sequence[torch.Tensor],
+                            numel: int, k: int, algorithm: str, wire: PartsWire) -> list[CollectiveResult]:
+    """Steps 1-3 of the module docstring for checked inputs (``inprocess.sim_gtopk_allreduce``
+    checks them) in the wire format ``wire`` (``sparse_wire``): one result per rank."""
+    world = len(values_list)
+    ledger = _Ledger(world, wire, k)
+    vec = []
+    for r, (v, i) in enumerate(zip(values_list, indices_list)):
+        t0 = time.process_time()
+        values, indices = canonical_wire(v, i, numel)
+        ledger.cpu_s[r] += time.process_time() - t0
+        vec.append(ledger.vec(values, indices))
+    if world == 1:  # no partner: canonicalise and keep k, the one rank owns the drops
+        only = vec[0]
+        empty = _Vec(only.values.new_empty(0), only.indices.new_empty(0), 0)  # never sent
+        final = ledger.merge(only, empty, charged=0, by=(0,))
+    else:
+        final = (_butterfly if algorithm == "butterfly" else _tree)(vec, ledger)
+    return [ledger.result(r, final, algorithm) for r in range(world)]

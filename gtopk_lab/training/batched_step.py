@@ -1,0 +1,186 @@
+"""The simulator's P training steps over ranks at once: error feedback, selection, memory update.
+
+With the P gradients in one ``[P, d]`` tensor (:mod:`~gtopk_lab.training.batched_ranks`), the
+per-rank steps (:class:`~gtopk_lab.training.step.RankStep`: compensate, select, ..., memory
+update) cost P times the per-call overhead of a handful of small tensor ops. Where the
+method allows (:func:`batched_step_refusal`), :class:`BatchedSteps` runs them as row-wise ops
+on ``[P, d]`` tensors, with the same result on every row as the rank's own step:
+
+1. ``acc = G + R``: ``G`` the ``[P, d]`` gradients, ``R`` the P residuals stacked (the
+   project's :class:`~gtopk_lab.compression.residual.ErrorFeedback`; none: ``acc = G``);
+2. sparse methods: ``torch.topk(|acc|, k, dim=1, sorted=False)``, the exact top-k of every row
+   at once. It runs the per-slice kernel ``topk_select`` runs on one rank's vector, so every
+   row selects the same indices in the same order, ties included (tests/test_batched_step.py
+   checks it against per-row ``torch.topk``); values ``acc.gather(1, idx)``, indices in the
+   selectors' index dtype;
+3. the P contributions go to the method's in-process collective unchanged (the driver's seam);
+4. memory update in one pass: ``R' = acc`` with each row's selection zeroed (one
+   ``scatter_``; the "paper" rule: only where the index is in the global set, one ``isin``),
+   plus, under the "mass" rule, the entries the merges dropped and charged to each rank (one
+   ``index_add_`` into the flat ``[P * d]`` view); each rank's memory then holds its row;
+5. the update ``G_sum / P`` from rank 0's result (every rank's is the same), through rank 0's
+   ``RankStep.aggregate`` (the aggregated clip included).
+
+Refused (the per-rank path stays, the reason in one line): a device other than the CPU (the
+row-wise top-k's equality is checked there only), a memory of the method's own
+(PowerSGD, CLT-k, EF21, SparseLoCo: their updates are their own code), a selector other than
+``topk_select`` (thresholds and random picks have no row-wise form that selects exactly as the
+rank's own call), DGC momentum correction and the local clip (per-rank state and norms; not
+batched yet).
+
+Cost per iteration: O(P d) for steps 1 and 4 and ``torch.topk`` on P rows, in about ten
+tensor calls instead of about ten per rank; memory: ``acc`` and ``R'``, 8 P d bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gtopk_lab.comm.stats import CollectiveResult
+from gtopk_lab.compression.checks import check_selection
+from gtopk_lab.compression.merge import index_dtype
+from gtopk_lab.compression.residual import ErrorFeedback
+from gtopk_lab.compression.selection import topk_select
+from gtopk_lab.methods.base import CommCall, Contribution
+from gtopk_lab.training.step import RankStep
+
+__all__ = ["BatchedRound", "BatchedSteps", "batched_step_refusal", "batched_summary", "batched_topk"]
+
+
+def batched_step_refusal(step: RankStep, device: torch.device | str = "cpu") -> str | None:
+    """Why the P steps of this run cannot run as one batched step, in one line, or None
+    (``step``: rank 0's; every rank's is built from the same settings; ``device``: the run's)."""
+    settings, method = step.settings, step.method
+    if torch.device(device).type != "cpu":
+        # CUDA's topk picks its kernel by slice size: rows and one rank's vector may break
+        # ties differently, and that has not been checked on a device
+        return f"device {str(device)!r}: the row-wise top-k is checked against each rank's on CPU only"
+    if settings.local_steps:
+        return f"method {method.name!r} takes local steps: each rank synchronises its own weights"
+    if step.memory is not None and type(step.memory) is not ErrorFeedback:
+        return (f"method {method.name!r} keeps its own memory ({type(step.memory).__name__}): its "
+                "update runs rank by rank")
+    if method.sparse and step.select is not topk_select:
+        name = getattr(step.select, "__name__", repr(step.select))
+        return (f"selector {name!r} has no row-wise form that selects exactly what one rank's call "
+                "selects")
+    if step.velocity is not None:
+        return "momentum correction (DGC) keeps a velocity per rank: not batched"
+    if settings.grad_clip is not None and settings.grad_clip_mode == "local":
+        return "grad_clip_mode='local' clips each rank by its own norm: not batched"
+    return None
+
+
+def batched_summary(gradients: bool, gradients_refusal: str | None, steps_refusal: str | None, *,
+                    fixed: bool) -> dict[str, object]:
+    """A simulated run's summary fields: whether the gradients (``gradients``) and the steps
+    (``steps_refusal`` None) ran batched, why not, and how their time was charged (1/P of each
+    batched call per rank, else per rank, or ``fixed``)."""
+    def rule(batched: bool) -> str:
+        return "fixed" if fixed else "batched_call_over_P" if batched else "per_rank"
+    steps = steps_refusal is None
+    return {"batched_ranks": gradients, "batched_ranks_refusal": gradients_refusal,
+            "batched_steps": steps, "batched_steps_refusal": steps_refusal,
+            "compute_s_attribution": rule(gradients), "selection_s_attribution": rule(steps)}
+
+
+def batched_topk(acc: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's exact top-k of ``|acc|``, as ``topk_select`` gives it for that row alone.
+
+    ``acc``: ``[P, d]``. Returns ``(values [P, k], indices [P, k])``, indices in
+    ``index_dtype(d)`` and in ``torch.topk``'s own (unsorted) order; ``k == d``: every index
+    in ascending order, as ``topk_select`` returns it. Cost: ``torch.topk`` on P rows.
+    """
+    if acc.dim() != 2:
+        raise ValueError(f"acc has shape {tuple(acc.shape)}: expected [P, d]")
+    check_selection(acc[0], k)
+    world, d = acc.shape
+    if k == d:
+        idx = torch.arange(d, device=acc.device).expand(world, d)
+    else:
+        idx = torch.topk(acc.abs(), k, dim=1, sorted=False).indices
+    return acc.gather(1, idx), idx.to(index_dtype(d))
+
+
+@dataclass
+class BatchedRound:
+    """One synchronisation of all P ranks waiting for its collective: the P contributions, rank
+    0's call, and the ``[P, d]`` accumulators and ``[P, k]`` int64 selections the memory
+    update reads (None for a dense method)."""
+
+    contributions: list[Contribution]
+    call: CommCall
+    acc: torch.Tensor
+    indices: torch.Tensor | None
+
+
+class BatchedSteps:
+    """The P ranks' :class:`RankStep` s run as one (steps 1-5 of the module docstring).
+
+    ``steps``: every rank's step, in rank order (their memories are read and written; their
+    collective call is rank 0's). :meth:`begin` gives the round, :meth:`finish` the update.
+    """
+
+    def __init__(self, steps: Sequence[RankStep]) -> None:
+        refusal = batched_step_refusal(steps[0])
+        if refusal is not None:
+            raise ValueError(f"BatchedSteps is invalid for this run: {refusal}")
+        self.steps = list(steps)
+        self.world = len(self.steps)
+        self.memories: list[ErrorFeedback] = [s.memory for s in self.steps if s.memory is not None]
+        self.sparse = self.steps[0].method.sparse
+
+    def begin(self, grads: torch.Tensor, k: int, iteration: int = 0) -> BatchedRound:
+        """Steps 1-2: compensation and selection of every row of ``grads`` ``[P, d]``."""
+        if grads.shape != (self.world, self.steps[0].numel):
+            raise ValueError(f"grads has shape {tuple(grads.shape)}: expected "
+                             f"({self.world}, {self.steps[0].numel})")
+        acc = grads
+        if self.memories:
+            residuals = torch.stack([m.residual for m in self.memories])
+            acc = grads.to(residuals.dtype) + residuals
+        call = self.steps[0].call(k, iteration)
+        if not self.sparse:
+            return BatchedRound([Contribution(gradient=g, acc=a) for g, a in zip(grads, acc)], call, acc, None)
+        values, indices = batched_topk(acc, k)
+        contributions = [Contribution(gradient=g, acc=a, values=v, indices=i)
+                         for g, a, v, i in zip(grads, acc, values, indices)]
+        return BatchedRound(contributions, call, acc, indices.long())
+
+    def update_memories(self, round_: BatchedRound, results: Sequence[CollectiveResult]) -> None:
+        """Step 4: every rank's new residual, as ``ErrorFeedback.update`` makes it per rank."""
+        if not self.memories or round_.indices is None:
+            return
+        rule = self.memories[0].rule
+        residual = round_.acc.to(self.memories[0].residual.dtype).clone()
+        local, d = round_.indices, residual.shape[1]
+        offsets = torch.arange(self.world, device=local.device).unsqueeze(1) * d
+        flat = residual.view(-1)
+        globals_ = [r.indices for r in results]
+        if rule == "paper" and globals_[0] is not None:
+            # an entry leaves rank i's residual only where its index reached the global set
+            same = all(g is globals_[0] or torch.equal(g, globals_[0]) for g in globals_)
+            if same:
+                hit = torch.isin(local, globals_[0].to(device=local.device, dtype=torch.int64))
+            else:
+                hit = torch.stack([torch.isin(row, g.to(device=local.device, dtype=torch.int64))
+                                   for row, g in zip(local, globals_)])
+            flat[(local + offsets)[hit]] = 0
+        else:
+            residual.scatter_(1, local, 0.0)
+        if rule == "mass":
+            drops = [(r, res.stats.dropped_indices, res.stats.dropped_values) for r, res in enumerate(results)]
+            drops = [(r, i, v) for r, i, v in drops if i is not None and i.numel() > 0]
+            if drops:
+                idx = torch.cat([i.to(device=flat.device, dtype=torch.int64) + r * d for r, i, _ in drops])
+                vals = torch.cat([v.to(device=flat.device, dtype=flat.dtype) for _, _, v in drops])
+                flat.index_add_(0, idx, vals)
+        for memory, row in zip(self.memories, residual):
+            memory.residual = row
+
+    def update(self, round_: BatchedRound, results: Sequence[CollectiveResult]) -> torch.Tensor:
+        """Step 5: the update ``G_sum / P`` from rank 0's result."""
+        return torch.div(self.steps[0].aggregate(results[0], round_.acc.device), self.world)
