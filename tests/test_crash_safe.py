@@ -173,7 +173,8 @@ def test_a_sigkilled_run_client_leaves_a_crashed_run_with_its_rows_and_resume_co
 
         _wait(crashed, TIMEOUT_S + 20, "the run never read as crashed")
         shown_after_s = time.monotonic() - killed_at
-        print(f"\ncrash-safe: {len(streamed)} rows on disk at the kill; crashed shown {shown_after_s:.1f} s after it")
+        with capsys.disabled():  # (capsys is there for the listing below; -s still shows this)
+            print(f"\ncrash-safe: {len(streamed)} rows on disk at the kill; crashed shown {shown_after_s:.1f} s after it")
         # the heartbeat was at most one flush (2 s) old at the kill, and readers wait for the
         # timeout: not earlier than half of it (a slow client may have been late), not later
         assert TIMEOUT_S / 2 <= shown_after_s <= TIMEOUT_S + 3, shown_after_s
@@ -191,7 +192,8 @@ def test_a_sigkilled_run_client_leaves_a_crashed_run_with_its_rows_and_resume_co
                                       "--no-progress", "--json"),
                                  env=env, cwd=tmp_path, capture_output=True, text=True, timeout=200)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        print(f"crash-safe: ranks gone, resumed and completed {time.monotonic() - killed_at:.1f} s after the kill")
+        with capsys.disabled():
+            print(f"crash-safe: ranks gone, resumed and completed {time.monotonic() - killed_at:.1f} s after the kill")
         assert "resuming victim from epoch" in resumed.stderr
         summary = json.loads(resumed.stdout.strip().splitlines()[-1])
         assert summary["status"] == "completed" and summary["iterations"] == ITERATIONS
