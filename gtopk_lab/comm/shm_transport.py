@@ -6,14 +6,16 @@ wire format as :class:`~gtopk_lab.comm.dist_transport.DistTransport` (the same b
 same results, bitwise), with the same pacing and profiling (:mod:`gtopk_lab.comm.round_hooks`):
 
 1. ``post(dst, payload)``: the payload's pieces (``wire.encode_parts``: the header and views
-   of its tensors, whose concatenation is ``wire.encode``'s buffer) are copied straight into
+   of its tensors, whose concatenation is ``wire.encode``'s buffer; for gTop-k's CPU
+   payloads the same bytes as numpy views, without a tensor dispatch) are copied straight into
    ``dst``'s ring when it has room for the whole message; else they are queued and as much
    as fits is copied in at once; the rest moves whenever this rank
    waits (it never waits for its own send before its receive: a ring whose ranks all send
    right, then receive left, cannot deadlock, whatever the message size);
 2. ``receive(src)``: the next message from ``src``'s ring (its length first, then its
    bytes), streamed when it is larger than the ring; the wire header must agree with the
-   length, then ``wire.decode`` gives the payload;
+   length, then ``wire.decode`` gives the payload (an exact-k gTop-k message is cut into
+   its values and indices in numpy: the same bytes, aligned views of the received array);
 3. ``finish()``: every queued send is in its ring.
 
 No receive is posted ahead (a message waits in its ring until taken), so :meth:`plan` is the
