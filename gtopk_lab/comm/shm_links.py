@@ -145,7 +145,10 @@ class ShmLinks:
         a list of them one after the other) to ``dst``: copied into the ring at once when
         nothing is queued before it and it fits (one published store, one doorbell), else
         queued and moved as far as the free space allows now, the rest while this rank waits."""
-        arrays = [parts.numpy()] if isinstance(parts, torch.Tensor) else [t.numpy() for t in parts]
+        self.send_arrays(dst, [parts.numpy()] if isinstance(parts, torch.Tensor) else [t.numpy() for t in parts])
+
+    def send_arrays(self, dst: int, arrays: list[np.ndarray]) -> None:
+        """:meth:`send` of uint8 numpy arrays (no tensor to unwrap)."""
         total = sum(a.size for a in arrays)
         length = np.array([total], dtype=np.int64).view(np.uint8)
         queue = self.pending[dst]
@@ -184,12 +187,16 @@ class ShmLinks:
     # ------------------------------------------------------------------ receiving
     def receive(self, src: int) -> torch.Tensor:
         """The next message from ``src`` as a fresh uint8 tensor (blocks)."""
+        return torch.from_numpy(self.receive_array(src))
+
+    def receive_array(self, src: int) -> np.ndarray:
+        """:meth:`receive` as a fresh uint8 numpy array (this rank owns it)."""
         ring = self.inbox[src]
         length = np.zeros(1, dtype=np.int64)
         whole = ring.read_message(length)  # the common case: the peer sent before we looked
         if whole is not None:
             self.peer_bells[src].ring()  # space freed: a writer waiting for it goes on
-            return torch.from_numpy(whole)
+            return whole
         length_bytes = length.view(np.uint8)
         state = {"got": 0, "out": None, "out_np": None}
 
@@ -198,7 +205,7 @@ class ShmLinks:
                 whole = ring.read_message(length)
                 if whole is not None:
                     self.peer_bells[src].ring()
-                    state["out"] = torch.from_numpy(whole)
+                    state["out"] = whole
                     return True
             if state["out"] is None:
                 n = ring.read_some(length_bytes, state["got"])
@@ -207,8 +214,8 @@ class ShmLinks:
                 state["got"] += n
                 if state["got"] < _LENGTH:
                     return False
-                state["out"] = torch.empty(int(length[0]), dtype=torch.uint8)
-                state["out_np"], state["got"] = state["out"].numpy(), 0
+                state["out"] = np.empty(int(length[0]), dtype=np.uint8)
+                state["out_np"], state["got"] = state["out"], 0
             out_np = state["out_np"]
             n = ring.read_some(out_np, state["got"])
             if n:

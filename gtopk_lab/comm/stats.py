@@ -64,10 +64,13 @@ class CommStats:
         """Move the drops (pending parts or coalesced tensors) to ``device`` without summing."""
         parts = self.__dict__.get("dropped_parts")
         if parts:
-            self.dropped_parts = [(v.to(device), i.to(device)) for v, i in parts]
-        elif self.dropped_values is not None and self.dropped_indices is not None:
-            self.dropped_values = self.dropped_values.to(device)
-            self.dropped_indices = self.dropped_indices.to(device)
+            if any(v.device != device or i.device != device for v, i in parts):
+                self.dropped_parts = [(v.to(device), i.to(device)) for v, i in parts]
+            return
+        v, i = self.__dict__.get("_dropped_values"), self.__dict__.get("_dropped_indices")
+        # a no-op .to() still costs a dispatch each, on every call
+        if v is not None and i is not None and (v.device != device or i.device != device):
+            self.dropped_values, self.dropped_indices = v.to(device), i.to(device)
 
 
 def _lazy_drop_field(name: str) -> property:

@@ -38,7 +38,7 @@ from gtopk_lab.comm.dist_transport import comm_device, global_rank, rank_world
 from gtopk_lab.comm.profiling import active_profile
 from gtopk_lab.comm.programs import allgather_assemble, allgather_steps, dense_stats, gtopk_program
 from gtopk_lab.comm.recorder import Recorder
-from gtopk_lab.comm.schedules import sparse_schedule
+from gtopk_lab.comm.schedules import cached_schedule
 from gtopk_lab.comm.stats import CollectiveResult, Payload, check_algorithm, check_exact_k, check_k, check_numel, wire
 from gtopk_lab.comm.transport import drive
 from gtopk_lab.comm.transport_choice import transport_for
@@ -173,7 +173,7 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
         # before the local sort. A receive posted ahead cannot be taken back, so a bad index
         # (which the sort's compiled pass finds) leaves one that takes a later message; with
         # counts, receives are posted as each round comes, and a bad index leaves nothing
-        transport.plan([s.peer for s in sparse_schedule(algorithm, rank, world) if s.op != "send"])
+        transport.plan([s.peer for s in cached_schedule(algorithm, rank, world) if s.op != "send"])
     if prof is not None:  # the program adds its own range check and sort to prep
         prof.stop("prep", stamp)
     rec = Recorder(messages, rank, world)

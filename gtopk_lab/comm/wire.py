@@ -26,6 +26,8 @@ posted before the size is known should be (:mod:`gtopk_lab.comm.dist_transport`)
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -217,9 +219,11 @@ BYTES = PartsWire((torch.uint8,))
 TENSORS = TensorWire()
 
 
+@functools.lru_cache(maxsize=64, typed=True)
 def sparse_wire(value_dtype: torch.dtype, index_dtype: torch.dtype, k: int, exact_k: bool = False) -> PartsWire:
     """gTop-k's messages: (values, indices) pairs; exactly k of them without a header with
-    ``exact_k``, else behind the count (receive buffers sized for 2k pairs)."""
+    ``exact_k``, else behind the count (receive buffers sized for 2k pairs). One shared
+    format per argument tuple (a format is never changed after it is made)."""
     return PartsWire((value_dtype, index_dtype), count=k if exact_k else None, capacity=2 * k)
 
 
