@@ -268,9 +268,9 @@ def _torchvision_factory(name: str) -> Callable[..., nn.Module]:
 #: 2.13's CPU scaled_dot_product_attention has no batching rule), but a rank's batch (16 x 64
 #: tokens) is already compute-bound, so one vmapped call saves little overhead and its
 #: per-rank weight-gradient bmm and written-out attention cost more than P fused calls:
-#: measured 1.2-1.5x the CPU time of the sequential path (gpt_tiny, P = 4 and 16, batch 16).
-_GPT_BATCHED_SLOWER = ("batched it is compute-bound (measured 1.2-1.5x the sequential CPU time, "
-                       "P = 4 and 16, batch 16)")
+#: measured 1.2-1.5x the CPU time of the sequential path (gpt_tiny, P = 4, 16 and 64, batch 16).
+_GPT_BATCHED_SLOWER = ("batched it is compute-bound (measured 1.2-1.5x the sequential CPU time at "
+                       "P = 4, 16 and 64, batch 16)")
 
 MODELS: dict[str, ModelSpec] = {
     "mlp": ModelSpec("mlp", MLP, (40,), 10, ("mnist1d", "synthetic"),
