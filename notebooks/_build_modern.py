@@ -21,11 +21,12 @@ def modern_methods_cells(md: Cell, code: Cell, params: Cell, setup: str) -> list
 
 **Run All** at the defaults took 976 s (16 min) on 2 cores, measured at load 2-8 on a shared
 box (commit 5e480f6, `benchmarks/RESULTS.md`), before the simulator batched its virtual ranks
-(`simulator.batched`, 2.85x at P = 64 on the MNIST-1D CNN). That batching does not reach the
-GPT runs (their attention has no vmap batching rule on CPU, so they stay sequential) nor
-DiLoCo and SparseLoCo (local steps), which are most of the time: expect well over 5 minutes
-still (not re-measured: a Run All on 2 cores at load 7-12 was stopped after 7 minutes, 10 of
-64 points done). CI runs it with small parameters.
+(`simulator.batched`, 2.85x at P = 64 on the MNIST-1D CNN). The GPT runs, most of the time,
+stay sequential: they batch, but batched took 1.2-1.5x their CPU time (compute-bound). Their
+forward/backward alone is ~4,100 CPU seconds here (300 iterations x 840 rank-steps of 16 ms),
+so expect over 30 minutes on 2 cores: a Run All on h/gpt (papermill, `OMP_NUM_THREADS=1`,
+load 8-20) was stopped after 35 min with 23 of 64 runs done, the simulated P = 64 GPT
+runs taking 2.6-3.3 s per iteration. CI runs it with small parameters.
 
 Dense S-SGD, Top-k and gTop-k side by side with the methods of the years after the paper
 (docs/modern_methods.md): ScaleCom's **CLT-k**, **EF21** and EF21-SGDM, **PowerSGD**,

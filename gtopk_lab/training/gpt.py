@@ -3,7 +3,8 @@
 Architecture (Radford et al. 2019 / Karpathy's nanoGPT): token embedding + learned position
 embedding, ``n_layer`` pre-LayerNorm blocks ``x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))``
 with causal multi-head self-attention
-(:func:`torch.nn.functional.scaled_dot_product_attention` with ``is_causal=True``) and a
+(:func:`torch.nn.functional.scaled_dot_product_attention` with ``is_causal=True``; under a
+``torch.func`` transform the same attention written out, see :func:`causal_attention`) and a
 4x GELU MLP, a final LayerNorm and a linear head **tied** to the token embedding by default
 (``tie_weights=False`` gives an untied head of ``vocab_size * n_embd`` more parameters). The
 head has no bias; every other Linear has one.
@@ -51,6 +52,49 @@ def gpt_parameter_count(vocab_size: int, block_size: int, n_layer: int, n_embd: 
     return d if tie_weights else d + vocab_size * n_embd
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    """Causal scaled dot-product attention written out, for ``vmap``.
+
+    torch's CPU ``scaled_dot_product_attention`` has no vmap batching rule: under the
+    simulator's batched ranks (``vmap(grad)``, training.batched_ranks) it falls back to one
+    call per rank, slower than the sequential path. These plain ops all batch:
+
+    1. scores ``q k^T / sqrt(C/H)``: ``[.., T, T]``;
+    2. positions after the query set to ``-inf`` (the causal mask, built here rather than kept
+       as a buffer: a buffer would make the batched ranks refuse the model);
+    3. softmax over the keys, dropout ``dropout_p`` on the weights (as the fused call does);
+    4. weights ``@ v``.
+
+    Cost: O(T^2 C) flops and a ``[.., H, T, T]`` weight tensor per layer, as the fused call's
+    math backend. Equals the fused call to float tolerance (another summation order).
+    """
+    t, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-2, -1)) * scale
+    future = _future_mask(t, q.device)
+    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v
+
+
+_MASKS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _future_mask(t: int, device: torch.device) -> torch.Tensor:
+    """``[T, T]`` bool, True above the diagonal; cached per size and device (built once, not
+    per layer and call)."""
+    key = (t, str(device))
+    mask = _MASKS.get(key)
+    if mask is None:
+        mask = _MASKS[key] = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
+    return mask
+
+
+def _under_functorch() -> bool:
+    """Whether the caller runs inside a ``torch.func`` transform (vmap, grad)."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with one fused q/k/v projection."""
 
@@ -67,8 +111,12 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(c, dim=2)
         shape = (b, t, self.n_head, c // self.n_head)
         q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))  # [B, H, T, C/H]
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=True)
+        p = self.dropout if self.training else 0.0
+        # the fused call outside torch.func keeps the sequential path's results bit for bit
+        if _under_functorch():
+            y = causal_attention(q, k, v, p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(b, t, c)
         return self.resid_drop(self.proj(y))
 
