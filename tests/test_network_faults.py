@@ -109,10 +109,11 @@ def _stop(proc: subprocess.Popen[str] | None) -> None:
 
 
 # --- a host's link goes down mid-run ---------------------------------------------------------
-#: paced to at least 20 ms an iteration (``--latency 20ms --throttle``): the run lasts 9.6 s
-#: or more whatever the CPU, so the cable is pulled mid-run (after epoch 1, before half of
-#: it) while the resume has only the rest of 480 iterations to do
-EPOCHS = 30
+#: paced to at least 20 ms an iteration (``--latency 20ms --throttle``): the run lasts 16 s
+#: or more whatever the CPU, and reaches half of it no sooner than 8 s after the start, so
+#: the cable is pulled mid-run (after epoch 1, before half) even when this process is slow
+#: to poll on a loaded box; the resume then has only the rest of 800 iterations to do
+EPOCHS = 50
 ITERATIONS = EPOCHS * 16  # epochs of 512 samples in batches of 2 x 16
 DOWN_RUN = ["--method", "gtopk", "--workers", "2", "--density", "0.05", "--model", "mlp", "--dataset",
             "synthetic", "--train-samples", "512", "--test-samples", "64", "--batch-size", "16",
@@ -192,9 +193,10 @@ def _same_rows(streamed: pd.DataFrame, now: pd.DataFrame) -> None:
 # --- a link slowed mid-run -------------------------------------------------------------------
 FAST, SLOW, SLOW_BPS = "1gbit", "5mbit", 5e6
 #: enough that the run outlasts its slow phase (20 fast iterations, the settle, 20 slow
-#: ones of ~0.1 s each: some 150-250 iterations in all) with a margin, and no more: the
-#: iterations after the rate goes up again only lengthen the test
-SLOW_ITERATIONS = 800
+#: ones of ~0.1 s each: some 150-250 iterations in all) with a margin, and that the fast
+#: phase stays below half of it while this process polls slowly on a loaded box (unpaced
+#: fast iterations take a few ms); more only lengthens the test after the rate goes up again
+SLOW_ITERATIONS = 1500
 SLOW_RUN = ["--method", "dense", "--workers", "2", "--model", "mlp", "--dataset", "synthetic",
             "--train-samples", "8192", "--test-samples", "64", "--batch-size", "16", "--epochs", "12",
             "--max-iterations", str(SLOW_ITERATIONS), "--sink-every", "5", "--timeout", "30",
