@@ -16,6 +16,7 @@ Cost when neither a pacer nor a profile is active: a few attribute reads per rou
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -56,27 +57,28 @@ class RoundHooks:
             self.profile.stop("sendrecv", self._stamp)
             self._stamp = None
 
-    def _pack(self, payload: Any, device: torch.device) -> torch.Tensor:
-        """Steps 1-2 for a send: the message's one buffer, counted in the round's bytes."""
+    def _encode_timed(self, encode: Callable[[Any, torch.device], Any], payload: Any,
+                      device: torch.device) -> Any:
+        """Steps 1-2 for a send: the round is open, ``encode`` is timed as ``pack`` and the
+        ``sendrecv`` time starts after it."""
         self._begin()
         prof = self.profile
         stamp = prof.stamp() if prof is not None else None
-        buf = self.wire.encode(payload, device)
+        out = encode(payload, device)
         if prof is not None:
             prof.stop("pack", stamp)
             self._stamp = prof.stamp()
+        return out
+
+    def _pack(self, payload: Any, device: torch.device) -> torch.Tensor:
+        """Steps 1-2 for a send: the message's one buffer, counted in the round's bytes."""
+        buf = self._encode_timed(self.wire.encode, payload, device)
         self._sent += buf.numel()
         return buf
 
     def _pack_parts(self, payload: Any, device: torch.device) -> list[torch.Tensor]:
         """:meth:`_pack` as the pieces of the buffer (``WireFormat.encode_parts``), uncopied."""
-        self._begin()
-        prof = self.profile
-        stamp = prof.stamp() if prof is not None else None
-        parts = self.wire.encode_parts(payload, device)
-        if prof is not None:
-            prof.stop("pack", stamp)
-            self._stamp = prof.stamp()
+        parts = self._encode_timed(self.wire.encode_parts, payload, device)
         self._sent += sum(p.numel() for p in parts)
         return parts
 
