@@ -100,12 +100,17 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     from gtopk_lab.comm.launch import run_gloo
 
-    numel = int(float(args.numel.rstrip("M")) * 1_000_000) if args.numel.endswith("M") else int(args.numel)
+    from gtopk_lab.counts import parse_count_list
+
+    numels = parse_count_list(args.numel, "--numel")
+    if len(numels) != 1:
+        parser.error(f"--numel={args.numel!r} is invalid: expected one size")
+    numel = numels[0]
     k = max(1, numel // 1000)
     os.environ["GTOPK_LAB_SHM"] = "1"
     print(f"# {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; numel {numel}, k {k}, {args.calls} warm calls; us")
     print("  P  algorithm  rank     b2b   wall   wait  own p25  own min  calls  torch")
-    for world in (int(w) for w in args.workers.split(",")):
+    for world in parse_count_list(args.workers, "--workers"):
         for rank, per in enumerate(run_gloo(_rank, world, numel, k, args.calls, timeout_s=300)):
             origin = per.pop("_from")
             if rank == 0:
