@@ -461,11 +461,19 @@ def test_control_panel_launches_a_study_by_clicking(quickstart: Session) -> None
     page.wait_for_function("() => /study 2: 6 point\\(s\\): 6 completed/.test("
                            "(document.querySelector('.gtopk-panel-lines') || {}).innerText || '')", timeout=180_000)
     # the figure redraws on the panel's refresh, after the lines' text: under load the last
-    # seeds' points reach it a refresh or more later, so wait for that state, not a guess
-    page.wait_for_function(f"() => {{ const t = {_PANEL_TRACES}('Scaling').filter(t => t.markers);"
+    # seeds' points reach it a refresh or more later (seen: study 2's dense drawn, its gTop-k
+    # not yet, a point still hollow, 800 ms after the wait below had passed on '2 seeds'
+    # alone), so wait for the final state the asserts read: both studies' gTop-k names in
+    # the legend and no provisional point left in the title
+    page.wait_for_function(f"() => {{ const t = {_PANEL_TRACES}('Scaling').filter(t => t.markers && t.legend);"
                            " const g = t.map(t => t.group).filter((g, i, a) => a.indexOf(g) === i);"
-                           " return g.length === 2 && t.some(t => t.group === g[1] && t.name.includes('2 seeds')); }",
-                           timeout=30_000)
+                           " const div = Array.from(document.querySelectorAll('.gtopk-panel .js-plotly-plot'))"
+                           ".find(d => String((d.layout.title || {}).text || '').startsWith('Scaling'));"
+                           " return g.length === 2 && !!div && !String(div.layout.title.text).includes('provisional')"
+                           " && t.some(t => t.group === g[0] && t.name.includes('ρ=0.05'))"
+                           " && t.some(t => t.group === g[1] && t.name.includes('ρ=0.02')"
+                           " && t.name.includes('2 seeds')); }",
+                           timeout=60_000)
     page.wait_for_timeout(800)
     quickstart.shot("browser_panel_two_studies", panel)
     traces = [t for t in page.evaluate(f"() => {_PANEL_TRACES}('Scaling')") if t["legend"]]

@@ -37,7 +37,6 @@ from functools import lru_cache
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 __all__ = ["CONFIDENCE", "ONE_SEED_NOTE", "Interval", "t_interval", "add_intervals", "interval_note",
            "interval_bounds", "interval_columns"]
@@ -73,6 +72,10 @@ def _check_confidence(confidence: float) -> float:
 
 @lru_cache(maxsize=256)
 def _t_quantile(confidence: float, n: int) -> float:
+    # imported here: scipy.stats costs ~1 s of imports, which every CLI command and notebook
+    # kernel importing the analysis package would pay before any interval is asked for
+    from scipy import stats
+
     return float(stats.t.ppf((1.0 + confidence) / 2.0, n - 1))
 
 

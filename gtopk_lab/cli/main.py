@@ -20,20 +20,23 @@ by SIGPIPE), stdout pointed at ``os.devnull`` so the interpreter's final flush c
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import traceback
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 from gtopk_lab import __version__
-from gtopk_lab.cli import (
-    bench, calibrate, demo, methods, model, models, report, run, runs, study, sweep, testbed,
-)
 from gtopk_lab.cli.errors import UsageError
 
-#: Sub-command modules, in the order ``--help`` lists them.
-COMMANDS = (run, sweep, study, runs, demo, report, bench, calibrate, model, models, methods, testbed)
+#: Sub-command modules of ``gtopk_lab.cli``, in the order ``--help`` lists them. A module is
+#: imported only when its command runs (or for the full ``--help``): the commands' own
+#: imports (torch, distributed, pandas, scipy) cost 2-4 s of CPU together, and every process
+#: Dask spawns from a CLI process imports this main module again (as ``__mp_main__``).
+COMMANDS = ("run", "sweep", "study", "runs", "demo", "report", "bench", "calibrate", "model", "models",
+            "methods", "testbed")
 #: Exit status when stdout's reader went away (128 + SIGPIPE, what a shell reports for a
 #: tool SIGPIPE killed).
 BROKEN_PIPE_EXIT = 141
@@ -54,18 +57,41 @@ def _add_debug(parser: argparse.ArgumentParser, default: Any) -> None:
                         help="show the traceback behind a one-line error")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_module(name: str) -> ModuleType:
+    """The module of sub-command ``name`` (one of :data:`COMMANDS`), imported now."""
+    module = importlib.import_module(f"gtopk_lab.cli.{name}")
+    assert module.NAME == name, (module.NAME, name)
+    return module
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or (``command`` given) one whose other sub-commands are bare names:
+    they parse nothing, but a mistyped command's error still lists every choice."""
     parser = _Parser(prog="gtopk-lab", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"gtopk-lab {__version__}")
     _add_debug(parser, False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in COMMANDS:
-        p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+    for name in COMMANDS:
+        if command is not None and name != command:
+            sub.add_parser(name)
+            continue
+        module = command_module(name)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         # SUPPRESS: a sub-command without --debug keeps what the top level parsed
         _add_debug(p, argparse.SUPPRESS)
         p.set_defaults(_run=module.run)
     return parser
+
+
+def _command_in(argv: Sequence[str] | None) -> str | None:
+    """The sub-command ``argv`` names (its first word that is not a flag; the top level takes
+    no valued flag), ``""`` (no command's module needed) for a bare ``--version``, else None."""
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    word = next((t for t in tokens if not t.startswith("-")), None)
+    if word is None and "--version" in tokens and not {"-h", "--help"} & set(tokens):
+        return ""
+    return word if word in COMMANDS else None
 
 
 def _wants_debug(argv: Sequence[str] | None, args: argparse.Namespace | None) -> bool:
@@ -89,7 +115,7 @@ def _quiet_broken_pipe() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args: argparse.Namespace | None = None
     try:
-        parser = build_parser()
+        parser = build_parser(_command_in(argv))
         args = parser.parse_args(argv)
         if not getattr(args, "_run", None):
             parser.print_help()
