@@ -49,16 +49,17 @@ ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 #: The quickstart's parameters for these tests: a 2-rank run that lasts at least ~13 s however
-#: fast the machine is (throttled to a 40 ms-latency link: 320 iterations x >= 40 ms), so the
-#: live figure has time to grow on screen even when the browser draws it late. Throttling sleeps, so it costs no CPU. The study
-#: (dense and gTop-k at P = 1, 2 real, 4, 8 simulated) runs 80 iterations a point: a real
-#: P = 2 point lasts >= 3 s (80 x >= 40 ms), so on a loaded machine the efficiency figure
+#: fast the machine is (throttled to a 40 ms-latency link: 160 iterations x >= 80 ms, the two
+#: messages of a P = 2 ring, more for gTop-k's rounds), so the live figure has time to grow on
+#: screen even when the browser draws it late. Throttling sleeps, so it costs no CPU. The study
+#: (dense and gTop-k at P = 1, 2 real, 4, 8 simulated) runs 40 iterations a point: a real
+#: P = 2 point lasts >= 3 s (40 x >= 80 ms), so on a loaded machine the efficiency figure
 #: is on screen before the last real points arrive, however late its cell draws it.
 LIVE_PARAMETERS = {"n_workers": 2, "workers": 2, "method": "gtopk", "density": 0.01, "model": "mlp",
-                   "epochs": 6, "train_samples": 4000, "max_iterations": 320, "sink_every": 2,
+                   "epochs": 6, "train_samples": 4000, "max_iterations": 160, "sink_every": 2,
                    "bandwidth": "1Gbps", "latency": "40ms", "throttle": True,
                    "study_methods": ["dense", "gtopk"], "study_workers": [1, 2, 4, 8],
-                   "study_max_iterations": 80}
+                   "study_max_iterations": 40}
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
