@@ -119,7 +119,8 @@ def predict(rows: list[dict[str, Any]], net: NetworkModel, tcp: TcpTerms, cores_
     for row in rows:
         p = row["workers"]
         row.update(predict_row(net, tcp, row, cores_total, ranks_on_box=2 * p if row["kind"] == "two jobs" else p,
-                               link=slow if row["kind"] == "straggler" else None))
+                               link=slow if row["kind"] == "straggler" else None,
+                               slow_ranks=(p - 1,) if row["kind"] == "straggler" else ()))
 
 
 def main() -> int:

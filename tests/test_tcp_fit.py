@@ -157,3 +157,59 @@ def test_calibrate_stores_terms_that_gtopk_lab_model_charges(tmp_path: Path,
     chunk = 4 * d // p
     extra = 2 * (p - 1) * (2e-4 + 0.25 * model.beta_s_per_byte * chunk)
     assert rows["tcp"]["dense"] - rows["plain"]["dense"] == pytest.approx(extra, rel=1e-6)
+
+
+# --- a straggler's link: only the rounds that cross it (issue 28, item 3) -------------------
+#: gTop-k's tree at P = 4 as the testbed recorded it (benchmarks/logs/2026-12-03-tcp-model.json):
+#: per rank, (sent, recv) and (to, from) per round; rank 3 is the straggler's host
+TREE_STEPS = [[(0, 8000), (0, 8000), (8000, 0), (8000, 0)], [(8000, 0), (0, 8000)],
+              [(0, 8000), (8000, 0), (0, 8000), (8000, 0)], [(8000, 0), (0, 8000)]]
+TREE_PEERS = [[(None, 1), (None, 2), (2, None), (1, None)], [(0, None), (None, 0)],
+              [(None, 3), (0, None), (None, 0), (3, None)], [(2, None), (None, 2)]]
+
+
+def test_a_straggler_slows_only_the_rounds_that_cross_its_link() -> None:
+    net, slow = NetworkModel(ALPHA, RATE), NetworkModel(ALPHA, RATE / 4)
+    pred = predict_call(net, TcpTerms(), TREE_STEPS, [0.0] * 4, ranks=4, cores=None, slow_net=slow,
+                        slow_ranks={3}, peers_per_rank=TREE_PEERS)
+    # the tree's critical path: 3 -> 2 and 2 -> 3 on the slow link, 2 -> 0 and 0 -> 2 not;
+    # rank 2 makes all four rounds
+    rank2 = 2 * (ALPHA + 4 * BETA * 8000) + 2 * (ALPHA + BETA * 8000)
+    assert pred.all_terms_s == pytest.approx(rank2)
+    assert pred.ab_s == pytest.approx(4 * (ALPHA + BETA * 8000))  # the other columns stay on net
+    # peers unknown (a library ring: every round waits for the slowest link): all rounds slow
+    ring = predict_call(net, TcpTerms(), TREE_STEPS, [0.0] * 4, ranks=4, cores=None, slow_net=slow,
+                        slow_ranks={3})
+    assert ring.all_terms_s == pytest.approx(4 * (ALPHA + 4 * BETA * 8000))
+    with pytest.raises(ValueError, match="slow_ranks"):
+        predict_call(net, TcpTerms(), TREE_STEPS, [0.0] * 4, ranks=4, cores=None, slow_net=slow)
+
+
+@pytest.mark.parametrize("algorithm", ["tree", "butterfly"])
+@pytest.mark.parametrize("world", [3, 4, 6])
+def test_recorded_peers_pair_up_across_ranks(algorithm: str, world: int) -> None:
+    """Every send a rank records is a receive of the same bytes its destination records from
+    it, in the same order (both paths of the in-process gTop-k: the per-rank programs and the
+    shared merges)."""
+    import torch
+
+    from gtopk_lab.comm.inprocess import sim_gtopk_allreduce
+
+    numel, k = 400, 20
+    gen = torch.Generator().manual_seed(world)
+    values = [torch.randn(k, generator=gen) for _ in range(world)]
+    indices = [torch.randperm(numel, generator=gen)[:k].sort().values for _ in range(world)]
+    for programs in (True, False):
+        stats = [r.stats for r in sim_gtopk_allreduce(values, indices, numel, k, algorithm, programs=programs)]
+        sends = {(a, b): [] for a in range(world) for b in range(world)}
+        recvs = {(a, b): [] for a in range(world) for b in range(world)}
+        for rank, st in enumerate(stats):
+            assert len(st.peers) == len(st.steps) == st.rounds
+            for (sent, recv), (dst, src) in zip(st.steps, st.peers):
+                assert (dst is None) == (sent == 0) and (src is None) == (recv == 0)
+                if dst is not None:
+                    sends[(rank, dst)].append(sent)
+                if src is not None:
+                    recvs[(src, rank)].append(recv)
+        assert sends == recvs, (programs, sends, recvs)
+        assert any(sends.values())

@@ -91,7 +91,8 @@ def sim_topk_allgather(values_list: list[torch.Tensor], indices_list: list[torch
     res = allgather_assemble(counts, wired, vdt, idt, world, counted=exact_count is None)
     # one sum, one private copy per virtual rank (callers may modify their result in place)
     return [CollectiveResult(res.values.clone(), res.indices.clone(),
-                             dataclasses.replace(res.stats, steps=list(res.stats.steps)))
+                             dataclasses.replace(res.stats, steps=list(res.stats.steps),
+                                                 peers=list(res.stats.peers)))
             for _ in range(world)]
 
 

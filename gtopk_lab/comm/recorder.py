@@ -79,12 +79,14 @@ def route(request: Any, rank: int, world: int) -> tuple[int | None, int | None, 
 
 class Recorder:
     """One rank's rounds in one call: ``steps`` ((sent, received) bytes per round, in order),
+    ``peers`` ((destination, source) rank per round, None where unused),
     ``messages`` (messages sent) and, per phase named in the requests, ``phases[name]`` =
     ``{"sent", "recv", "sent_msgs", "recv_msgs", "rounds"}`` (bytes with headers)."""
 
     def __init__(self, wire: WireFormat, rank: int, world: int) -> None:
         self.wire, self.rank, self.world = wire, rank, world
         self.steps: list[tuple[int, int]] = []
+        self.peers: list[tuple[int | None, int | None]] = []
         self.messages = 0
         self.phases: dict[str, dict[str, int]] = {}
 
@@ -100,6 +102,7 @@ class Recorder:
                 reply = yield (dst, src, payload)
                 recv = nbytes(reply) if src is not None else 0
                 self.steps.append((sent, recv))
+                self.peers.append((dst, src))
                 self.messages += dst is not None
                 if phase:
                     p = self.phases.setdefault(phase, {"sent": 0, "recv": 0, "sent_msgs": 0, "recv_msgs": 0,
@@ -116,6 +119,7 @@ class Recorder:
     def fill(self, stats: CommStats) -> CommStats:
         """Set ``stats``' bytes, messages, rounds and steps from the recorded rounds."""
         stats.steps = self.steps
+        stats.peers = self.peers
         stats.bytes_sent = sum(s for s, _ in self.steps)
         stats.bytes_recv = sum(r for _, r in self.steps)
         stats.messages = self.messages

@@ -57,6 +57,7 @@ class _Ledger:
     def __init__(self, world: int, wire: PartsWire, k: int) -> None:
         self.wire, self.k = wire, k
         self.steps: list[list[tuple[int, int]]] = [[] for _ in range(world)]
+        self.peers: list[list[tuple[int | None, int | None]]] = [[] for _ in range(world)]
         self.messages = [0] * world
         self.merged = [0] * world
         self.cpu_s = [0.0] * world
@@ -68,13 +69,17 @@ class _Ledger:
     def move(self, src: int, dst: int, vec: _Vec) -> None:
         """One round: ``src`` sends ``vec`` to ``dst``."""
         self.steps[src].append((vec.nbytes, 0))
+        self.peers[src].append((dst, None))
         self.messages[src] += 1
         self.steps[dst].append((0, vec.nbytes))
+        self.peers[dst].append((None, src))
 
     def exchange(self, lo: int, hi: int, lo_vec: _Vec, hi_vec: _Vec) -> None:
         """One butterfly round of ranks ``lo`` and ``hi``: each sends its vector."""
         self.steps[lo].append((lo_vec.nbytes, hi_vec.nbytes))
         self.steps[hi].append((hi_vec.nbytes, lo_vec.nbytes))
+        self.peers[lo].append((hi, hi))
+        self.peers[hi].append((lo, lo))
         self.messages[lo] += 1
         self.messages[hi] += 1
 
@@ -99,7 +104,8 @@ class _Ledger:
                           merged_elements=self.merged[rank], dropped_values=drop_v, dropped_indices=drop_i,
                           library_estimate=False, dropped_parts=drops if len(drops) > 1 else None,
                           bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),
-                          messages=self.messages[rank], rounds=len(steps), steps=steps)
+                          messages=self.messages[rank], rounds=len(steps), steps=steps,
+                          peers=self.peers[rank])
         return CollectiveResult(final.values, final.indices, stats)
 
 

@@ -36,6 +36,10 @@ class CommStats:
     rounds: int = 0
     #: per round on this rank: (bytes_sent, bytes_recv), in order
     steps: list[tuple[int, int]] = field(default_factory=list)
+    #: per round on this rank: (rank sent to, rank received from), None for a direction it did
+    #: not use; empty when the rounds are a library call's (peers unknown). A model of links
+    #: that differ (a straggler's) prices each round by its endpoints
+    peers: list[tuple[int | None, int | None]] = field(default_factory=list)
     #: CPU seconds this rank spent merging inside the collective
     merge_cpu_s: float = 0.0
     #: input entries of those merges (both operands; the gathered P*k of an allgather):

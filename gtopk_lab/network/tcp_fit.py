@@ -11,7 +11,11 @@ A call's prediction on one rank, from the rounds it really sent (``CommStats.ste
    times ``s`` (posting and completing a message is CPU work too), plus incast when ``senders``
    hit one receiver in a round.
 
-The call's time is the largest over ranks (the slowest rank ends it). :func:`fit_tcp_constants`
+The call's time is the largest over ranks (the slowest rank ends it). Where links differ (a
+straggler's slower host), a round is priced on the slower network when either of its ends is
+a slow rank (``CommStats.peers``): the critical path of a tree crosses the straggler's link in
+its own rounds only, while a rank whose peers are unknown (a library ring: every round waits
+for the slowest link) pays it in every round. :func:`fit_tcp_constants`
 fits ``cpu_s_per_message``, ``incast_s_per_sender`` and ``duplex_beta_fraction`` by least
 squares on *relative* residuals (a 25M dense call of seconds must not outweigh a 1M gTop-k call
 of milliseconds), each >= 0.
@@ -23,7 +27,7 @@ Worker-side module: standard library and the network model only.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from gtopk_lab.network.cpu_contention import cpu_contention, off_wire_time_s
@@ -47,17 +51,33 @@ class CallPrediction:
     duplex_s: float
 
 
+def _slow_rounds(rank: int, peers: Sequence[Sequence[int | None]], rounds: int,
+                 slow_ranks: Collection[int]) -> list[bool]:
+    """Per round of ``rank``: does it cross a slow rank's link (the module docstring)?"""
+    if rank in slow_ranks or len(peers) != rounds:
+        return [True] * rounds
+    return [any(p is not None and int(p) in slow_ranks for p in pair) for pair in peers]
+
+
 def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequence[Sequence[int]]],
                  cpu_s_per_rank: Sequence[float], ranks: int, cores: float | None,
-                 senders_per_rank: Sequence[int] | None = None) -> CallPrediction:
+                 senders_per_rank: Sequence[int] | None = None, *, slow_net: NetworkModel | None = None,
+                 slow_ranks: Collection[int] = (),
+                 peers_per_rank: Sequence[Sequence[Sequence[int | None]]] | None = None) -> CallPrediction:
     """Steps 1-3 of the module docstring, the largest over ranks for each column.
 
     ``steps_per_rank``: each rank's rounds ``(sent, recv)``; ``cpu_s_per_rank``: each rank's
     off-wire CPU per call; ``ranks`` share ``cores`` (None: a core per rank);
     ``senders_per_rank``: how many ranks send to that rank at once in its rounds (default 1).
+    ``slow_net``: the network of the ``slow_ranks``' links; the all-terms column prices a
+    round on it when the round crosses one of them (``peers_per_rank``: each rank's
+    ``CommStats.peers``; a rank without them pays ``slow_net`` in every round). The other
+    columns stay on ``net``.
     """
     if len(steps_per_rank) != len(cpu_s_per_rank) or not steps_per_rank:
         raise ValueError("steps_per_rank and cpu_s_per_rank are invalid: expected one entry per rank")
+    if slow_net is not None and not slow_ranks:
+        raise ValueError("slow_ranks is invalid: expected the ranks on slow_net's links")
     s = cpu_contention(ranks, cores)
     scaled = dataclasses.replace(tcp, cpu_s_per_message=tcp.cpu_s_per_message * s)
     ab = ab_cpu = best = duplex = 0.0
@@ -67,7 +87,13 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
         n_send = 1 if senders_per_rank is None else int(senders_per_rank[r])
         t_ab = net.ab_steps_time_s(pairs)
         t_cpu = t_ab + off_wire_time_s(float(cpu_s_per_rank[r]), ranks, cores)
-        t_all = t_cpu + scaled.steps_time_s(net, pairs, [n_send] * len(pairs)) - t_ab
+        if slow_net is None:
+            t_all = t_cpu + scaled.steps_time_s(net, pairs, [n_send] * len(pairs)) - t_ab
+        else:
+            peers = peers_per_rank[r] if peers_per_rank is not None else ()
+            slow = _slow_rounds(r, peers, len(pairs), slow_ranks)
+            t_all = t_cpu - t_ab + sum(scaled.steps_time_s(slow_net if s else net, [pair], [n_send])
+                                       for pair, s in zip(pairs, slow))
         ab, ab_cpu = max(ab, t_ab), max(ab_cpu, t_cpu)
         if t_all >= best:
             best, rounds, senders = t_all, len(pairs), n_send
@@ -143,26 +169,29 @@ def merge_rank_reports(per_rank: Sequence[Sequence[dict[str, Any]]]) -> list[dic
         rows.append({**{k: case[k] for k in ("collective", "numel", "density", "workers")},
                      "median_s": case["median_s"], "slowest_s": case["slowest_s"],
                      "cores": min(p["available_cores"] for p in per),
-                     "steps": [p["steps"] for p in per], "cpu_s": [p["cpu_s"] for p in per]})
+                     "steps": [p["steps"] for p in per], "cpu_s": [p["cpu_s"] for p in per],
+                     "peers": [p.get("peers", []) for p in per]})
     return rows
 
 
 def predict_row(net: NetworkModel, tcp: TcpTerms, row: dict[str, Any], host_cores: float,
-                ranks_on_box: int | None = None, link: NetworkModel | None = None) -> dict[str, float]:
+                ranks_on_box: int | None = None, link: NetworkModel | None = None,
+                slow_ranks: Collection[int] = ()) -> dict[str, float]:
     """:func:`predict_call` of a merged row: ``ab_s``, ``ab_cpu_s``, ``all_s`` and the units a fit
     weighs (``base_s``, ``message_units``, ``incast_units``, ``duplex_units``).
 
     ``ranks_on_box``: the ranks sharing the cores (default the row's P); the cores they get
-    are the row's probe, at most ``host_cores``; ``link``: the network of the all-terms
-    column (a straggler's slower link; default ``net``). An ``incast`` row has P - 1 senders
-    into rank 0.
+    are the row's probe, at most ``host_cores``; ``link``: the slower network of the
+    ``slow_ranks`` (a straggler's host), which the all-terms column prices the rounds that
+    cross them on (:func:`predict_call`). An ``incast`` row has P - 1 senders into rank 0.
     """
     p = int(row["workers"])
     ranks = p if ranks_on_box is None else ranks_on_box
     cores = min(float(row["cores"]) * ranks / p, float(host_cores))
     senders = [p - 1] + [1] * (p - 1) if row["collective"] == "incast" else None
     base = predict_call(net, TcpTerms(), row["steps"], row["cpu_s"], ranks, cores, senders)
-    full = predict_call(net if link is None else link, tcp, row["steps"], row["cpu_s"], ranks, cores, senders)
+    full = predict_call(net, tcp, row["steps"], row["cpu_s"], ranks, cores, senders, slow_net=link,
+                        slow_ranks=slow_ranks, peers_per_rank=row.get("peers"))
     return {"ab_s": base.ab_s, "ab_cpu_s": base.ab_cpu_s, "all_s": full.all_terms_s, "base_s": base.ab_cpu_s,
             "message_units": base.rounds * cpu_contention(ranks, cores), "incast_units": base.senders - 1,
             "duplex_units": base.duplex_s}

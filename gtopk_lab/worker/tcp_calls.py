@@ -132,7 +132,8 @@ def time_case(case: dict[str, Any], rank: int, world: int, data: dict) -> dict[s
     return {**case, "workers": world, "times_s": times, "slowest_s": slowest.tolist(),
             "median_s": statistics.median(slowest.tolist()), "cpu_s": statistics.median(cpus),
             "process_cpu_s": statistics.median(procs), "available_cores": cores,
-            "steps": [[int(a), int(b)] for a, b in result.stats.steps]}
+            "steps": [[int(a), int(b)] for a, b in result.stats.steps],
+            "peers": [list(p) for p in result.stats.peers]}
 
 
 def time_cases(cases: Sequence[dict[str, Any]], rank: int, world: int,
