@@ -80,6 +80,11 @@ def test_up_and_down_leave_nothing_behind(tmp_path: Path) -> None:
         outside = subprocess.run([PY, "-c", "import socket; socket.create_connection(('10.77.0.1', 8786), 2)"],
                                  capture_output=True, text=True)
         assert "unreachable" in outside.stderr.lower() or "No route" in outside.stderr, outside.stderr
+        # two hosts are two hosts to the shared-memory transport too: their ranks' messages
+        # cross the shaped links (the same hostname, boot and pid namespace, not one network)
+        ident = [PY, "-c", "from gtopk_lab.comm.shm_ring import host_identity; print(host_identity())"]
+        idents = [tb.run(h, ident).stdout.strip() for h in (1, 1, 2)]
+        assert idents[0] == idents[1] and idents[0] != idents[2] and idents[0], idents
         # faults (issue 30): a pulled cable and a slower link, from this process and another
         tb.set_link(1, False)
         assert tb.run(1, [PY, "-c", connect], timeout_s=30).returncode != 0

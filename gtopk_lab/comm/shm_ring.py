@@ -74,21 +74,28 @@ def shm_supported() -> bool:
             and SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK))
 
 
-def _pid_namespace() -> int:
+def _namespace(kind: str) -> int:
     try:
-        return os.stat("/proc/self/ns/pid").st_ino
+        return os.stat(f"/proc/self/ns/{kind}").st_ino
     except OSError:
         return 0
 
 
+def _pid_namespace() -> int:
+    return _namespace("pid")
+
+
 def host_identity() -> str:
     """What two ranks must share to use each other's segments and pids: hostname, boot id,
-    pid namespace (the handshake then also proves that each opened the others' files)."""
+    pid namespace (the handshake then also proves that each opened the others' files), and
+    network namespace: ranks in separate network namespaces are separate hosts to the
+    network (``gtopk-lab testbed``'s hosts, shaped links between them), so their messages
+    must cross it, not this machine's shared memory."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         boot = "?"
-    return f"{socket.gethostname()}|{boot}|{_pid_namespace()}"
+    return f"{socket.gethostname()}|{boot}|{_pid_namespace()}|{_namespace('net')}"
 
 
 def segment_name(token: str) -> str:

@@ -40,11 +40,13 @@ __all__ = ["CASE_COLLECTIVES", "time_case", "time_cases"]
 
 
 class _Steps:
-    """The rounds of the incast case, shaped like a ``CollectiveResult`` (``stats.steps``)."""
+    """The rounds of the incast case, shaped like a ``CollectiveResult`` (``stats.steps`` and
+    ``stats.peers``; rank 0's one round has P - 1 sources, which a (to, from) pair cannot
+    name, so its peers are left unknown)."""
 
-    def __init__(self, steps: list[tuple[int, int]]) -> None:
+    def __init__(self, steps: list[tuple[int, int]], peers: list[tuple[int | None, int | None]]) -> None:
         self.stats = self
-        self.steps = steps
+        self.steps, self.peers = steps, peers
 
 
 def _incast(rank: int, world: int, payload: torch.Tensor) -> _Steps:
@@ -54,9 +56,9 @@ def _incast(rank: int, world: int, payload: torch.Tensor) -> _Steps:
         bufs = [torch.empty_like(payload) for _ in range(world - 1)]
         for req in [dist.irecv(b, src) for b, src in zip(bufs, range(1, world))]:
             req.wait()
-        return _Steps([(0, n * (world - 1))])
+        return _Steps([(0, n * (world - 1))], [])
     dist.isend(payload, 0).wait()
-    return _Steps([(n, 0)])
+    return _Steps([(n, 0)], [(0, None)])
 
 
 def _call(case: dict[str, Any], rank: int, world: int, data: dict[tuple[int, float], Any]) -> Callable[[], Any]:
