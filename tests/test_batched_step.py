@@ -149,3 +149,29 @@ def test_a_batched_simulated_run_resumes_from_its_checkpoint_to_the_same_weights
     resumed = simulate(config, checkpoint_dir=folder, resume_from=folder)
     assert min(r["iteration"] for r in resumed.rows if r["kind"] == "iter") > 0
     assert torch.equal(whole.final_weights, resumed.final_weights)
+
+
+def test_drop_pieces_add_up_to_the_coalesced_drops() -> None:
+    """``CommStats.drop_pieces``: the pending parts unsummed; added into a dense vector they
+    give what the coalesced ``dropped_values`` / ``dropped_indices`` give (oracle: a dense sum
+    written here)."""
+    from gtopk_lab.comm.stats import CommStats
+
+    gen = torch.Generator().manual_seed(3)
+    parts = [(torch.randn(5, generator=gen), torch.tensor([1, 4, 7, 9, 12])),
+             (torch.randn(3, generator=gen), torch.tensor([4, 9, 30]))]
+    want = torch.zeros(40)
+    for v, i in parts:
+        for value, index in zip(v.tolist(), i.tolist()):
+            want[index] += value
+    stats = CommStats(collective="gtopk_allreduce", algorithm="tree", dropped_parts=parts)
+    pieces = stats.drop_pieces()
+    assert len(pieces) == 2  # not summed by asking
+    got = torch.zeros(40)
+    for v, i in pieces:
+        got.index_add_(0, i, v)
+    assert torch.allclose(got, want)
+    coalesced = torch.zeros(40).index_add_(0, stats.dropped_indices.long(), stats.dropped_values)
+    assert torch.allclose(coalesced, want)
+    assert len(stats.drop_pieces()) == 1  # after a read: the one coalesced piece
+    assert CommStats(collective="topk_allgather", algorithm="ring").drop_pieces() == []

@@ -64,6 +64,16 @@ class CommStats:
             v, i = coalesce_sparse(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
             self.__dict__["_dropped_values"], self.__dict__["_dropped_indices"] = v, i
 
+    def drop_pieces(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The drops charged to this rank as (values, indices) pieces, pending parts unsummed: for
+        a consumer that adds them into a dense vector anyway (``index_add_`` sums repeated
+        indices), which then skips the sort and sum of coalescing. Empty without drops."""
+        parts = self.__dict__.get("dropped_parts")
+        if parts:
+            return list(parts)
+        v, i = self.__dict__.get("_dropped_values"), self.__dict__.get("_dropped_indices")
+        return [(v, i)] if v is not None and i is not None and i.numel() > 0 else []
+
     def drops_to(self, device: torch.device) -> None:
         """Move the drops (pending parts or coalesced tensors) to ``device`` without summing."""
         parts = self.__dict__.get("dropped_parts")

@@ -172,8 +172,9 @@ class BatchedSteps:
         else:
             residual.scatter_(1, local, 0.0)
         if rule == "mass":
-            drops = [(r, res.stats.dropped_indices, res.stats.dropped_values) for r, res in enumerate(results)]
-            drops = [(r, i, v) for r, i, v in drops if i is not None and i.numel() > 0]
+            # unsummed pieces: index_add_ sums repeated indices itself (no coalescing sort)
+            drops = [(r, i, v) for r, res in enumerate(results) for v, i in res.stats.drop_pieces()
+                     if i.numel() > 0]
             if drops:
                 idx = torch.cat([i.to(device=flat.device, dtype=torch.int64) + r * d for r, i, _ in drops])
                 vals = torch.cat([v.to(device=flat.device, dtype=flat.dtype) for _, _, v in drops])
