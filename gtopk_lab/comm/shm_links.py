@@ -339,6 +339,16 @@ def forget_links(key: int) -> None:
         hit[1].close()
 
 
+def links_decided(group: dist.ProcessGroup | None) -> bool | None:
+    """Without any communication: True when ``group``'s handshake chose shared memory, False
+    when it chose gloo, None when no point-to-point call has asked yet."""
+    pg = group if group is not None else dist.group.WORLD
+    hit = _LINKS.get(id(pg))
+    if hit is None or hit[0]() is not pg:
+        return None
+    return hit[1] is not None
+
+
 def shm_links(group: dist.ProcessGroup | None) -> ShmLinks | None:
     """This rank's shared-memory links of ``group`` (None: the default group), or None when
     gloo carries its messages (another backend, one rank, not one host, turned off)."""

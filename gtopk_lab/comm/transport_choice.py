@@ -18,12 +18,12 @@ import torch.distributed as dist
 
 from gtopk_lab.comm.dist_transport import DistTransport
 from gtopk_lab.comm.profiling import RoundProfile
-from gtopk_lab.comm.shm_links import shm_links
+from gtopk_lab.comm.shm_links import links_decided, shm_links
 from gtopk_lab.comm.shm_transport import ShmTransport
 from gtopk_lab.comm.transport import Transport
 from gtopk_lab.comm.wire import WireFormat
 
-__all__ = ["transport_for", "transport_kind"]
+__all__ = ["transport_for", "transport_kind", "transport_used"]
 
 
 def transport_for(group: dist.ProcessGroup | None, device: torch.device, wire: WireFormat, *,
@@ -43,3 +43,10 @@ def transport_kind(group: dist.ProcessGroup | None = None, device: torch.device 
     if device.type == "cpu" and shm_links(group) is not None:
         return "shm"
     return str(dist.get_backend(group)).lower()
+
+
+def transport_used(group: dist.ProcessGroup | None = None) -> str:
+    """What carried ``group``'s point-to-point messages so far, asking nobody (any rank, any
+    time): "shm" when its handshake chose shared memory, else the backend's name (also when
+    no point-to-point call was made: the library collectives ran on the backend)."""
+    return "shm" if links_decided(group) else str(dist.get_backend(group)).lower()

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gtopk_lab.comm.transport_choice import transport_used
 from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
@@ -249,6 +250,9 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
                                 train_wall_s=timeline.train_wall_s, wall_time_s=timeline.wall_time_s,
                                 virtual_time_s=clock.virtual_time_s,
                                 extra={"rank": rank, "device": str(dev),
+                                       # what carried the messages: shm between ranks on one
+                                       # host, gloo / nccl between hosts (testbed hosts too)
+                                       "transport": transport_used() if has_group else "none",
                                        "merge_cpu_s": clock.total_merge_cpu_s,
                                        "virtual_merge_cpu": clock.include_merge_cpu,
                                        "setup_wall_s": timeline.started_at - setup_start,
