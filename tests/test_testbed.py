@@ -255,8 +255,8 @@ def test_calibration_of_a_testbed_link_gives_its_rate(shaped_runs) -> None:
 #: a core per rank) does not price. Issue 28 items 3-4 are to model that term.
 #: 2026-12-03, 6716794, these tests alone (load 0.7 before): dense 100 ms against 66 ms, gTop-k
 #: 10.4 ms against 4.3 ms (its rounds over TCP again: before the shm host fix the testbed's
-#: ranks had handshaken into shared memory). benchmarks/tcp_model.py prices the same calls
-#: within 5% (dense ring, P = 4) and 18% (gTop-k) with the off-wire CPU and TCP terms; the
+#: ranks had handshaken into shared memory). benchmarks/tcp_model.py prices these collectives
+#: (1M and 25M, P = 4) within 5% (dense ring) and 18% (gTop-k) with the off-wire CPU and TCP terms; the
 #: virtual clock of a run does not charge those yet.
 CPU_BOUND = ("four ranks share two cores: a collective waits for CPU beyond the wire time the "
              "alpha-beta model prices (issue 28 items 3-4); dense passed on a quiet box once "
