@@ -253,7 +253,7 @@ def test_calibration_of_a_testbed_link_gives_its_rate(shaped_runs) -> None:
 #: call costs ~1 ms of CPU (sort, pack, merges) and the four ranks' share two cores on the
 #: path of two dependent rounds (3.1-3.4 ms unshaped), which the alpha-beta model (no gamma,
 #: a core per rank) does not price. Issue 28 items 3-4 are to model that term.
-#: 2026-12-03, 6716794, these tests alone (load 0.7 before): dense 100 ms against 66 ms, gTop-k
+#: 2026-12-03, 561d3a8, these tests alone (load 0.7 before): dense 100 ms against 66 ms, gTop-k
 #: 10.4 ms against 4.3 ms (its rounds over TCP again: before the shm host fix the testbed's
 #: ranks had handshaken into shared memory). benchmarks/tcp_model.py prices these collectives
 #: (1M and 25M, P = 4) within 5% (dense ring) and 18% (gTop-k) with the off-wire CPU and TCP terms; the
