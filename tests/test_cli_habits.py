@@ -227,3 +227,27 @@ def test_debug_shows_the_traceback_behind_the_one_line_error(capsys: pytest.Capt
         assert debug.startswith("Traceback (most recent call last):")
         assert "ValueError: method='nope' is invalid" in debug
         assert debug.strip().splitlines()[-1] == line  # the same line closes it
+
+
+# --- start-up: a command imports its own module only ---------------------------------------
+_IMPORTED = ("import sys\nfrom gtopk_lab.cli.main import main\ntry:\n    main(sys.argv[1:])\nfinally:\n"
+             "    print('\\nIMPORTED', sorted(m for m in sys.modules if m.startswith('gtopk_lab.cli.') or m in "
+             "('torch', 'distributed', 'scipy.stats')))")
+
+
+def _imported_by(*argv: str) -> list[str]:
+    done = subprocess.run([PY, "-c", _IMPORTED, *argv], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    line = next(x for x in done.stdout.splitlines() if x.startswith("IMPORTED"))
+    return eval(line.split(" ", 1)[1])  # a list literal this test printed
+
+
+@pytest.mark.timeout(240)
+def test_a_command_imports_its_own_module_and_version_imports_none() -> None:
+    """``gtopk-lab --version`` needs no torch, and ``gtopk-lab model ...`` no other command's
+    module: every process Dask spawns from a CLI process imports the main module again."""
+    assert _imported_by("--version") == ["gtopk_lab.cli.errors", "gtopk_lab.cli.main"]
+    model = _imported_by("model", "scaling", "--workers", "1,2")
+    others = {f"gtopk_lab.cli.{c}" for c in cli_main.COMMANDS} - {"gtopk_lab.cli.model"}
+    assert "gtopk_lab.cli.model" in model and not others & set(model), model
+    assert "distributed" not in model and "scipy.stats" not in model, model
