@@ -124,10 +124,10 @@ def test_a_simulated_run_says_what_ran_batched_and_charges_every_rank_alike() ->
     run = simulate(RunConfig(method="gtopk", **base))
     summary = run.summary
     assert summary["batched_steps"] is True and summary["batched_steps_refusal"] is None
-    assert summary["selection_s_attribution"] == "batched_call_over_P"
+    assert summary["selection_s_attribution"] == "one_rank_call"
     iterations = {r["iteration"] for r in run.rows if r["kind"] == "iter"}
     assert len(iterations) >= 2
-    for it in iterations:  # 1/P of one measured batched step each
+    for it in iterations:  # rank 0's own selection call, charged to every rank alike
         selections = {r["selection_s"] for r in run.rows if r["kind"] == "iter" and r["iteration"] == it}
         assert len(selections) == 1 and selections.pop() > 0
     other = simulate(RunConfig(method="gaussiank", **base)).summary

@@ -77,14 +77,16 @@ def batched_step_refusal(step: RankStep, device: torch.device | str = "cpu") -> 
 def batched_summary(gradients: bool, gradients_refusal: str | None, steps_refusal: str | None, *,
                     fixed: bool) -> dict[str, object]:
     """A simulated run's summary fields: whether the gradients (``gradients``) and the steps
-    (``steps_refusal`` None) ran batched, why not, and how their time was charged (1/P of each
-    batched call per rank, else per rank, or ``fixed``)."""
-    def rule(batched: bool) -> str:
-        return "fixed" if fixed else "batched_call_over_P" if batched else "per_rank"
+    (``steps_refusal`` None) ran batched, why not, and how their time was charged (1/P of the
+    batched gradients per rank; a batched step's selection as rank 0's own call; else per
+    rank, or ``fixed``)."""
+    def rule(batched: bool, label: str) -> str:
+        return "fixed" if fixed else label if batched else "per_rank"
     steps = steps_refusal is None
     return {"batched_ranks": gradients, "batched_ranks_refusal": gradients_refusal,
             "batched_steps": steps, "batched_steps_refusal": steps_refusal,
-            "compute_s_attribution": rule(gradients), "selection_s_attribution": rule(steps)}
+            "compute_s_attribution": rule(gradients, "batched_call_over_P"),
+            "selection_s_attribution": rule(steps, "one_rank_call")}
 
 
 def batched_topk(acc: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

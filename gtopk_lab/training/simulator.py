@@ -19,9 +19,12 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    then, where :func:`~gtopk_lab.training.batched_step.batched_step_refusal` allows, the P
    ``begin`` s are one :class:`~gtopk_lab.training.batched_step.BatchedSteps` (``[P, d]``
    error feedback and top-k; step 4's memory updates too), else each row goes through its
-   rank's own ``begin``. Each batched call is measured once and each rank charged 1/P of it
-   (summary: ``compute_s_attribution`` / ``selection_s_attribution`` "batched_call_over_P",
-   else "per_rank", or "fixed" with a fixed or calibrated compute time); ``batched_ranks`` /
+   rank's own ``begin``. The batched gradients are measured once and each rank charged 1/P of
+   them (summary ``compute_s_attribution`` "batched_call_over_P"); a batched sparse step is
+   charged per rank as rank 0's own compensation and selection call, timed beside it
+   (``selection_s_attribution`` "one_rank_call": a row of the batched top-k shares the
+   per-call overhead a real rank pays whole); else "per_rank", or "fixed" with a fixed or
+   calibrated compute time; ``batched_ranks`` /
    ``batched_steps`` say whether they ran, ``batched_ranks_refusal`` /
    ``batched_steps_refusal`` why not
 2. the method's in-process collective (``Collective.simulate``: the per-rank message programs
@@ -260,7 +263,8 @@ class _VirtualRanks:
 
     def _contribute_batched(self, point: Point) -> tuple[list[_RankWork], BatchedRound | None]:
         """Phase 1 with the P gradients from one batched call, each rank charged 1/P of its
-        time, then the P contributions: one batched step (charged alike), or each rank's own
+        time, then the P contributions: one batched step (each rank charged rank 0's own
+        selection call), or each rank's own
         (its RNG current, as in :meth:`_contribute`)."""
         states, dev, world = self.states, self.dev, self.world
         assert self.batched is not None
@@ -272,6 +276,8 @@ class _VirtualRanks:
         if self.steps is not None:
             round_ = self.steps.begin(grads, point.k, point.iteration)
             sel_cpu_s, sel_wall_s = (rank_clock_s(dev) - c1) / world, (time.perf_counter() - w1) / world
+            if round_.indices is not None:
+                sel_cpu_s, sel_wall_s = self._one_rank_selection_s(grads[0], point.k)
             return [_RankWork(loss, None, compute_cpu_s + sel_cpu_s, sel_cpu_s, (compute_wall_s, sel_wall_s))
                     for loss in losses.tolist()], round_
         work = []
@@ -282,6 +288,18 @@ class _VirtualRanks:
                 c2, w2 = rank_clock_s(dev), time.perf_counter()
             work.append(_RankWork(loss, sync, compute_cpu_s + (c2 - c1), c2 - c1, (compute_wall_s, w2 - w1)))
         return work, None
+
+    def _one_rank_selection_s(self, grad: torch.Tensor, k: int) -> tuple[float, float]:
+        """(CPU, wall) seconds of rank 0's compensation and selection made as its own call
+        would make them (result discarded): a row of a ``[P, d]`` top-k shares the per-call
+        overhead with P - 1 others, which a real rank pays whole (and more of under load),
+        so the batched call / P would charge a virtual rank less than a real one."""
+        assert self.steps is not None
+        step, dev = self.steps.steps[0], self.dev
+        c0, w0 = rank_clock_s(dev), time.perf_counter()
+        acc = grad + step.memory.residual if step.memory is not None else grad
+        step.select(acc, k)
+        return rank_clock_s(dev) - c0, time.perf_counter() - w0
 
     def _finish(self, state: RankState, sync: Sync, result: Any) -> torch.Tensor | None:
         """One rank's end of the synchronisation, with its own weights current (a local-steps
