@@ -92,8 +92,8 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
         else:
             peers = peers_per_rank[r] if peers_per_rank is not None else ()
             slow = _slow_rounds(r, peers, len(pairs), slow_ranks)
-            t_all = t_cpu - t_ab + sum(scaled.steps_time_s(slow_net if s else net, [pair], [n_send])
-                                       for pair, s in zip(pairs, slow))
+            t_all = t_cpu - t_ab + sum(scaled.steps_time_s(slow_net if crosses else net, [pair], [n_send])
+                                       for pair, crosses in zip(pairs, slow))
         ab, ab_cpu = max(ab, t_ab), max(ab_cpu, t_cpu)
         if t_all >= best:
             best, rounds, senders = t_all, len(pairs), n_send
