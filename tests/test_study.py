@@ -215,9 +215,12 @@ def test_target_cnn_on_10gbe_every_real_and_simulated_point_within_10_points_of_
     assert checked["predicted"].notna().all(), checked.to_string()
     assert checked["trusted"].all(), checked.to_string()
     assert (checked["efficiency_mean"] <= 1.0 + 1e-9).all(), checked.to_string()
-    sparse16 = checked[(checked.workers == 16) & (checked.method != "dense")]
-    assert (sparse16["efficiency_mean"] > checked[(checked.workers == 16) & (checked.method == "dense")]
-            ["efficiency_mean"].iloc[0]).all()  # on 10GbE at P = 16 sparse already wins
+    at16 = checked[checked.workers == 16].set_index("method")["efficiency_mean"]
+    # on 10GbE at P = 16 gTop-k already wins: 2 log2 P = 8 latency-bound rounds against the
+    # ring's 2(P - 1) = 30. Top-k's allgather also takes 2(P - 1) rounds, so against dense it
+    # is a tie plus its selection (measured 0.50-0.54 vs dense 0.41-0.56 as the calibrated
+    # compute varies): its point is checked against its prediction above, not against dense
+    assert at16["gtopk"] > at16["dense"], at16.to_dict()
     assert study.check_lines() == ["check: every point within 10% of the alpha-beta prediction"]
 
 
