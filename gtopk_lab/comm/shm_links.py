@@ -339,14 +339,18 @@ def forget_links(key: int) -> None:
         hit[1].close()
 
 
+def _cached(pg: dist.ProcessGroup) -> tuple[weakref.ref, ShmLinks | None] | None:
+    """``pg``'s cached decision, or None when its handshake has not run (a freed group's id
+    reused by another is not a hit)."""
+    hit = _LINKS.get(id(pg))
+    return hit if hit is not None and hit[0]() is pg else None
+
+
 def links_decided(group: dist.ProcessGroup | None) -> bool | None:
     """Without any communication: True when ``group``'s handshake chose shared memory, False
     when it chose gloo, None when no point-to-point call has asked yet."""
-    pg = group if group is not None else dist.group.WORLD
-    hit = _LINKS.get(id(pg))
-    if hit is None or hit[0]() is not pg:
-        return None
-    return hit[1] is not None
+    hit = _cached(group if group is not None else dist.group.WORLD)
+    return None if hit is None else hit[1] is not None
 
 
 def shm_links(group: dist.ProcessGroup | None) -> ShmLinks | None:
@@ -354,8 +358,8 @@ def shm_links(group: dist.ProcessGroup | None) -> ShmLinks | None:
     gloo carries its messages (another backend, one rank, not one host, turned off)."""
     pg = group if group is not None else dist.group.WORLD
     key = id(pg)
-    hit = _LINKS.get(key)
-    if hit is not None and hit[0]() is pg:
+    hit = _cached(pg)
+    if hit is not None:
         return hit[1]
     rank, world = rank_world(group)
     links = None
