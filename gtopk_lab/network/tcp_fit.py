@@ -87,13 +87,10 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
         n_send = 1 if senders_per_rank is None else int(senders_per_rank[r])
         t_ab = net.ab_steps_time_s(pairs)
         t_cpu = t_ab + off_wire_time_s(float(cpu_s_per_rank[r]), ranks, cores)
-        if slow_net is None:
-            t_all = t_cpu + scaled.steps_time_s(net, pairs, [n_send] * len(pairs)) - t_ab
-        else:
-            peers = peers_per_rank[r] if peers_per_rank is not None else ()
-            slow = _slow_rounds(r, peers, len(pairs), slow_ranks)
-            t_all = t_cpu - t_ab + sum(scaled.steps_time_s(slow_net if crosses else net, [pair], [n_send])
-                                       for pair, crosses in zip(pairs, slow))
+        peers = peers_per_rank[r] if peers_per_rank is not None else ()
+        slow = _slow_rounds(r, peers, len(pairs), slow_ranks) if slow_net is not None else [False] * len(pairs)
+        t_all = t_cpu - t_ab + sum(scaled.steps_time_s(slow_net if crosses else net, [pair], [n_send])
+                                   for pair, crosses in zip(pairs, slow))
         ab, ab_cpu = max(ab, t_ab), max(ab_cpu, t_cpu)
         if t_all >= best:
             best, rounds, senders = t_all, len(pairs), n_send
