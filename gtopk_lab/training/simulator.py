@@ -275,9 +275,10 @@ class _VirtualRanks:
         compute_cpu_s, compute_wall_s = (c1 - c0) / world, (w1 - w0) / world
         if self.steps is not None:
             round_ = self.steps.begin(grads, point.k, point.iteration)
-            sel_cpu_s, sel_wall_s = (rank_clock_s(dev) - c1) / world, (time.perf_counter() - w1) / world
             if round_.indices is not None:
                 sel_cpu_s, sel_wall_s = self._one_rank_selection_s(grads[0], point.k)
+            else:  # a dense step: its compensation, 1/P of the batched call
+                sel_cpu_s, sel_wall_s = (rank_clock_s(dev) - c1) / world, (time.perf_counter() - w1) / world
             return [_RankWork(loss, None, compute_cpu_s + sel_cpu_s, sel_cpu_s, (compute_wall_s, sel_wall_s))
                     for loss in losses.tolist()], round_
         work = []
