@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from gtopk_lab.comm.launch import run_gloo
+from peer_pairs import sends_and_receives
 
 pytestmark = pytest.mark.timeout(180)
 WORLD = 3
@@ -38,13 +39,5 @@ def test_every_case_reports_rounds_whose_peers_pair_up() -> None:
         if all(not row["peers"] for row in rows):  # a library call (gloo's ring): peers unknown
             assert name == "ring_allreduce" or name == "topk_allgather", name
             continue
-        sends: dict[tuple[int, int], list[int]] = {}
-        recvs: dict[tuple[int, int], list[int]] = {}
-        for rank, row in enumerate(rows):
-            assert len(row["peers"]) == len(row["steps"]), (name, row)
-            for (sent, recv), (dst, src) in zip(row["steps"], row["peers"]):
-                if dst is not None:
-                    sends.setdefault((rank, dst), []).append(sent)
-                if src is not None:
-                    recvs.setdefault((src, rank), []).append(recv)
+        sends, recvs = sends_and_receives((row["steps"], row["peers"]) for row in rows)
         assert sends and sends == recvs, (name, sends, recvs)

@@ -20,6 +20,7 @@ from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.tcp_fit import fit_tcp_constants, predict_call
 from gtopk_lab.network.tcp_terms import TcpTerms
+from peer_pairs import sends_and_receives
 
 pytestmark = pytest.mark.timeout(60)
 ALPHA, RATE = 1e-4, 200e6
@@ -201,15 +202,10 @@ def test_recorded_peers_pair_up_across_ranks(algorithm: str, world: int) -> None
     indices = [torch.randperm(numel, generator=gen)[:k].sort().values for _ in range(world)]
     for programs in (True, False):
         stats = [r.stats for r in sim_gtopk_allreduce(values, indices, numel, k, algorithm, programs=programs)]
-        sends = {(a, b): [] for a in range(world) for b in range(world)}
-        recvs = {(a, b): [] for a in range(world) for b in range(world)}
-        for rank, st in enumerate(stats):
+        for st in stats:
             assert len(st.peers) == len(st.steps) == st.rounds
             for (sent, recv), (dst, src) in zip(st.steps, st.peers):
                 assert (dst is None) == (sent == 0) and (src is None) == (recv == 0)
-                if dst is not None:
-                    sends[(rank, dst)].append(sent)
-                if src is not None:
-                    recvs[(src, rank)].append(recv)
+        sends, recvs = sends_and_receives((st.steps, st.peers) for st in stats)
         assert sends == recvs, (programs, sends, recvs)
         assert any(sends.values())
