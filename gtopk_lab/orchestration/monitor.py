@@ -30,7 +30,8 @@ submitted, and is what makes a :class:`~gtopk_lab.orchestration.handle.RunHandle
 5. **End.** The handle writes its run folder (``RunHandle.record_end``), new rows are
    delivered, the metrics topic unsubscribed and waiters woken; once its rank tasks
    drained (or their deadline passed) the workers are released and its rendezvous
-   variable deleted.
+   variable deleted. A completed run's tasks have all drained, so its workers are
+   released before its waiters wake.
 6. **Restart.** A run that lost a worker with restarts left waits until its surviving
    rank tasks ended, gives its workers back, drops its rows past its newest complete
    checkpoint and goes back to the front of the queue; it starts again from that
@@ -182,14 +183,18 @@ class RunMonitor(WorkerRelease):
         self._wake.set()
 
     def finish(self, handle: RunHandle, status: str, error: str | None,
-               rank0_summary: dict[str, Any] | None = None, backend: str | None = None) -> None:
-        """Write the run folder and mark the handle done (once)."""
+               rank0_summary: dict[str, Any] | None = None, backend: str | None = None,
+               wake: bool = True) -> bool:
+        """Write the run folder and mark the handle done (once; False: it had ended already);
+        ``wake=False`` leaves waking its waiters (``handle.mark_done()``) to the caller."""
         if not handle.record_end(self.out, status, error, rank0_summary=rank0_summary, backend=backend):
-            return
+            return False
         self.claims.let_go(handle)
         handle.deliver()
         self._unsubscribe(handle)
-        handle.mark_done()
+        if wake:
+            handle.mark_done()
+        return True
 
     # --- placing -----------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -381,9 +386,15 @@ class RunMonitor(WorkerRelease):
             return
         handle.add_rows([row for out in outputs for row in out.get("rows", [])])
         rank0 = next((o.get("summary") for o in outputs if o.get("rank") == 0), None)
-        self.finish(handle, "completed", None, rank0_summary=rank0,
-                    backend=outputs[0].get("backend") if outputs else None)
+        # Its waiters wake once its workers are back: a caller that waited on it and submits
+        # again (here or from another client) finds them free, not still reserved. (Released
+        # after finish: the metrics topic is unsubscribed before release forgets it, or the
+        # scheduler's subscriber table would keep an entry per run.)
+        ended = self.finish(handle, "completed", None, rank0_summary=rank0,
+                            backend=outputs[0].get("backend") if outputs else None, wake=False)
         self._release(handle)
+        if ended:
+            handle.mark_done()
 
     # --- faults: restarts and what lost workers looked like ---------------------------
     def _remember(self, workers: dict[str, dict[str, Any]]) -> None:
