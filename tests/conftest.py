@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import suite_schedule
+
 #: tests/plugins: the test-only methods of every shape (lab_test_methods.py)
 PLUGINS = Path(__file__).with_name("plugins")
 
@@ -29,6 +31,24 @@ def pytest_sessionstart(session: object) -> None:
     from gtopk_lab.compression.fast_merge import warm_up
 
     warm_up()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile``: the testbed files in one process, the longest files first
+    (tests/suite_schedule.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    return suite_schedule.make_scheduler(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist process, collect the longest files first (every process collects the same
+    order; the scheduler above keeps it). A serial run keeps pytest's own order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    order = suite_schedule.longest_first([item.nodeid for item in items], suite_schedule.recorded_seconds())
+    items[:] = [items[i] for i in order]
 
 
 @pytest.fixture(scope="module")
