@@ -54,8 +54,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="module")
 def lab_test_methods():
     """Register the test plugin (tests/plugins/lab_test_methods.py) for this module and make it
-    importable and named for every child process ($GTOPK_LAB_METHODS, $PYTHONPATH); both are
-    restored afterwards."""
+    importable and named for every child process ($GTOPK_LAB_METHODS, $PYTHONPATH). Both, and
+    the registries the plugin added to, are restored afterwards: a later module in the same
+    xdist process (tests/suite_schedule.py decides which) sees the built-in methods only."""
+    from gtopk_lab.compression import selection
+    from gtopk_lab.methods import registry
+
+    saved = [(table, table.copy()) for table in (registry._METHODS, registry._COLLECTIVES, registry._ALIASES,
+                                                 registry._loaded_plugins, selection.SELECTORS,
+                                                 selection.EXACT_K_SELECTORS)]
     sys.path.insert(0, str(PLUGINS))
     old_env, old_path = os.environ.get("GTOPK_LAB_METHODS"), os.environ.get("PYTHONPATH")
     os.environ["GTOPK_LAB_METHODS"] = "lab_test_methods"
@@ -68,3 +75,7 @@ def lab_test_methods():
         else:
             os.environ[key] = old
     sys.path.remove(str(PLUGINS))
+    for table, before in saved:
+        table.clear()
+        table.update(before)
+    sys.modules.pop("lab_test_methods", None)  # the next module's fixture registers it afresh

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import tomllib
 from pathlib import Path
@@ -80,6 +81,14 @@ def test_notebook_and_tracking_extras(pyproject: dict) -> None:
 
 
 def test_dask_labextension_is_a_jupyter_server_extension() -> None:
-    ext = pytest.importorskip("dask_labextension", reason="the notebook extra is not installed")
+    # Its import makes a tornado Future, which needs a current event loop, as Jupyter's
+    # server has; an earlier test's asyncio.run() in this process leaves none set.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        ext = pytest.importorskip("dask_labextension", reason="the notebook extra is not installed")
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
     points = getattr(ext, "_jupyter_server_extension_points", None) or ext._jupyter_server_extension_paths
     assert {p["module"] for p in points()} == {"dask_labextension"}

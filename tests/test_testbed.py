@@ -280,17 +280,17 @@ def test_dense_communication_is_within_25_percent_of_the_calibrated_model(shaped
 def test_gtopk_sends_50x_fewer_bytes_and_communicates_less_than_dense(shaped_runs) -> None:
     """The stall of issue 28: a fresh ``dask worker`` loaded numba's merge kernels inside
     gTop-k's first collective (~0.5 s, ~5 s on a cold cache), booked as communication.
-    The rank now loads them before the rendezvous: gTop-k's first iteration stays within
-    twice dense's steady one (far below the stall), and its mean over all iterations
-    communicates less than dense's."""
+    The rank now loads them before the rendezvous: gTop-k's first iteration stays below the
+    shortest stall, and its mean over all iterations communicates less than dense's."""
     dense, gtopk = shaped_runs["dense"], shaped_runs["gtopk"]
     d_comm, d_iters = _comm_per_iteration_s(dense[1])
     g_comm, g_iters = _comm_per_iteration_s(gtopk[1])
     assert d_iters["bytes_sent"].mean() > 25 * g_iters["bytes_sent"].mean()
     # the stall was 0.5-5 s; a first iteration also pays its first sends' allocations and
-    # TCP's start on the shaped links: a fresh clone's suite read gTop-k's first 81 ms against
-    # dense's steady 78 ms (its later iterations 14-62 ms), so the bound is twice dense's steady
-    assert g_comm.iloc[0] < 2 * d_comm.iloc[1:].median(), (g_comm.tolist(), d_comm.tolist())
+    # TCP's start on the shaped links, and waits for cores with the suite's other process:
+    # fresh clones' suites read 81 ms (dense's steady 78 ms) and, beside the browser tests,
+    # 174 ms (dense's steady 86 ms), so the bound is the stall's, not dense's
+    assert g_comm.iloc[0] < 0.4, (g_comm.tolist(), d_comm.tolist())
     assert g_comm.mean() < d_comm.mean(), (g_comm.tolist(), d_comm.tolist())
 
 
