@@ -15,7 +15,8 @@ OUT    ?= results/demo
 # (--dist loadfile keeps a file's cluster fixtures in one process; the notebooks are two
 # files so that both processes take some); most tests wait on
 # processes, sockets and kernels, so 2 processes fit 2 cores. `make test JOBS=0` runs serially.
-# (Not --dist loadgroup: with pytest 9.2, pytest-xdist 3.8's xdist_group marks group nothing.)
+# (Not --dist loadgroup: with pytest 9.2, pytest-xdist 3.8's xdist_group marks group nothing;
+# tests/suite_schedule.py puts the testbed files in one process and the longest files first.)
 JOBS   ?= 2
 # `make test-stress` runs the suite (or TESTS=...) RUNS times in a row with LOOPS busy shell
 # loops beside it, a loaded machine on purpose: a test that fails only under load is a bug.
