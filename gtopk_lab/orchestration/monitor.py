@@ -392,9 +392,11 @@ class RunMonitor(WorkerRelease):
         # scheduler's subscriber table would keep an entry per run.)
         ended = self.finish(handle, "completed", None, rank0_summary=rank0,
                             backend=outputs[0].get("backend") if outputs else None, wake=False)
-        self._release(handle)
-        if ended:
-            handle.mark_done()
+        try:
+            self._release(handle)
+        finally:  # a waiter never outlives a failed release
+            if ended:
+                handle.mark_done()
 
     # --- faults: restarts and what lost workers looked like ---------------------------
     def _remember(self, workers: dict[str, dict[str, Any]]) -> None:
