@@ -94,7 +94,7 @@ def toy_train(config: RunConfig, sink=None, device=None, checkpoint_dir: str | N
         start = latest["iteration"]
     rows: list[dict[str, Any]] = []
     buffer: list[dict[str, Any]] = []
-    ended = "returned"
+    ended, detail = "returned", ""
     try:
         for it in range(start, total_iterations(config)):
             if rank == extra.get("oom_rank") and it == extra.get("oom_at"):
@@ -118,14 +118,14 @@ def toy_train(config: RunConfig, sink=None, device=None, checkpoint_dir: str | N
         if buffer and sink is not None:
             sink(buffer)
     except BaseException as exc:
-        ended = type(exc).__name__
+        ended, detail = type(exc).__name__, str(exc)[:500]
         raise
     finally:
         if extra.get("marker_dir"):  # written aside, then renamed: a test may be polling
             marker = Path(extra["marker_dir"], f"rank{rank}-from{start}.json")
             aside = marker.with_name(f".{marker.name}.tmp")
-            aside.write_text(json.dumps({"rank": rank, "ended": ended, "at": time.time(), "start": start,
-                                         "began": began}))
+            aside.write_text(json.dumps({"rank": rank, "ended": ended, "detail": detail, "at": time.time(),
+                                         "start": start, "began": began}))
             os.replace(aside, marker)
     return SimpleNamespace(rows=rows, summary={"iterations": len(rows),
                                                "final_train_loss": float(w.sum())})

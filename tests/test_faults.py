@@ -26,6 +26,7 @@ from gtopk_lab.orchestration import results as store
 from gtopk_lab.orchestration.lab import Lab
 from gtopk_lab.orchestration.local_deployment import LocalDeployment
 from gtopk_lab.training.checkpoint import read_latest
+from gtopk_lab.worker.faults import PEER_LOST, failure_cause
 
 import fault_ranks
 
@@ -181,11 +182,16 @@ def test_scheduler_killed_mid_run_ends_run_and_ranks_then_resumes_on_a_new_sched
     assert "AttributeError" not in error and f"--resume {handle.run_id}" in error
     assert summary["failure"]["cause"] == "scheduler unreachable"
     # the ranks stopped on their own: their workers began closing when the scheduler went,
-    # and the watchdog made the ranks' next sink calls raise; then the processes exited
+    # and the watchdog made the ranks' next sink calls raise; then the processes exited. The
+    # first rank to stop did so by the watchdog; the other too, or (a loaded box: it was in
+    # its all_reduce when the first one's process left) by gloo's peer-lost error
     _wait_for(lambda: len(_markers(tmp_path)) == 2, 20, "both ranks to stop")
     ranks = _markers(tmp_path)
     stopped_s = max(m["at"] for m in ranks.values()) - t_kill
-    assert {m["ended"] for m in ranks.values()} <= {"WorkerClosing", "SchedulerLost"}
+    first, second = sorted(ranks.values(), key=lambda m: m["at"])
+    assert first["ended"] in {"WorkerClosing", "SchedulerLost"}, ranks
+    assert second["ended"] in {"WorkerClosing", "SchedulerLost"} or (
+        second["ended"] == "RuntimeError" and failure_cause(RuntimeError(second["detail"])) == PEER_LOST), ranks
     for proc in workers:
         proc.wait(timeout=30)
     exited_s = time.time() - t_kill
