@@ -23,6 +23,8 @@ costs balance; which tests run is unchanged.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -70,7 +72,7 @@ def longest_first(nodeids: Sequence[str], seconds: dict[str, float]) -> list[int
         unit = scope_of(nodeid)
         first.setdefault(unit, i)
     for path in {file_of(n) for n in nodeids}:
-        cost[SHARED_SCOPES.get(path, path)] += seconds.get(path, 0.0)
+        cost[scope_of(path)] += seconds.get(path, 0.0)
     units = sorted(first, key=lambda u: (-cost[u], first[u]))
     rank = {u: r for r, u in enumerate(units)}
     return sorted(range(len(nodeids)), key=lambda i: (rank[scope_of(nodeids[i])], i))
@@ -92,15 +94,33 @@ def make_scheduler(config: Any, log: Any) -> Any:
     return TestbedTogetherLongestFirst(config, log)
 
 
-def record_from_junit(junit_xml: str) -> dict[str, Any]:
-    """Per test file, the summed junit ``time`` of its test cases (seconds, 0.1 s)."""
+def record_from_junit(junit_xml: str, measured_on: str = "") -> dict[str, Any]:
+    """Per test file, the summed junit ``time`` of its test cases (seconds, 0.1 s);
+    ``measured_on`` (the CPU and commit) goes into the record's ``about``."""
     per: Counter[str] = Counter()
     for case in ET.parse(junit_xml).getroot().iter("testcase"):
         module = (case.get("classname") or "").rsplit(".", 1)[-1]
         per[f"tests/{module}.py"] += float(case.get("time") or 0.0)
-    return {"about": "seconds per test file in one suite (junit time); tests/suite_schedule.py",
-            "seconds": {k: round(v, 1) for k, v in sorted(per.items())}}
+    about = ("seconds per test file (junit time: setup, call and teardown of its tests) in one suite"
+             + (f", {measured_on}" if measured_on else "") + "; the order tests/suite_schedule.py runs files in")
+    return {"about": about, "seconds": {k: round(v, 1) for k, v in sorted(per.items())}}
+
+
+def _measured_on() -> str:
+    """This machine's CPU model and core count, and the repository's commit (each if known)."""
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), "")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    return ", ".join(filter(None, [f"{cpu} {os.cpu_count()} cores" if cpu else "", f"commit {commit}" if commit else ""]))
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
 
 
 if __name__ == "__main__":
-    print(json.dumps(record_from_junit(sys.argv[1]), indent=1))
+    print(json.dumps(record_from_junit(sys.argv[1], _measured_on()), indent=1))
