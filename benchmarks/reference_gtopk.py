@@ -30,7 +30,7 @@ ranks report a digest that the driver checks against its own.
 
 Transports (``--transports gloo,shm``): ours runs once per transport, the same ranks' inputs,
 ``GTOPK_LAB_SHM=0`` for gloo's TCP loopback, ``=1`` for the shared-memory rings of
-:mod:`gtopk_lab.comm.shm_transport` (the row says which one the ranks really used); ``cpu``
+:mod:`gtopk_lab.comm.links_transport` (the row says which one the ranks really used); ``cpu``
 is the process CPU time per call of the median rank (a transport that spins shows it there).
 
 Timing, two protocols, the same for both sides (ours with ``exact_k=True`` as training runs it):

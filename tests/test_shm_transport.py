@@ -1,8 +1,9 @@
-"""The shared-memory transport (gtopk_lab.comm.shm_ring, shm_links, shm_transport,
+"""The shared-memory transport (gtopk_lab.comm.shm_ring, shm_links, links_transport,
 transport_choice): on real gloo ranks of one host every point-to-point collective goes
-through it, bitwise equal to the gloo path and to oracles written here; messages larger
-than a ring stream through without deadlock; nothing is left in /dev/shm, also after a rank
-is killed; a dead peer is an error naming it, not a hang."""
+through it, bitwise equal to the gloo path, to the project's own TCP links (the transport
+between hosts, here on loopback) and to oracles written here; messages larger than a ring
+stream through without deadlock; nothing is left in /dev/shm, also after a rank is killed; a
+dead peer is an error naming it, not a hang. The TCP links' own failures: test_tcp_transport."""
 
 from __future__ import annotations
 
@@ -95,30 +96,37 @@ def _pids(pid_file: Path, world: int) -> list[int]:
     return [int(Path(f"{pid_file}.{r}").read_text()) for r in range(world)]
 
 
-@pytest.mark.timeout(240)
+#: the three transports a real rank's point-to-point rounds may take: (GTOPK_LAB_SHM, GTOPK_LAB_TCP)
+MODES = {"gloo": ("0", "0"), "tcp": ("0", "1"), "shm": ("1", "1")}
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_every_point_to_point_collective_is_bitwise_the_gloo_paths_and_the_oracles(
         world: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """gTop-k (butterfly, tree; counted and exact-k), Ok-Topk (warm-up, re-evaluation, reuse),
-    Ok-Topk exact and a tensor program whose 1.2 MB messages stream through 64 kB rings: the
-    shm run equals the gloo run bitwise (values, indices, recorded rounds) and the oracles
-    (the in-process drivers; the dense sum; at P = 2 the top-k of the two inputs' sum);
-    afterwards no segment of these ranks is left in /dev/shm."""
+    Ok-Topk exact and a tensor program whose 1.2 MB messages stream through 64 kB rings (and
+    fill the TCP sockets' buffers while both ends send): the shm run and the run over the
+    project's own TCP links equal the gloo run bitwise (values, indices, recorded rounds) and
+    the oracles (the in-process drivers; the dense sum; at P = 2 the top-k of the two inputs'
+    sum); afterwards no segment of these ranks is left in /dev/shm."""
     monkeypatch.setenv("GTOPK_LAB_SHM_RING_BYTES", str(64 << 10))
     runs = {}
-    for mode in ("0", "1"):
-        monkeypatch.setenv("GTOPK_LAB_SHM", mode)
-        pid_file = tmp_path / f"pids{mode}"
+    for mode, (shm, tcp) in MODES.items():
+        monkeypatch.setenv("GTOPK_LAB_SHM", shm)
+        monkeypatch.setenv("GTOPK_LAB_TCP", tcp)
+        pid_file = tmp_path / f"pids-{mode}"
         runs[mode] = run_gloo(_collectives_job, world, str(pid_file), timeout_s=120.0)
         assert _leftovers(_pids(pid_file, world)) == []
-    assert [r["kind"] for r in runs["0"]] == ["gloo"] * world
-    assert [r["kind"] for r in runs["1"]] == ["shm"] * world
-    for rank in range(world):
-        for key, gloo in runs["0"][rank].items():
-            if key != "kind":
-                _assert_same(gloo if isinstance(gloo, tuple) else (gloo,),
-                             runs["1"][rank][key] if isinstance(gloo, tuple) else (runs["1"][rank][key],),
-                             f"rank {rank} {key}")
+        assert [r["kind"] for r in runs[mode]] == [mode] * world
+    for mode in ("tcp", "shm"):
+        for rank in range(world):
+            for key, gloo in runs["gloo"][rank].items():
+                if key != "kind":
+                    _assert_same(gloo if isinstance(gloo, tuple) else (gloo,),
+                                 runs[mode][rank][key] if isinstance(gloo, tuple) else (runs[mode][rank][key],),
+                                 f"{mode}: rank {rank} {key}")
+    runs["1"] = runs["shm"]
     inputs = [_inputs(r) for r in range(world)]
     for algorithm in ("butterfly", "tree"):
         for exact_k in (False, True):
@@ -165,7 +173,9 @@ def _other_host_job(rank: int, world: int) -> str:
 
 
 @pytest.mark.timeout(120)
-def test_ranks_on_different_hosts_all_use_gloo() -> None:
+def test_ranks_on_different_hosts_use_tcp_links_or_gloo_when_those_are_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run_gloo(_other_host_job, 2, timeout_s=60.0) == ["tcp", "tcp"]
+    monkeypatch.setenv("GTOPK_LAB_TCP", "0")
     assert run_gloo(_other_host_job, 2, timeout_s=60.0) == ["gloo", "gloo"]
 
 
@@ -263,6 +273,8 @@ def test_the_switch_takes_0_or_1_and_names_itself_otherwise(monkeypatch: pytest.
 def _bad_setting_job(rank: int, world: int, variable: str, text: str) -> tuple[str, float]:
     from gtopk_lab.comm.torch_dist import gtopk_allreduce
 
+    if variable == "GTOPK_LAB_TCP":  # the TCP links' handshake runs where shared memory does not
+        os.environ["GTOPK_LAB_SHM"] = "0"
     if rank == world - 1:  # only the last rank's environment is wrong
         os.environ[variable] = text
     _acc, v, i = _inputs(rank)
@@ -275,7 +287,8 @@ def _bad_setting_job(rank: int, world: int, variable: str, text: str) -> tuple[s
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("variable,text", [("GTOPK_LAB_SHM", "maybe"), ("GTOPK_LAB_SHM_SPIN_US", "-3")])
+@pytest.mark.parametrize("variable,text", [("GTOPK_LAB_SHM", "maybe"), ("GTOPK_LAB_SHM_SPIN_US", "-3"),
+                                           ("GTOPK_LAB_TCP", "maybe")])
 def test_an_invalid_setting_on_one_rank_is_the_same_one_line_error_on_every_rank(variable: str, text: str) -> None:
     """The group's timeout is 100 s: a rank left waiting for the one that gave up would take
     that long; every rank instead raises at the handshake, with the same message."""

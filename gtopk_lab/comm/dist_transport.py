@@ -26,6 +26,7 @@ message then finds its buffer waiting (on 2 loaded cores, posting both calls at 
 from __future__ import annotations
 
 from collections import deque
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,7 @@ from gtopk_lab.comm.round_hooks import RoundHooks
 from gtopk_lab.comm.transport import Transport
 from gtopk_lab.comm.wire import WireFormat
 
-__all__ = ["DistTransport", "rank_world", "comm_device", "global_rank"]
+__all__ = ["DistTransport", "rank_world", "comm_device", "global_rank", "group_timeout_s"]
 
 
 def rank_world(group: dist.ProcessGroup | None) -> tuple[int, int]:
@@ -50,6 +51,19 @@ def rank_world(group: dist.ProcessGroup | None) -> tuple[int, int]:
     if rank < 0:
         raise ValueError(f"group={group!r} is invalid: this process is not a member of it")
     return rank, dist.get_world_size(group)
+
+
+def group_timeout_s(group: dist.ProcessGroup | None) -> float:
+    """Seconds of ``group``'s collective timeout (None: the default group); the library's
+    default where the backend does not say (a private API, read defensively)."""
+    try:
+        pg = group if group is not None else dist.group.WORLD
+        timeout = pg._get_backend(torch.device("cpu")).options._timeout  # type: ignore[union-attr]
+        if isinstance(timeout, timedelta):
+            return timeout.total_seconds()
+    except Exception:  # noqa: BLE001 - private API: the library's default instead
+        pass
+    return dist.default_pg_timeout.total_seconds()
 
 
 _CPU_DEVICE = torch.device("cpu")

@@ -1,7 +1,7 @@
 """What every real transport does around a round: pacing, profiling, packing and unpacking.
 
 :class:`RoundHooks` is mixed into :class:`~gtopk_lab.comm.dist_transport.DistTransport` and
-:class:`~gtopk_lab.comm.shm_transport.ShmTransport`, so both pace and time a round the same way:
+:class:`~gtopk_lab.comm.links_transport.LinksTransport`, so both pace and time a round the same way:
 
 1. the round opens at its first post or receive (``begin_round`` of an active
    :class:`~gtopk_lab.network.pacing.LinkPacer`);

@@ -41,13 +41,12 @@ import threading
 import time
 import weakref
 from collections import deque
-from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from gtopk_lab.comm.dist_transport import rank_world
+from gtopk_lab.comm.dist_transport import group_timeout_s, rank_world
 from gtopk_lab.comm.shm_ring import (CONTROL_BYTES, RING_HEADER_BYTES, SHM_DIR, Doorbell, Ring, Segment,
                                      host_identity, process_alive, segment_name, shm_supported,
                                      sweep_stale_segments)
@@ -264,17 +263,6 @@ class ShmLinks:
 
 
 # ---------------------------------------------------------------------- the handshake
-def _group_timeout_s(group: dist.ProcessGroup | None) -> float:
-    try:
-        pg = group if group is not None else dist.group.WORLD
-        timeout = pg._get_backend(torch.device("cpu")).options._timeout  # type: ignore[union-attr]
-        if isinstance(timeout, timedelta):
-            return timeout.total_seconds()
-    except Exception:  # noqa: BLE001 - private API: the library's default instead
-        pass
-    return dist.default_pg_timeout.total_seconds()
-
-
 def _handshake(group: dist.ProcessGroup | None, rank: int, world: int) -> ShmLinks | None:
     """Steps 1-4 of the module docstring; the same answer on every rank."""
     error = ""
@@ -314,7 +302,7 @@ def _handshake(group: dist.ProcessGroup | None, rank: int, world: int) -> ShmLin
             return None
         assert own is not None
         links = ShmLinks(rank, world, own, peers, [info[4] for info in infos], [info[3] for info in infos],
-                         _group_timeout_s(group))
+                         group_timeout_s(group))
         return links
     finally:
         if own is not None:

@@ -21,7 +21,7 @@ Rank r owns one segment, the mailbox it receives in (P - 1 rings, one per sender
 4. **Files.** A segment is a file in /dev/shm (``O_EXCL``, space reserved with
    ``posix_fallocate`` so a full /dev/shm is an error here, not a SIGBUS later) that lives
    only during the handshake: every rank unlinks its own once all peers have mapped it
-   (:mod:`gtopk_lab.comm.shm_transport`). Names carry the pid namespace and pid of their
+   (:mod:`gtopk_lab.comm.shm_links`). Names carry the pid namespace and pid of their
    creator, so :func:`sweep_stale_segments` can remove a segment whose creator died
    inside the handshake.
 

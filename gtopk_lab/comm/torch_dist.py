@@ -15,8 +15,9 @@ How gTop-k is built: the algorithm of one rank is a generator (:func:`gtopk_prog
 requests taken from :mod:`gtopk_lab.comm.schedules`, doing all merging with
 :func:`gtopk_lab.compression.merge.merge_sparse`; a
 :class:`~gtopk_lab.comm.recorder.Recorder` counts its rounds and a
-:class:`~gtopk_lab.comm.dist_transport.DistTransport` (or, between ranks on one host,
-:class:`~gtopk_lab.comm.shm_transport.ShmTransport`) carries them here, while
+:class:`~gtopk_lab.comm.links_transport.LinksTransport` (shared-memory rings between ranks on one
+host, the project's TCP links between hosts) or a :class:`~gtopk_lab.comm.dist_transport.DistTransport`
+(gloo, NCCL) carries them here, while
 :mod:`gtopk_lab.comm.inprocess` carries the same rounds between virtual ranks in one
 process. So real and simulated CommStats agree by construction.
 

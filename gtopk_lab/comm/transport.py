@@ -11,11 +11,11 @@ business (:mod:`gtopk_lab.comm.wire`). Implementations:
   (sender, receiver) pair carrying the payload objects themselves (no copy); a receive
   that finds nothing returns None.
 
-- :class:`~gtopk_lab.comm.shm_transport.ShmTransport`: ranks on one host, shared-memory
-  rings per directed pair (:mod:`gtopk_lab.comm.shm_ring`); **blocking** receives. Real
-  ranks get it or DistTransport from :func:`gtopk_lab.comm.transport_choice.transport_for`.
-
-A TCP transport of its own would plug in as another blocking :class:`Transport`.
+- :class:`~gtopk_lab.comm.links_transport.LinksTransport`: the project's own links,
+  shared-memory rings per directed pair between ranks on one host
+  (:mod:`gtopk_lab.comm.shm_ring`) or a TCP socket per peer between hosts
+  (:mod:`gtopk_lab.comm.tcp_links`); **blocking** receives. Real ranks get it or
+  DistTransport from :func:`gtopk_lab.comm.transport_choice.transport_for`.
 
 Drivers run the rounds that :meth:`gtopk_lab.comm.recorder.Recorder.wrap` yields,
 ``(dst, src, payload)``:

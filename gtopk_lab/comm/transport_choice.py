@@ -1,52 +1,95 @@
-"""Which transport a real rank's point-to-point call uses: shared memory on one host, else gloo/NCCL.
+"""Which transport a real rank's point-to-point call uses: shared memory on one host, own TCP
+links between hosts, else gloo/NCCL.
 
 :func:`transport_for` is what every real-rank driver asks (gTop-k, Ok-Topk, tensor programs):
 
 1. messages leave from the CPU (gloo, or a CPU tensor) and the group's handshake found all
    its ranks on this host (:func:`gtopk_lab.comm.shm_links.shm_links`, once per group;
-   ``GTOPK_LAB_SHM=0`` turns it off): :class:`~gtopk_lab.comm.shm_transport.ShmTransport`;
-2. otherwise :class:`~gtopk_lab.comm.dist_transport.DistTransport` (gloo between hosts,
+   ``GTOPK_LAB_SHM=0`` turns it off): :class:`~gtopk_lab.comm.links_transport.LinksTransport`
+   over shared-memory rings ("shm");
+2. messages leave from the CPU of a gloo group across hosts (or with shared memory off): the
+   same transport over a TCP socket per peer (:func:`gtopk_lab.comm.tcp_links.tcp_links`,
+   once per group; ``GTOPK_LAB_TCP=0`` turns it off): "tcp", a tenth of gloo's per-message
+   cost on the 2-core VM;
+3. otherwise :class:`~gtopk_lab.comm.dist_transport.DistTransport` (gloo's point-to-point,
    NCCL on GPUs).
 
-Both send the same wire-format bytes, so results are the same bitwise either way.
+All send the same wire-format bytes, so results are the same bitwise whichever carries them.
+The library collectives (dense allreduce, Top-k's allgather) stay on the backend.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 from gtopk_lab.comm.dist_transport import DistTransport
 from gtopk_lab.comm.profiling import RoundProfile
-from gtopk_lab.comm.shm_links import links_decided, shm_links
-from gtopk_lab.comm.shm_transport import ShmTransport
+from gtopk_lab.comm.links_transport import LinksTransport
+from gtopk_lab.comm.shm_links import ShmLinks, links_decided, shm_links
+from gtopk_lab.comm.tcp_links import TcpLinks, tcp_decided, tcp_links
 from gtopk_lab.comm.transport import Transport
-from gtopk_lab.comm.wire import WireFormat
+from gtopk_lab.comm.wire import BYTES, WireFormat
 
-__all__ = ["transport_for", "transport_kind", "transport_used"]
+__all__ = ["transport_for", "transport_kind", "transport_used", "round_trip_over"]
 
 
 def transport_for(group: dist.ProcessGroup | None, device: torch.device, wire: WireFormat, *,
                   profile: RoundProfile | None = None) -> Transport:
     """This rank's transport for one call on ``group`` whose messages leave from ``device``."""
     if device.type == "cpu":
-        links = shm_links(group)
+        links = _links(group)
         if links is not None:
-            return ShmTransport(links, wire, profile=profile)
+            return LinksTransport(links, wire, profile=profile)
     return DistTransport(group, device, wire, profile=profile)
 
 
+def _links(group: dist.ProcessGroup | None) -> ShmLinks | TcpLinks | None:
+    """Steps 1-2: the group's shared-memory links, else its TCP links, else None (each
+    handshake once per group, every rank asking together the first time)."""
+    shm = shm_links(group)
+    return shm if shm is not None else tcp_links(group)
+
+
 def transport_kind(group: dist.ProcessGroup | None = None, device: torch.device | None = None) -> str:
-    """"shm" or the backend's name ("gloo", "nccl"): what :func:`transport_for` picks for
-    ``group`` (a collective call: every rank of the group must ask together the first time)."""
+    """"shm", "tcp" or the backend's name ("gloo", "nccl"): what :func:`transport_for` picks
+    for ``group`` (a collective call: every rank of the group must ask together the first time)."""
     device = device or torch.device("cpu")
-    if device.type == "cpu" and shm_links(group) is not None:
-        return "shm"
+    if device.type == "cpu":
+        links = _links(group)
+        if links is not None:
+            return "shm" if isinstance(links, ShmLinks) else "tcp"
     return str(dist.get_backend(group)).lower()
 
 
 def transport_used(group: dist.ProcessGroup | None = None) -> str:
     """What carried ``group``'s point-to-point messages so far, asking nobody (any rank, any
-    time): "shm" when its handshake chose shared memory, else the backend's name (also when
-    no point-to-point call was made: the library collectives ran on the backend)."""
-    return "shm" if links_decided(group) else str(dist.get_backend(group)).lower()
+    time): "shm" or "tcp" when a handshake chose those links, else the backend's name (also
+    when no point-to-point call was made: the library collectives ran on the backend)."""
+    if links_decided(group):
+        return "shm"
+    return "tcp" if tcp_decided(group) else str(dist.get_backend(group)).lower()
+
+
+def round_trip_over(group: dist.ProcessGroup | None = None) -> tuple[str, Callable[[torch.Tensor, int, bool], None]]:
+    """(kind, ``round_trip(buf, peer, first)``): one round trip of the uint8 CPU tensor
+    ``buf`` with ``peer`` over the transport :func:`transport_for` picks for ``group`` (a
+    collective call the first time, as :func:`transport_kind`), in the byte wire format:
+    what a link calibration times, so its alpha is that of the point-to-point collectives."""
+    kind = transport_kind(group)
+    cpu = torch.device("cpu")
+
+    def round_trip(buf: torch.Tensor, peer: int, first: bool) -> None:
+        transport = transport_for(group, cpu, BYTES)
+        if first:
+            transport.post(peer, buf)
+            transport.receive(peer)
+        else:
+            transport.receive(peer)
+            transport.post(peer, buf)
+        transport.end_round()
+        transport.finish()
+
+    return kind, round_trip

@@ -1,27 +1,31 @@
-"""The shared-memory transport: one rank's messages to ranks on the same host, through rings.
+"""The transport over this project's own links: shared-memory rings on one host, TCP sockets between hosts.
 
-:class:`ShmTransport` carries the rounds of a per-rank program (:func:`gtopk_lab.comm.
-transport.drive`) over this rank's :class:`~gtopk_lab.comm.shm_links.ShmLinks`, in the same
-wire format as :class:`~gtopk_lab.comm.dist_transport.DistTransport` (the same bytes, so the
-same results, bitwise), with the same pacing and profiling (:mod:`gtopk_lab.comm.round_hooks`):
+:class:`LinksTransport` carries the rounds of a per-rank program (:func:`gtopk_lab.comm.
+transport.drive`) over this rank's links of the group, either
+:class:`~gtopk_lab.comm.shm_links.ShmLinks` (all ranks on one host: a ring per directed pair)
+or :class:`~gtopk_lab.comm.tcp_links.TcpLinks` (a socket per peer), in the same wire format as
+:class:`~gtopk_lab.comm.dist_transport.DistTransport` (the same bytes, so the same results,
+bitwise), with the same pacing and profiling (:mod:`gtopk_lab.comm.round_hooks`). Both links
+send a message as its length then its bytes, never wait for a send before a receive, and
+raise a one-line ``RuntimeError`` for a lost peer or the group's timeout:
 
 1. ``post(dst, payload)``: the payload's pieces (``wire.encode_parts``: the header and views
    of its tensors, whose concatenation is ``wire.encode``'s buffer; for gTop-k's CPU
-   payloads the same bytes as numpy views, without a tensor dispatch) are copied straight into
-   ``dst``'s ring when it has room for the whole message; else they are queued and as much
-   as fits is copied in at once; the rest moves whenever this rank
-   waits (it never waits for its own send before its receive: a ring whose ranks all send
-   right, then receive left, cannot deadlock, whatever the message size);
-2. ``receive(src)``: the next message from ``src``'s ring (its length first, then its
-   bytes), streamed when it is larger than the ring; the wire header must agree with the
-   length, then ``wire.decode`` gives the payload (an exact-k gTop-k message is cut into
-   its values and indices in numpy: the same bytes, aligned views of the received array);
-3. ``finish()``: every queued send is in its ring.
+   payloads the same bytes as numpy views, without a tensor dispatch) go to ``dst`` at once
+   where the ring or the socket takes the whole message, else the rest is queued (copied)
+   and moves whenever this rank waits (a ring of ranks that all send right, then receive
+   left, cannot deadlock, whatever the message size);
+2. ``receive(src)``: the next message from ``src`` (its length first, then its bytes); the
+   wire header must agree with the length, then ``wire.decode`` gives the payload (an
+   exact-k gTop-k message is cut into its values and indices in numpy: the same bytes,
+   aligned views of the received array);
+3. ``finish()``: every queued send has left (ring or kernel).
 
-No receive is posted ahead (a message waits in its ring until taken), so :meth:`plan` is the
-base class's no-op. Cost per message of n bytes: two copies of n bytes and, when the peer
-sleeps, one futex wake; at 1M elements and k = 1000 (8 kB messages) that is microseconds
-where gloo's TCP loopback takes 0.4-0.5 ms (benchmarks/RESULTS.md).
+No receive is posted ahead (a message waits in its ring or socket until taken), so
+:meth:`plan` is the base class's no-op. Cost per message of n bytes: two copies of n bytes
+and, when the peer sleeps, one wake-up (a futex, or the socket's poll); at 1M elements and
+k = 1000 (8 kB messages) that is microseconds where gloo's TCP loopback takes 0.4-0.5 ms
+(benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ import torch
 from gtopk_lab.comm.profiling import RoundProfile
 from gtopk_lab.comm.round_hooks import RoundHooks
 from gtopk_lab.comm.shm_links import ShmLinks
+from gtopk_lab.comm.tcp_links import TcpLinks
 from gtopk_lab.comm.transport import Transport
 from gtopk_lab.comm.wire import PartsWire, WireFormat
 
-__all__ = ["ShmTransport"]
+__all__ = ["LinksTransport"]
 
 _CPU = torch.device("cpu")
 _NP_DTYPES: dict[torch.dtype, np.dtype] = {}
@@ -63,10 +68,10 @@ def _split(arr: np.ndarray, wire: PartsWire) -> object:
     return out[0] if len(out) == 1 else tuple(out)
 
 
-class ShmTransport(RoundHooks, Transport):
-    """Shared-memory endpoint of one rank for one call (see the module docstring)."""
+class LinksTransport(RoundHooks, Transport):
+    """One rank's endpoint on its shared-memory or TCP links for one call (module docstring)."""
 
-    def __init__(self, links: ShmLinks, wire: WireFormat, *, profile: RoundProfile | None = None) -> None:
+    def __init__(self, links: ShmLinks | TcpLinks, wire: WireFormat, *, profile: RoundProfile | None = None) -> None:
         self.links = links
         self._init_rounds(wire, profile)
 

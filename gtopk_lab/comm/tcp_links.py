@@ -1,0 +1,401 @@
+"""A process group's own TCP links between hosts: the handshake, a socket per peer, waits in poll.
+
+Why not gloo's point-to-point: on the 2-core VM a gloo ``isend``/``irecv`` exchange of
+18.5 kB between two processes on loopback took 0.57-1.9 ms and a 64-byte ping-pong 0.22-0.42
+ms, where two Python processes exchanging the same bytes over a plain TCP socket took 51 us
+and 21 us (``benchmarks/tcp_transport.py``): each gloo message is three frames (send-ready,
+payload, recv-ready notices) handed between the caller, ProcessGroupGloo's work queue and the
+device thread's epoll loop, a wake-up at every hand-off. gTop-k's rounds are small dependent
+messages, so on a real network those hand-offs, not the wire, set its pace (issue 28: 11.5 ms
+a P = 4 call where its 18.6 kB take 1.9 ms at 200 Mbit/s).
+
+:func:`tcp_links` gives this rank's :class:`TcpLinks` for a gloo group whose ranks are not all
+on one host (:func:`~gtopk_lab.comm.shm_links.shm_links` said no), or None (gloo carries the
+messages). Decided once per group, on its first point-to-point call (every rank makes it):
+
+1. each rank reads ``GTOPK_LAB_TCP`` (unless "0": willing) and listens on the address gloo
+   binds to: the interface named by ``GLOO_SOCKET_IFNAME`` (which
+   :func:`~gtopk_lab.comm.launch.bind_to_interface` sets to the one carrying the worker's
+   address), else the address the hostname resolves to; port 0 (the OS picks);
+2. ``all_gather_object`` of (willing, address, port, token, settings error): an invalid
+   setting is the same one-line ``ValueError`` on every rank; TCP only if every rank is willing;
+3. each rank connects to every higher rank (the listeners' backlogs take the connections
+   before anyone accepts) and sends a hello (magic, its rank, the listener's token), then
+   accepts one connection from every lower rank, checking the hello; ``TCP_NODELAY`` on each;
+4. a second ``all_gather_object`` of "connected"; any failure on any rank: every rank closes
+   its sockets and gloo carries the messages. The listener is closed either way.
+
+Cost: two ``all_gather_object`` and P - 1 connections per rank, once per group.
+
+Messages: an 8-byte little-endian length, then the bytes. Sockets are non-blocking: a send
+goes out in one ``sendmsg`` (the length and the parts, no copy) when the kernel takes it
+whole, else the rest is queued (copied) and moves whenever this rank waits, so a rank never
+waits for its own send before its receive (a ring of ranks that all send right, then receive
+left, cannot deadlock). A wait sleeps in ``poll`` on the peer it receives from and the peers
+it still sends to, so a message wakes it at once. A peer whose connection closes is a
+``RuntimeError`` ("Connection closed by peer", as gloo's own, which
+:func:`~gtopk_lab.worker.faults.failure_cause` reads as "peer lost"); a wait past the group's
+timeout is one saying "Timed out waiting" (a peer timeout).
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import secrets
+import select
+import socket
+import struct
+import threading
+import time
+import weakref
+from collections import deque
+
+import numpy as np
+import psutil
+import torch
+import torch.distributed as dist
+
+from gtopk_lab.comm.dist_transport import group_timeout_s, rank_world
+
+__all__ = ["TCP_ENV", "TcpLinks", "tcp_links", "tcp_decided", "tcp_wanted", "listen_address", "forget_tcp_links"]
+
+#: "0" turns the TCP transport off (gloo's point-to-point between hosts); "1" (default): used
+TCP_ENV = "GTOPK_LAB_TCP"
+_MAGIC = b"GTLK"
+_HELLO = struct.Struct("<4sII8s")  # magic, the connecting rank, the world size, the listener's token
+_LENGTH = struct.Struct("<q")
+#: the handshake's connect / accept give up after this long (then gloo carries the messages)
+_HANDSHAKE_S = 30.0
+_POLL_MS = 50  # a wait wakes this often to check the group's timeout
+
+
+def tcp_wanted() -> bool:
+    """``GTOPK_LAB_TCP``: "0"/"off"/"false" -> False; unset, "1"/"on"/"auto" -> True."""
+    text = os.environ.get(TCP_ENV, "1").strip().lower()
+    if text in ("0", "off", "false", "no"):
+        return False
+    if text in ("", "1", "on", "true", "yes", "auto"):
+        return True
+    raise ValueError(f"{TCP_ENV}={text!r} is invalid: expected 0 (gloo only) or 1 (own TCP links where possible)")
+
+
+def listen_address() -> str:
+    """The address this rank's peers reach it at: that of the interface gloo binds to
+    (``GLOO_SOCKET_IFNAME``, the first one named; IPv4 first), else the hostname's address
+    (what gloo binds without the variable), else 127.0.0.1."""
+    names = [n.strip() for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n.strip()]
+    if names:
+        addrs = psutil.net_if_addrs().get(names[0], [])
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for addr in addrs:
+                if addr.family == family:
+                    return addr.address.split("%")[0]
+    try:
+        return socket.getaddrinfo(socket.gethostname(), None, proto=socket.IPPROTO_TCP)[0][4][0]
+    except (socket.gaierror, IndexError):
+        return "127.0.0.1"
+
+
+def _peer_lost(rank: int, peer: int, world: int, why: str) -> RuntimeError:
+    return RuntimeError(f"tcp transport: Connection closed by peer: rank {peer} of {world} ({why}), "
+                        f"seen by rank {rank}")
+
+
+class TcpLinks:
+    """This rank's sockets of one group, one per peer (see the module docstring)."""
+
+    def __init__(self, rank: int, world: int, socks: dict[int, socket.socket], timeout_s: float) -> None:
+        self.rank, self.world, self.timeout_s = rank, world, timeout_s
+        self.socks = socks
+        #: per destination: queued memoryviews of bytes still to send
+        self.pending: dict[int, deque[memoryview]] = {d: deque() for d in socks}
+        self._poll = select.poll()
+        self._masks: dict[int, int] = {}
+        self._length = bytearray(_LENGTH.size)
+
+    # ------------------------------------------------------------------ sending
+    def send(self, dst: int, parts: torch.Tensor | list[torch.Tensor]) -> None:
+        """Send one message (its length, then the bytes of the uint8 tensor ``parts``, or of
+        a list of them one after the other) to ``dst``; returns without waiting for it."""
+        self.send_arrays(dst, [parts.numpy()] if isinstance(parts, torch.Tensor) else [t.numpy() for t in parts])
+
+    def send_arrays(self, dst: int, arrays: list[np.ndarray]) -> None:
+        """:meth:`send` of uint8 numpy arrays: one ``sendmsg`` when the kernel takes it whole
+        and nothing is queued before it, else the unsent rest is queued (a copy: the arrays
+        may be views of tensors the caller reuses once this returns) and pumped."""
+        total = sum(a.size for a in arrays)
+        pieces = [_LENGTH.pack(total), *arrays]
+        queue = self.pending[dst]
+        sent = 0
+        if not queue:
+            try:
+                sent = self.socks[dst].sendmsg(pieces)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                raise self._broken(dst, exc) from exc
+            if sent == total + _LENGTH.size:
+                return
+        rest = b"".join(bytes(p) if isinstance(p, bytes) else p.tobytes() for p in pieces)[sent:]
+        queue.append(memoryview(rest))
+        self.pump()
+
+    def pump(self) -> bool:
+        """Send queued bytes as far as the sockets take them now; True if any moved."""
+        moved = False
+        for dst, queue in self.pending.items():
+            sock = self.socks[dst]
+            while queue:
+                view = queue[0]
+                try:
+                    n = sock.send(view)
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    raise self._broken(dst, exc) from exc
+                moved = moved or n > 0
+                if n < len(view):
+                    queue[0] = view[n:]
+                    break
+                queue.popleft()
+        return moved
+
+    def flush(self) -> None:
+        """Block until every queued send is in the kernel (the peer need not have read it)."""
+        self._wait_until(lambda: not any(self.pending.values()), None, "take this rank's messages")
+
+    # ------------------------------------------------------------------ receiving
+    def receive(self, src: int) -> torch.Tensor:
+        """The next message from ``src`` as a fresh uint8 tensor (blocks)."""
+        return torch.from_numpy(self.receive_array(src))
+
+    def receive_array(self, src: int) -> np.ndarray:
+        """:meth:`receive` as a fresh uint8 numpy array (this rank owns it)."""
+        sock, head = self.socks[src], self._length
+        state: dict[str, object] = {"got": 0, "out": None}
+
+        def ready() -> bool:
+            out = state["out"]
+            if out is None:
+                got = self._read(sock, src, memoryview(head), int(state["got"]))  # type: ignore[arg-type]
+                if got < len(head):
+                    state["got"] = got
+                    return False
+                out = np.empty(_LENGTH.unpack(head)[0], dtype=np.uint8)
+                state["out"], state["got"] = out, 0
+            got = self._read(sock, src, memoryview(out).cast("B"), int(state["got"]))  # type: ignore[arg-type]
+            state["got"] = got
+            return got == out.size  # type: ignore[union-attr]
+
+        if not ready():
+            self._wait_until(ready, src, "send its message")
+        return state["out"]  # type: ignore[return-value]
+
+    def _read(self, sock: socket.socket, src: int, view: memoryview, got: int) -> int:
+        """Read into ``view[got:]`` what the socket has now; the new count."""
+        while got < len(view):
+            try:
+                n = sock.recv_into(view[got:])
+            except BlockingIOError:
+                return got
+            except OSError as exc:
+                raise self._broken(src, exc) from exc
+            if n == 0:
+                raise _peer_lost(self.rank, src, self.world, "its connection closed")
+            got += n
+        return got
+
+    # ------------------------------------------------------------------ waiting
+    def _wait_until(self, ready, peer: int | None, what: str) -> None:
+        """Sleep in poll until ``ready()``; queued sends keep moving; the group's timeout."""
+        start = time.monotonic()
+        while True:
+            self.pump()
+            if ready():
+                return
+            waited = time.monotonic() - start
+            if waited > self.timeout_s:
+                raise RuntimeError(f"tcp transport: Timed out waiting {waited:.0f}s (the group's timeout) for "
+                                   f"rank {peer if peer is not None else 'a peer'} to {what}, rank {self.rank} "
+                                   f"of {self.world}")
+            self._arm(peer)
+            try:
+                self._poll.poll(_POLL_MS)  # a closed or failed socket wakes it too: the I/O says how
+            except InterruptedError:
+                continue
+
+    def _arm(self, peer: int | None) -> None:
+        """Poll the socket received from for input and those with queued bytes for output;
+        no other (a peer that finished and closed its end is no concern of this wait)."""
+        for dst, sock in self.socks.items():
+            mask = (select.POLLIN if dst == peer else 0) | (select.POLLOUT if self.pending[dst] else 0)
+            fd = sock.fileno()
+            if self._masks.get(fd, 0) == mask:
+                continue
+            if mask == 0:
+                self._poll.unregister(fd)
+                del self._masks[fd]
+            elif fd in self._masks:
+                self._poll.modify(fd, mask)
+                self._masks[fd] = mask
+            else:
+                self._poll.register(fd, mask)
+                self._masks[fd] = mask
+
+    def _broken(self, peer: int, exc: OSError) -> RuntimeError:
+        if exc.errno in (errno.ECONNRESET, errno.EPIPE):
+            why = "Connection reset by peer" if exc.errno == errno.ECONNRESET else "Broken pipe"
+            return RuntimeError(f"tcp transport: {why}: rank {peer} of {self.world}, seen by rank {self.rank}")
+        if exc.errno == errno.ETIMEDOUT:
+            return RuntimeError(f"tcp transport: Connection timed out: rank {peer} of {self.world}, "
+                                f"seen by rank {self.rank}")
+        return RuntimeError(f"tcp transport: rank {peer} of {self.world}, seen by rank {self.rank}: {exc}")
+
+    def close(self) -> None:
+        for sock in self.socks.values():
+            sock.close()
+
+
+# ---------------------------------------------------------------------- the handshake
+def _listen() -> socket.socket:
+    address = listen_address()
+    family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.bind((address, 0))
+        listener.listen(128)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def _tuned(sock: socket.socket) -> socket.socket:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setblocking(False)
+    return sock
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed during the hello")
+        data += chunk
+    return data
+
+
+def _connect(rank: int, world: int, infos: list, listener: socket.socket) -> dict[int, socket.socket]:
+    """Step 3: connections to the higher ranks, then from the lower ones (OSError if any fails)."""
+    socks: dict[int, socket.socket] = {}
+    deadline = time.monotonic() + _HANDSHAKE_S
+    try:
+        for peer in range(rank + 1, world):
+            address, port, token = infos[peer][1], infos[peer][2], infos[peer][3]
+            sock = socket.create_connection((address, port), timeout=max(0.1, deadline - time.monotonic()))
+            socks[peer] = sock
+            sock.sendall(_HELLO.pack(_MAGIC, rank, world, token))
+        own_token = infos[rank][3]
+        while len(socks) < world - 1:
+            listener.settimeout(max(0.1, deadline - time.monotonic()))
+            sock, _ = listener.accept()
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                magic, peer, size, token = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
+            except (OSError, struct.error):
+                sock.close()
+                continue
+            if magic != _MAGIC or size != world or token != own_token or not 0 <= peer < rank or peer in socks:
+                sock.close()  # not one of this group's ranks: ignored
+                continue
+            socks[peer] = sock
+        return {peer: _tuned(sock) for peer, sock in socks.items()}
+    except BaseException:
+        for sock in socks.values():
+            sock.close()
+        raise
+
+
+def _handshake(group: dist.ProcessGroup | None, rank: int, world: int) -> TcpLinks | None:
+    """Steps 1-4 of the module docstring; the same answer on every rank."""
+    error = ""
+    try:
+        willing = tcp_wanted()
+    except ValueError as exc:  # raised below on every rank, not here on this one alone
+        error, willing = str(exc), False
+    listener: socket.socket | None = None
+    if willing:
+        try:
+            listener = _listen()
+        except (OSError, ValueError):  # no address to listen on: gloo
+            willing = False
+    try:
+        address, port = listener.getsockname()[:2] if listener is not None else ("", 0)
+        infos: list = [None] * world
+        dist.all_gather_object(infos, (willing, address, port, secrets.token_bytes(8), error), group=group)
+        bad = [(r, info[4]) for r, info in enumerate(infos) if info[4]]
+        if bad:
+            raise ValueError(f"{bad[0][1]} (in the environment of rank {bad[0][0]} of {world})")
+        if not all(info[0] for info in infos):
+            return None
+        socks: dict[int, socket.socket] | None
+        try:
+            assert listener is not None
+            socks = _connect(rank, world, infos, listener)
+        except OSError:
+            socks = None
+        answers: list = [None] * world
+        dist.all_gather_object(answers, socks is not None, group=group)
+        if socks is None or not all(answers):
+            for sock in (socks or {}).values():
+                sock.close()
+            return None
+        return TcpLinks(rank, world, socks, group_timeout_s(group))
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+_LOCK = threading.Lock()
+#: id(group) -> (weak reference to the group, its links or None for gloo)
+_LINKS: dict[int, tuple[weakref.ref, TcpLinks | None]] = {}
+
+
+def forget_tcp_links(key: int) -> None:
+    """Drop (and close) the links cached under ``key`` = id(group) (the group was freed)."""
+    with _LOCK:
+        hit = _LINKS.pop(key, None)
+    if hit is not None and hit[1] is not None:
+        hit[1].close()
+
+
+def _cached(pg: dist.ProcessGroup) -> tuple[weakref.ref, TcpLinks | None] | None:
+    hit = _LINKS.get(id(pg))
+    return hit if hit is not None and hit[0]() is pg else None
+
+
+def tcp_decided(group: dist.ProcessGroup | None) -> bool | None:
+    """Without any communication: True when ``group``'s handshake chose these links, False
+    when it chose gloo, None when it has not run."""
+    hit = _cached(group if group is not None else dist.group.WORLD)
+    return None if hit is None else hit[1] is not None
+
+
+def tcp_links(group: dist.ProcessGroup | None) -> TcpLinks | None:
+    """This rank's TCP links of ``group`` (None: the default group), or None when gloo
+    carries its messages (another backend, one rank, turned off, a handshake that failed)."""
+    pg = group if group is not None else dist.group.WORLD
+    key = id(pg)
+    hit = _cached(pg)
+    if hit is not None:
+        return hit[1]
+    rank, world = rank_world(group)
+    links = None
+    if world > 1 and str(dist.get_backend(group)).lower() == "gloo":
+        links = _handshake(group, rank, world)
+    with _LOCK:
+        _LINKS[key] = (weakref.ref(pg, lambda _ref, key=key: forget_tcp_links(key)), links)
+    return links

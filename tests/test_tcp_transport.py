@@ -1,0 +1,159 @@
+"""The project's own TCP links between hosts (gtopk_lab.comm.tcp_links): messages of any size
+arrive whole and in order without deadlock when both ends send at once, a peer that closes or
+goes silent is a one-line error that failure_cause reads as a lost peer or a peer timeout,
+real ranks whose peer is killed stop at once, and the listener takes the address gloo binds.
+
+The bitwise equality of every point-to-point collective over these links with gloo's path and
+with oracles: test_shm_transport (MODES "tcp"). Real hosts (network namespaces): test_testbed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+from gtopk_lab.comm.launch import run_gloo
+from gtopk_lab.comm.tcp_links import TcpLinks, listen_address, tcp_wanted
+from gtopk_lab.worker.faults import PEER_LOST, PEER_TIMEOUT, failure_cause
+
+
+def _pair(timeout_s: float = 30.0) -> tuple[TcpLinks, TcpLinks]:
+    """Both ends of a P = 2 group in this process, over one real TCP connection on 127.0.0.1."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(listener.getsockname())
+    b, _ = listener.accept()
+    listener.close()
+    for s in (a, b):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+    return TcpLinks(0, 2, {1: a}, timeout_s), TcpLinks(1, 2, {0: b}, timeout_s)
+
+
+def _run_both(body) -> None:  # type: ignore[no-untyped-def]
+    errors: list[BaseException] = []
+
+    def run(r: int) -> None:
+        try:
+            body(r)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30.0)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    assert not errors, errors
+
+
+@pytest.mark.timeout(60)
+def test_an_exchange_larger_than_the_socket_buffers_streams_through() -> None:
+    """Both ends post 16 MB to each other before receiving (threads as ranks): each keeps
+    moving its own queued bytes while it waits, so neither blocks the other."""
+    ends = _pair()
+    sent = [torch.randint(0, 256, (16 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(r))
+            for r in range(2)]
+    got: list = [None, None]
+
+    def rank(r: int) -> None:
+        for _ in range(2):
+            ends[r].send(1 - r, sent[r])
+            got[r] = ends[r].receive(1 - r)
+        ends[r].flush()
+
+    _run_both(rank)
+    assert torch.equal(got[0], sent[1]) and torch.equal(got[1], sent[0])
+
+
+@pytest.mark.timeout(60)
+def test_messages_of_several_parts_and_of_no_bytes_arrive_whole_and_in_order() -> None:
+    """200 messages of 1-3 parts, 0 to 300 kB, sent before any is read: the oracle is each
+    message's parts concatenated, in the order sent."""
+    a, b = _pair()
+    gen = torch.Generator().manual_seed(7)
+    messages = []
+    for n in range(200):
+        sizes = [int(x) for x in torch.randint(0, 3000 if n % 10 else 300_000, (1 + n % 3,), generator=gen)]
+        messages.append([torch.randint(0, 256, (s,), dtype=torch.uint8, generator=gen) for s in sizes])
+    results: list = []
+
+    def rank(r: int) -> None:
+        if r == 0:
+            for parts in messages:
+                a.send(1, parts)
+            a.flush()
+        else:
+            results.extend(b.receive(0) for _ in messages)
+
+    _run_both(rank)
+    assert len(results) == len(messages)
+    for n, (got, parts) in enumerate(zip(results, messages)):
+        assert torch.equal(got, torch.cat(parts)), n
+    assert not any(a.pending.values())
+
+
+@pytest.mark.timeout(60)
+def test_a_closed_peer_or_a_silent_one_is_a_one_line_error_not_a_hang() -> None:
+    mine, theirs = _pair()
+    theirs.close()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        mine.receive(1)
+    assert time.monotonic() - t0 < 5.0
+    text = str(info.value)
+    assert "\n" not in text and "rank 1 of 2" in text and failure_cause(info.value) == PEER_LOST, text
+    with pytest.raises(RuntimeError) as info:  # a send into a closed connection: reset or broken pipe
+        for _ in range(50):
+            mine.send(1, torch.zeros(1 << 20, dtype=torch.uint8))
+            mine.flush()
+            time.sleep(0.01)
+    assert failure_cause(info.value) == PEER_LOST, str(info.value)
+    mine, _silent = _pair(timeout_s=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        mine.receive(1)
+    assert 0.3 <= time.monotonic() - t0 < 5.0
+    assert "the group's timeout" in str(info.value) and failure_cause(info.value) == PEER_TIMEOUT
+
+
+def _killed_job(rank: int, world: int) -> None:
+    from gtopk_lab.comm.torch_dist import gtopk_allreduce
+    from gtopk_lab.comm.transport_choice import transport_kind
+
+    os.environ["GTOPK_LAB_SHM"] = "0"  # one host: the TCP links, as between hosts
+    assert transport_kind() == "tcp"
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(rank))
+    i = x.abs().topk(100).indices
+    gtopk_allreduce(x[i], i, 10_000, 100)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    gtopk_allreduce(x[i], i, 10_000, 100, algorithm="tree")  # rank 0 waits for a dead peer
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_rank_stops_its_peer_at_once_as_a_lost_peer() -> None:
+    """The group's timeout is 100 s; the survivor's wait ends with the closed connection."""
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="Connection closed by peer: rank 1 of 2") as info:
+        run_gloo(_killed_job, 2, timeout_s=100.0)
+    assert time.monotonic() - t0 < 60.0
+    assert failure_cause(RuntimeError(str(info.value).splitlines()[-1])) == PEER_LOST
+
+
+@pytest.mark.timeout(30)
+def test_listen_address_is_the_interface_gloo_binds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    assert listen_address() == "127.0.0.1"
+    for text, want in (("0", False), ("off", False), ("1", True), ("", True)):
+        monkeypatch.setenv("GTOPK_LAB_TCP", text)
+        assert tcp_wanted() is want
+    monkeypatch.setenv("GTOPK_LAB_TCP", "maybe")
+    with pytest.raises(ValueError, match="GTOPK_LAB_TCP='maybe' is invalid"):
+        tcp_wanted()
