@@ -149,7 +149,11 @@ class VirtualClock:
         self.last_comm_model_s = 0.0  # alpha-beta time of the last collective (max over ranks;
         #                               merge CPU not included even with include_merge_cpu)
         self.last_rank_model_s = 0.0  # modelled duration of this rank's own rounds
-        self.last_comm_wall_s = 0.0   # wall time of the real collective (+ throttle sleep)
+        self.last_comm_wall_s = 0.0   # wall time of the real collective (+ throttle sleep) and the sync
+        self.last_call_wall_s = 0.0   # of it, the collective's call alone (+ throttle sleep)
+        self.last_sync_wall_s = 0.0   # of it, this clock's all_reduce(MAX) after the call
+        self.last_comm_charge_s = 0.0  # virtual time the last collective took: the slowest rank's
+        #                                modelled rounds (+ its merge CPU with include_merge_cpu)
         self.last_sleep_s = 0.0
         self.last_merge_cpu_s = 0.0
         self.total_compute_s = 0.0
@@ -242,7 +246,9 @@ class VirtualClock:
         top up with a sleep of ``max(0, modelled_s - wall_s)``; (5) one ``all_reduce(MAX)`` of
         (arrival, duration, modelled_s), duration = modelled_s + merge CPU with
         ``include_merge_cpu`` -> virtual time = max arrival + max duration, and
-        ``last_comm_model_s`` = max modelled_s.
+        ``last_comm_model_s`` = max modelled_s. ``last_call_wall_s`` is the wall time of
+        steps 2-4 (the method's communication), ``last_sync_wall_s`` that of step 5 (this
+        clock's bookkeeping: on a real network a small all-reduce of its own, milliseconds).
         ``fn`` must return an object with ``.stats.steps`` (a ``CollectiveResult``).
         """
         compute_s = self._pending_compute_s()
@@ -254,11 +260,17 @@ class VirtualClock:
         else:
             result = fn(*args, **kwargs)
             rank_model_s = steps_model_s(self.network, fn, result)
+        call_end = time.perf_counter()
         merge_cpu_s = self._merge_charge_s(result.stats)
         duration_s = rank_model_s + (merge_cpu_s if self.include_merge_cpu else 0.0)
         max_arrival_s, max_duration_s, max_model_s = self._max_over_ranks(arrival_s, duration_s,
                                                                          rank_model_s)
         comm_wall_s = time.perf_counter() - wall_start
+        # the method's collective alone; the all_reduce(MAX) above is this clock's own
+        # bookkeeping, which a run without the platform would not make
+        self.last_call_wall_s = call_end - wall_start
+        self.last_sync_wall_s = comm_wall_s - self.last_call_wall_s
+        self.last_comm_charge_s = max_duration_s
         self._record(compute_s, max_arrival_s - arrival_s, max_model_s, rank_model_s,
                      comm_wall_s, sleep_s, merge_cpu_s)
         self._time_s = max_arrival_s + max_duration_s
@@ -310,6 +322,7 @@ class VirtualClock:
         max_compute = max(compute_s)
         max_duration = max(durations)
         self._record(max_compute, 0.0, max(models), max(models), 0.0, 0.0, max(merges))
+        self.last_comm_charge_s = max_duration
         self._time_s += max_compute + max_duration
         self.mark()
         return self._time_s

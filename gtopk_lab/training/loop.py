@@ -147,7 +147,11 @@ class _RealRank:
                 charged_selection_s = self._charge(0.0)
         sync_device(dev)
         t4 = time.perf_counter()
-        t = {"compute": t1 - t0, "selection": t2 - t1, "comm": t3 - t2, "update": t4 - t3}
+        t = {"compute": t1 - t0, "selection": t2 - t1, "comm": t3 - t2, "update": t4 - t3, "clock": 0.0}
+        if result is not None and self.has_group:  # the clock's own all_reduce is not the method's
+            t["clock"] = min(clock.last_sync_wall_s, t["comm"])
+            t["comm"] -= t["clock"]
+        t["comm_charge"] = clock.last_comm_charge_s if result is not None else 0.0
         if self.fixed_compute_s is not None:  # rows report what was charged, as simulated ones do
             t["compute"], t["selection"] = self.fixed_compute_s, charged_selection_s
         state.epoch_loss_sum += loss

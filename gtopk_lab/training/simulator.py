@@ -370,7 +370,8 @@ class _VirtualRanks:
             peak_comm_pair([r.stats for r in results]) if synced else (0, 0))
         for r in self.emit:
             t = {"compute": timings[r][0], "selection": timings[r][1],
-                 "comm": comm_model_s, "update": update_wall_s}
+                 "comm": comm_model_s, "update": update_wall_s,
+                 "comm_charge": clock.last_comm_charge_s if synced else 0.0}
             stats = results[r].stats if synced else None
             self.buffer.add(iter_row(config, r, world, it, point.epoch, point.density, k, losses[r],
                                      lr, t, stats, comm_model_s, wall_now, clock.synced_time_s, peak=peak),
