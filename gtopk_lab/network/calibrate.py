@@ -38,7 +38,7 @@ import socket
 import statistics
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +136,9 @@ class CalibrationResult:
     tcp: TcpTerms | None = None
     #: the timed calls they were fitted on (``gtopk_lab.network.tcp_fit.merge_rank_reports`` rows)
     tcp_cases: list[dict[str, Any]] | None = None
+    #: what carried the ping-pong: the backend's send/recv (None) or the point-to-point
+    #: transport of the runs between those workers ("tcp", "shm", "gloo")
+    transport: str | None = None
     host: str = field(default_factory=platform.node)
     created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat())
 
@@ -165,6 +168,8 @@ class CalibrationResult:
             out["endpoints"] = self.endpoints
         if self.tcp_cases is not None:
             out["tcp_cases"] = self.tcp_cases
+        if self.transport is not None:
+            out["transport"] = self.transport
         return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -183,12 +188,28 @@ def _free_port() -> int:
 
 
 def pingpong_medians(rank: int, world: int, sizes: Sequence[int], repeats: int, warmup: int,
-                     device: Any = None) -> list[float]:
+                     device: Any = None, round_trip: Callable[[Any, int, bool], None] | None = None
+                     ) -> list[float]:
     """Steps 1-2 of the module docstring on an initialised default process group: ranks
     ``2i`` and ``2i+1`` ping-pong every size; returns this rank's median one-way time per
-    size (NaN for a rank without a partner). Every rank must call it (barriers)."""
+    size (NaN for a rank without a partner). Every rank must call it (barriers).
+
+    ``round_trip(buf, partner, first)``: one round trip of ``buf`` with ``partner`` (``first``:
+    this rank sends first); default the backend's ``send`` / ``recv``. A Dask link
+    calibration passes the transport its runs' point-to-point collectives take
+    (:func:`gtopk_lab.comm.transport_choice.round_trip_over`), so alpha is that transport's."""
     import torch
     import torch.distributed as dist
+
+    def backend_round_trip(buf: Any, peer: int, first: bool) -> None:
+        if first:
+            dist.send(buf, peer)
+            dist.recv(buf, peer)
+        else:
+            dist.recv(buf, peer)
+            dist.send(buf, peer)
+
+    round_trip = round_trip or backend_round_trip
 
     device = device if device is not None else torch.device("cpu")
     cuda = getattr(device, "type", "cpu") == "cuda"
@@ -205,12 +226,7 @@ def pingpong_medians(rank: int, world: int, sizes: Sequence[int], repeats: int, 
             if cuda:
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            if rank % 2 == 0:
-                dist.send(buf, partner)
-                dist.recv(buf, partner)
-            else:
-                dist.recv(buf, partner)
-                dist.send(buf, partner)
+            round_trip(buf, partner, rank % 2 == 0)
             if cuda:
                 torch.cuda.synchronize(device)
             if i >= warmup:

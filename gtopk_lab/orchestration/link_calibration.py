@@ -95,8 +95,10 @@ def calibrate_cluster(client: Any, workers: Sequence[str] | None = None,
         client.cancel(futures)
         _drop_variable(client, key)
     reports = {out["rank"]: out["medians_s"] for out in outputs}
-    result = result_from_medians(reports, sizes, backend="gloo", repeats=repeats,
-                                 wall_s=time.perf_counter() - start, endpoints=pair)
+    result = dataclasses.replace(
+        result_from_medians(reports, sizes, backend="gloo", repeats=repeats,
+                            wall_s=time.perf_counter() - start, endpoints=pair),
+        transport=outputs[0].get("transport"))
     if fit_tcp:
         ordered = sorted(outputs, key=lambda out: out["rank"])
         rows = merge_rank_reports([out["tcp_cases"] for out in ordered])
