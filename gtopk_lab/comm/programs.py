@@ -11,14 +11,13 @@ results and byte counts agree by construction.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator
 
 import torch
 
 from gtopk_lab.comm.profiling import RoundProfile
 from gtopk_lab.comm.schedules import cached_schedule, ring_allgather_steps, ring_allreduce_steps
-from gtopk_lab.comm.stats import CollectiveResult, CommStats, Payload
+from gtopk_lab.comm.stats import CollectiveResult, CommStats, Payload, merge_cpu_clock
 from gtopk_lab.comm.wire import HEADER_BYTES, sparse_message_bytes
 from gtopk_lab.compression.fast_merge import merge_applies, numba_merge
 from gtopk_lab.compression.merge import canonical_wire, coalesce_sparse, merge_sparse
@@ -52,9 +51,9 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
     # merge sees two ascending runs (merge_sparse's fast path); charged as merge CPU. The
     # range check and the wire dtype come in the same compiled pass where it applies: on a
     # core that has just waited for its peers every separate call costs 0.1-0.25 ms
-    t0 = time.process_time()
+    t0 = merge_cpu_clock()
     values, indices = canonical_wire(values, indices, numel, name=name)
-    merge_cpu_s = time.process_time() - t0
+    merge_cpu_s = merge_cpu_clock() - t0
     # merge_sparse's argument checks and kernel test, once per call instead of per round: a
     # received operand is in the wire format (these dtypes, this device) or the peer's own
     # canonical selection (the simulator), and the kernel declines what is not canonical
@@ -79,11 +78,11 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
             continue
         first, second = (mine, theirs) if rank < step.peer else (theirs, mine)
         stamp = profile.stamp() if profile is not None else None
-        t0 = time.process_time()
+        t0 = merge_cpu_clock()
         merged = (numba_merge(first[0], first[1], second[0], second[1], k)
                   if compiled and _same_kind(theirs, mine) else None)
         values, indices, d_v, d_i = merged or merge_sparse(first[0], first[1], second[0], second[1], k)
-        merge_cpu_s += time.process_time() - t0
+        merge_cpu_s += merge_cpu_clock() - t0
         if profile is not None:
             profile.stop("merge", stamp)
         merged_elements += first[0].numel() + second[0].numel()
@@ -93,11 +92,11 @@ def gtopk_program(rank: int, world_size: int, values: torch.Tensor, indices: tor
     if not merged_any and world_size == 1:
         # No merge happened: canonicalise (sort) and keep k, the single rank owns the drops.
         stamp = profile.stamp() if profile is not None else None
-        t0 = time.process_time()
+        t0 = merge_cpu_clock()
         empty_v, empty_i = values.new_empty(0), indices.new_empty(0)
         merged_elements += values.numel()
         values, indices, d_v, d_i = merge_sparse(values, indices, empty_v, empty_i, k)
-        merge_cpu_s += time.process_time() - t0
+        merge_cpu_s += merge_cpu_clock() - t0
         dropped.append((d_v, d_i))
         if profile is not None:  # no round is open: recorded as a per-call merge
             profile.stop("merge", stamp)
@@ -152,14 +151,14 @@ def allgather_assemble(counts: list[int], gathered: list[Payload], value_dtype: 
     the 8-byte counts (if ``counted``), then a ring allgather of max(counts) padded pairs
     per rank.
     """
-    t0 = time.process_time()
+    t0 = merge_cpu_clock()
     if gathered:
         values, indices = coalesce_sparse(torch.cat([g[0] for g in gathered]),
                                           torch.cat([g[1] for g in gathered]))
     else:
         values = torch.empty(0, dtype=value_dtype)
         indices = torch.empty(0, dtype=idx_dtype)
-    merge_cpu_s = time.process_time() - t0
+    merge_cpu_s = merge_cpu_clock() - t0
     steps = allgather_steps(counts, value_dtype, idx_dtype, world_size, counted)
     stats = CommStats(collective="topk_allgather", algorithm="ring",
                       bytes_sent=sum(s for s, _ in steps), bytes_recv=sum(r for _, r in steps),

@@ -29,14 +29,13 @@ Python steps for the accounting, against P log2 P merges and generator rounds.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
 from gtopk_lab.comm.schedules import largest_power_of_two
-from gtopk_lab.comm.stats import CollectiveResult, CommStats
+from gtopk_lab.comm.stats import CollectiveResult, CommStats, merge_cpu_clock
 from gtopk_lab.comm.wire import PartsWire
 from gtopk_lab.compression.merge import canonical_wire, merge_sparse
 
@@ -85,10 +84,10 @@ class _Ledger:
 
     def merge(self, first: _Vec, second: _Vec, charged: int, by: Sequence[int]) -> _Vec:
         """``merge_sparse(first, second)`` once, for the ranks ``by`` that would each make it."""
-        t0 = time.process_time()
+        t0 = merge_cpu_clock()
         values, indices, d_v, d_i = merge_sparse(first.values, first.indices, second.values, second.indices,
                                                  self.k)
-        cpu_s = time.process_time() - t0
+        cpu_s = merge_cpu_clock() - t0
         n = first.values.numel() + second.values.numel()
         for r in by:
             self.merged[r] += n
@@ -152,9 +151,9 @@ def sim_gtopk_shared_merges(values_list: Sequence[torch.Tensor], indices_list: S
     ledger = _Ledger(world, wire, k)
     vec = []
     for r, (v, i) in enumerate(zip(values_list, indices_list)):
-        t0 = time.process_time()
+        t0 = merge_cpu_clock()
         values, indices = canonical_wire(v, i, numel)
-        ledger.cpu_s[r] += time.process_time() - t0
+        ledger.cpu_s[r] += merge_cpu_clock() - t0
         vec.append(ledger.vec(values, indices))
     if world == 1:  # no partner: canonicalise and keep k, the one rank owns the drops
         only = vec[0]

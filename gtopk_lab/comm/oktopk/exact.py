@@ -77,7 +77,6 @@ Example::
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 
@@ -90,7 +89,7 @@ from gtopk_lab.comm.oktopk.rounds import (
     Block, Request, allreduce_sum, as_bytes, bruck_allgather, magnitude_keys, pairs_from_bytes,
 )
 from gtopk_lab.comm.recorder import Recorder
-from gtopk_lab.comm.stats import CollectiveResult, CommStats, check_k, check_numel, wire
+from gtopk_lab.comm.stats import CollectiveResult, CommStats, check_k, check_numel, merge_cpu_clock, wire
 from gtopk_lab.comm.transport import drive, run_programs
 from gtopk_lab.comm.transport_choice import transport_for
 from gtopk_lab.comm.wire import BYTES
@@ -205,11 +204,11 @@ def oktopk_program(rank: int, world_size: int, values: torch.Tensor, indices: to
     P = world_size
     vdt, idt = values.dtype, indices.dtype
     dev = values.device
-    t0 = time.process_time()
+    t0 = merge_cpu_clock()
     order = torch.argsort(indices.to(torch.int64))
     loc_v, loc_i = values[order], indices[order]
     loc_i64 = loc_i.to(torch.int64)
-    cpu_s = time.process_time() - t0
+    cpu_s = merge_cpu_clock() - t0
 
     # 0. re-balance the regions from the global histogram of selected indices
     # Counts never exceed P * numel (unique indices per rank): int32 on the wire when that fits.
@@ -231,12 +230,12 @@ def oktopk_program(rank: int, world_size: int, values: torch.Tensor, indices: to
         dst, src = (rank + s) % P, (rank - s) % P
         theirs = yield ("sendrecv", (dst, src), as_bytes(*pieces[dst]), "reduce_scatter")
         received[src] = pairs_from_bytes(theirs, vdt, idt)
-    t0 = time.process_time()
+    t0 = merge_cpu_clock()
     region_v, region_i = coalesce_sparse(torch.cat([p[0] for p in received if p is not None]),
                                          torch.cat([p[1] for p in received if p is not None]))
     keys = magnitude_keys(region_v)
     sorted_keys = torch.sort(keys).values
-    cpu_s += time.process_time() - t0
+    cpu_s += merge_cpu_clock() - t0
 
     def count_ge(probes: list[int]) -> torch.Tensor:
         pt = torch.tensor(probes, dtype=torch.int64, device=dev)
@@ -301,11 +300,11 @@ def oktopk_program(rank: int, world_size: int, values: torch.Tensor, indices: to
         return list(zip(torch.split(incoming[0], sizes), torch.split(incoming[1], sizes)))
 
     ordered = yield from bruck_allgather(rank, P, (kept_v, kept_i), by_region, "allgather")
-    t0 = time.process_time()
+    t0 = merge_cpu_clock()
     # region order is ascending index order: canonical
     out_v = torch.cat([b[0] for b in ordered])
     out_i = torch.cat([b[1] for b in ordered])
-    cpu_s += time.process_time() - t0
+    cpu_s += merge_cpu_clock() - t0
 
     stats = CommStats(collective="oktopk_allreduce", algorithm="oktopk", merge_cpu_s=cpu_s,
                       dropped_values=drop_v, dropped_indices=drop_i, library_estimate=False)

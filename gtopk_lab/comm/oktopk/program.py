@@ -42,7 +42,6 @@ l = ceil(log2 P); :func:`gtopk_lab.methods.formulas.oktopk_time_s` amortises it)
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
@@ -51,7 +50,7 @@ import torch
 from gtopk_lab.comm.dense import allreduce_program
 from gtopk_lab.comm.oktopk import schedule
 from gtopk_lab.comm.oktopk.rounds import Block, Request, allreduce_sum, as_bytes, bruck_allgather, pairs_from_bytes
-from gtopk_lab.comm.stats import CollectiveResult, CommStats
+from gtopk_lab.comm.stats import CollectiveResult, CommStats, merge_cpu_clock
 from gtopk_lab.compression.merge import coalesce_sparse, index_dtype
 
 __all__ = ["ProgramOutput", "oktopk_faithful_program", "allgather_blocks"]
@@ -161,7 +160,7 @@ def oktopk_faithful_program(rank: int, world: int, acc: torch.Tensor, numel: int
         return ProgramOutput(CollectiveResult(total, None, stats), everything, None, None, None)
 
     # 1. local selection by the local threshold (the only O(d) work of most calls)
-    t0 = time.process_time()
+    t0 = merge_cpu_clock()
     if plan.reevaluate or plan.local_threshold is None:
         threshold = schedule.kth_largest_magnitude(acc, k)
     else:
@@ -170,7 +169,7 @@ def oktopk_faithful_program(rank: int, world: int, acc: torch.Tensor, numel: int
     # 0: fewer than k non-zero entries; kept, it would pass every entry until the next
     # re-evaluation, so the next call evaluates it again (None)
     next_local = schedule.next_local_threshold(threshold, sel_i.numel(), k, bands) if threshold > 0 else None
-    cpu_s = time.process_time() - t0
+    cpu_s = merge_cpu_clock() - t0
 
     # 2. repartition: average the ranks' selection quantiles
     if plan.repartition or plan.boundaries is None:
@@ -188,24 +187,24 @@ def oktopk_faithful_program(rank: int, world: int, acc: torch.Tensor, numel: int
         dst, src = (rank + s) % P, (rank - s) % P
         theirs = yield ("sendrecv", (dst, src), as_bytes(*pieces[dst]), "reduce_scatter")
         received[src] = pairs_from_bytes(theirs, sel_v.dtype, sel_i.dtype)
-    t0 = time.process_time()
+    t0 = merge_cpu_clock()
     region_v, region_i = coalesce_sparse(*_cat(received, (sel_v, sel_i)))
     merged = sum(p[0].numel() for p in received)
     nonzero = region_v != 0  # a sum of exactly 0 carries no mass: nothing to send or keep
     region = (region_v[nonzero], region_i[nonzero])
-    cpu_s += time.process_time() - t0
+    cpu_s += merge_cpu_clock() - t0
 
     # 4./5. global selection and allgather
     if plan.reevaluate or plan.global_threshold is None:
         u_v, u_i = yield from allgather_blocks(rank, P, region, bounds_t, allgather, "reevaluation")
-        t0 = time.process_time()
+        t0 = merge_cpu_clock()
         keep_u, global_threshold = schedule.global_topk(u_v, k)
         next_global = global_threshold if global_threshold > 0 else None  # as for the local one
         out = (u_v[keep_u], u_i[keep_u])
         # this rank's region is the slice of U (ascending) inside its boundaries
         lo, hi = torch.searchsorted(u_i.to(torch.int64), bounds_t[rank:rank + 2]).tolist()
         keep_mine = keep_u[lo:hi]
-        cpu_s += time.process_time() - t0
+        cpu_s += merge_cpu_clock() - t0
     else:
         keep_mine = region[0].abs() >= plan.global_threshold
         kept = (region[0][keep_mine], region[1][keep_mine])
