@@ -5,7 +5,8 @@ rank's address (the store on rank 0's), the port and the cases. The rank
 
 1. binds gloo to the interface carrying its address (``bind_to_interface``) and joins the
    group through rank 0's TCPStore;
-2. optionally ping-pongs ``pingpong_sizes`` with its partner (the calibration of alpha, beta);
+2. optionally ping-pongs ``pingpong_sizes`` with its partner (the calibration of alpha, beta),
+   over the transport the sparse collectives take (the project's TCP links between hosts);
 3. times every case (:func:`gtopk_lab.worker.tcp_calls.time_cases`); with ``slot_s`` (two jobs
    at once) case j starts at ``base_monotonic_s + j * slot_s``, the same instant in both jobs;
 4. writes ``OUT/rank<r>.json``.
@@ -23,6 +24,7 @@ from typing import Any
 import torch.distributed as dist
 
 from gtopk_lab.comm.launch import bind_to_interface, set_single_thread
+from gtopk_lab.comm.transport_choice import round_trip_over
 from gtopk_lab.network.calibrate import pingpong_medians
 from gtopk_lab.network.pacing import wait_until
 from gtopk_lab.worker.tcp_calls import time_cases
@@ -37,8 +39,10 @@ def main(spec_path: str, rank: int) -> None:
     store = dist.TCPStore(spec["addresses"][0], int(spec["port"]), world, rank == 0, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     out: dict[str, Any] = {"rank": rank, "world": world}
-    if spec.get("pingpong_sizes"):
-        out["pingpong_s"] = pingpong_medians(rank, world, spec["pingpong_sizes"], int(spec["pingpong_repeats"]), 2)
+    if spec.get("pingpong_sizes"):  # over the transport the sparse collectives take (the TCP links)
+        out["transport"], round_trip = round_trip_over()
+        out["pingpong_s"] = pingpong_medians(rank, world, spec["pingpong_sizes"], int(spec["pingpong_repeats"]), 2,
+                                             round_trip=round_trip)
 
     def before_case(j: int) -> None:
         if spec.get("slot_s"):
