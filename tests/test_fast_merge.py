@@ -186,3 +186,36 @@ def test_canonical_wire_is_the_range_check_conversion_and_stable_sort(index_dtyp
     big = torch.tensor([2**33, 5], dtype=torch.int64)
     got = canonical_wire(torch.tensor([1.0, 2.0]), big, 2**34)
     assert got[1].dtype == torch.int64 and got[1].tolist() == [5, 2**33] and got[0].tolist() == [2.0, 1.0]
+
+
+@pytest.mark.timeout(120)
+def test_many_merges_in_one_call_equal_the_torch_path_pair_by_pair() -> None:
+    """``numba_merge_many`` (one level of the simulator's gTop-k) against
+    ``merge_sparse_torch`` of each pair: 200 groups of 1-40 pairs of unequal lengths, ties,
+    +-0.0 and inf; a group with a pair the kernel declines (not ascending, a NaN sum) or
+    int64 indices is None, so callers merge pair by pair."""
+    from gtopk_lab.compression.fast_merge_many import numba_merge_many
+
+    rng = np.random.default_rng(29)
+    pairs_checked = 0
+    for group in range(200):
+        k = int(rng.integers(1, 120))
+        pairs = []
+        while len(pairs) < int(rng.integers(1, 41)):
+            ops = _operands(rng, int(rng.integers(0, 10_000)))
+            if ops[1].dtype == torch.int32:
+                pairs.append(ops)
+        got = numba_merge_many(pairs, k)
+        assert got is not None and len(got) == len(pairs)
+        for ops, out in zip(pairs, got):
+            assert _same(out, merge_sparse_torch(*ops, k)), (group, ops, k)
+            pairs_checked += 1
+    assert pairs_checked > 1000
+    ok = _operands(np.random.default_rng(1), 1)
+    v, i = torch.tensor([1.0, 2.0]), torch.tensor([5, 3], dtype=torch.int32)  # not ascending
+    assert numba_merge_many([ok, (v, i, v, i)], 1) is None
+    nan = (torch.tensor([np.inf]), torch.tensor([0], dtype=torch.int32),
+           torch.tensor([-np.inf]), torch.tensor([0], dtype=torch.int32))
+    assert numba_merge_many([ok, nan], 1) is None
+    wide = tuple(t.to(torch.int64) if t.dtype == torch.int32 else t for t in ok)
+    assert numba_merge_many([ok, wide], 1) is None

@@ -7,13 +7,20 @@ and a recorder. Both partners then hold bitwise the same tensors (``merge_sparse
 deterministic), and after round r every aligned block of 2^(r+1) ranks does. So the merges are
 a reduction over blocks, P - 1 of them for any P, as the binomial tree's reduce already is:
 
-1. every rank's selection in the wire format, sorted by index (``canonical_wire``, per rank);
+1. every rank's selection in the wire format, sorted by index: rank 0's by ``canonical_wire``
+   as its own call makes it, the others' in one stable sort of the stacked rows where they
+   are alike (the same result), each rank charged rank 0's CPU time;
 2. butterfly, m = 2^floor(log2 P), e = P - m: the fold merges rank j's vector with rank
    m + j's (j < e); then for r = 0 .. log2 m - 1 the vector of each block [s, s + 2^(r+1))
    is ``merge_sparse(vec[s], vec[s + 2^r])``, charged to s (its lowest rank) for the drops;
    the unfold hands the result back to the e extra ranks. Tree: the reduce level by level,
    ``vec[s] = merge_sparse(vec[s], vec[s + 2^r])`` where s + 2^r < P, charged to s; the
-   broadcast hands out the result. P = 1: one merge with an empty operand keeps k;
+   broadcast hands out the result. P = 1: one merge with an empty operand keeps k. A
+   level's merges are independent: the first is made as its ranks' own call makes it and
+   timed, the others in one compiled call
+   (:func:`~gtopk_lab.compression.fast_merge_many.numba_merge_many`, the same kernel), and
+   every merge of the level is charged the first's CPU time, as each real rank pays one
+   call's overhead (at k = 52 a call is ~100 us of overhead for ~1 us of merging);
 3. every rank's rounds as its schedule (:func:`~gtopk_lab.comm.schedules.sparse_schedule`)
    would record them: ``(bytes sent, bytes received)`` of the vectors each round carries in
    the wire format, a message per round that sends; merged elements and measured merge CPU
@@ -23,8 +30,9 @@ a reduction over blocks, P - 1 of them for any P, as the binomial tree's reduce 
 Results and ``CommStats`` equal the per-rank programs' (tests/test_sim_gtopk.py checks every
 field but the measured ``merge_cpu_s`` for P = 1 .. 17, 32, 64 and both patterns); every
 rank's result is the same tensor (as a tree broadcast's already is): do not modify it in
-place. Cost: P - 1 merges of at most 2k pairs, P ``canonical_wire`` calls and O(P log P)
-Python steps for the accounting, against P log2 P merges and generator rounds.
+place. Cost: P - 1 merges of at most 2k pairs in 2 log2 P calls, one ``canonical_wire``
+and one batched sort, and O(P log P) Python steps for the accounting, against P log2 P
+merges and generator rounds.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ import torch
 from gtopk_lab.comm.schedules import largest_power_of_two
 from gtopk_lab.comm.stats import CollectiveResult, CommStats, merge_cpu_clock
 from gtopk_lab.comm.wire import PartsWire
-from gtopk_lab.compression.merge import canonical_wire, merge_sparse
+from gtopk_lab.compression.fast_merge_many import numba_merge_many
+from gtopk_lab.compression.merge import canonical_wire, index_dtype, merge_sparse
 
 __all__ = ["sim_gtopk_shared_merges"]
 
@@ -84,16 +93,36 @@ class _Ledger:
 
     def merge(self, first: _Vec, second: _Vec, charged: int, by: Sequence[int]) -> _Vec:
         """``merge_sparse(first, second)`` once, for the ranks ``by`` that would each make it."""
+        return self.merge_level([(first, second, charged, by)])[0]
+
+    def merge_level(self, merges: Sequence[tuple[_Vec, _Vec, int, Sequence[int]]]) -> list[_Vec]:
+        """The independent merges of one level, ``(first, second, charged, by)`` each: the
+        first as its ranks' own call would make it (timed: every merge of the level is charged
+        its CPU, as each real rank makes one such call), the others in one compiled call where
+        it applies (:func:`~gtopk_lab.compression.fast_merge_many.numba_merge_many`: the same
+        kernel, so bitwise ``merge_sparse``'s results), else one by one, each timed."""
+        first, second = merges[0][0], merges[0][1]
         t0 = merge_cpu_clock()
-        values, indices, d_v, d_i = merge_sparse(first.values, first.indices, second.values, second.indices,
-                                                 self.k)
-        cpu_s = merge_cpu_clock() - t0
-        n = first.values.numel() + second.values.numel()
-        for r in by:
-            self.merged[r] += n
-            self.cpu_s[r] += cpu_s
-        self.drops[charged].append((d_v, d_i))
-        return self.vec(values, indices)
+        outs = [merge_sparse(first.values, first.indices, second.values, second.indices, self.k)]
+        cpu_s = [merge_cpu_clock() - t0] * len(merges)
+        rest = numba_merge_many([(a.values, a.indices, b.values, b.indices) for a, b, _, _ in merges[1:]],
+                                self.k) if len(merges) > 2 else None
+        if rest is not None:
+            outs += rest
+        else:
+            for j, (a, b, _, _) in enumerate(merges[1:], start=1):
+                t0 = merge_cpu_clock()
+                outs.append(merge_sparse(a.values, a.indices, b.values, b.indices, self.k))
+                cpu_s[j] = merge_cpu_clock() - t0
+        results = []
+        for (a, b, charged, by), (values, indices, d_v, d_i), cpu in zip(merges, outs, cpu_s):
+            n = a.values.numel() + b.values.numel()
+            for r in by:
+                self.merged[r] += n
+                self.cpu_s[r] += cpu
+            self.drops[charged].append((d_v, d_i))
+            results.append(self.vec(values, indices))
+        return results
 
     def result(self, rank: int, final: _Vec, algorithm: str) -> CollectiveResult:
         drops = self.drops[rank]
@@ -108,20 +137,31 @@ class _Ledger:
         return CollectiveResult(final.values, final.indices, stats)
 
 
+def _merge_into(vec: list[_Vec], ledger: _Ledger, merges: list[tuple[int, int, Sequence[int]]]) -> None:
+    """``vec[lo] = merge(vec[lo], vec[hi])`` for every ``(lo, hi, by)`` of one level (the
+    merges are independent: no ``lo`` is another's ``hi``), charged to ``lo``."""
+    if merges:
+        merged = ledger.merge_level([(vec[lo], vec[hi], lo, by) for lo, hi, by in merges])
+        for (lo, _, _), result in zip(merges, merged):
+            vec[lo] = result
+
+
 def _butterfly(vec: list[_Vec], ledger: _Ledger) -> _Vec:
     world = len(vec)
     m = largest_power_of_two(world)
     extra = world - m
     for j in range(extra):  # fold
         ledger.move(m + j, j, vec[m + j])
-        vec[j] = ledger.merge(vec[j], vec[m + j], charged=j, by=(j,))
+    _merge_into(vec, ledger, [(j, m + j, (j,)) for j in range(extra)])
     half = 1
     while half < m:
+        level = []
         for start in range(0, m, 2 * half):
             lo, hi = vec[start], vec[start + half]
             for i in range(start, start + half):
                 ledger.exchange(i, i + half, lo, hi)
-            vec[start] = ledger.merge(lo, hi, charged=start, by=range(start, start + 2 * half))
+            level.append((start, start + half, range(start, start + 2 * half)))
+        _merge_into(vec, ledger, level)
         half *= 2
     for j in range(extra):  # unfold
         ledger.move(j, m + j, vec[0])
@@ -133,14 +173,63 @@ def _tree(vec: list[_Vec], ledger: _Ledger) -> _Vec:
     levels = (world - 1).bit_length()
     for r in range(levels):  # reduce
         half = 1 << r
+        level = []
         for start in range(0, world - half, 2 * half):
             ledger.move(start + half, start, vec[start + half])
-            vec[start] = ledger.merge(vec[start], vec[start + half], charged=start, by=(start,))
+            level.append((start, start + half, (start,)))
+        _merge_into(vec, ledger, level)
     for r in reversed(range(levels)):  # broadcast
         half = 1 << r
         for start in range(0, world - half, 2 * half):
             ledger.move(start, start + half, vec[0])
     return vec[0]
+
+
+def _canonical_all(values_list: Sequence[torch.Tensor], indices_list: Sequence[torch.Tensor], numel: int,
+                   ledger: _Ledger) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Step 1 for every rank: rank 0's ``canonical_wire`` as its own call makes it (timed,
+    charged to every rank, as each real rank makes one such call), the others' rows in one
+    stable sort by index where they are alike (one dtype and length, indices in range), which
+    is ``canonical_wire``'s result (a stable sort by index, int32 indices); else each rank's
+    own call, timed."""
+    t0 = merge_cpu_clock()
+    out = [canonical_wire(values_list[0], indices_list[0], numel)]
+    cpu_s = merge_cpu_clock() - t0
+    rest = _sorted_rows(values_list[1:], indices_list[1:], numel)
+    if rest is not None:
+        out += rest
+        ledger.cpu_s = [cpu_s] * len(values_list)
+        return out
+    ledger.cpu_s[0] += cpu_s
+    for r in range(1, len(values_list)):
+        t0 = merge_cpu_clock()
+        out.append(canonical_wire(values_list[r], indices_list[r], numel))
+        ledger.cpu_s[r] += merge_cpu_clock() - t0
+    return out
+
+
+def _sorted_rows(values_list: Sequence[torch.Tensor], indices_list: Sequence[torch.Tensor], numel: int
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """:func:`_canonical_all`'s batched sort, or None where the ranks' selections differ in
+    dtype, device or length, are not CPU float32 with int32/int64 indices, hold indices out of
+    [0, numel) (their own calls then raise the error naming them) or numel needs int64."""
+    if len(values_list) < 2 or index_dtype(numel) != torch.int32:
+        return None
+    v0, i0 = values_list[0], indices_list[0]
+    if (v0.dtype != torch.float32 or i0.dtype not in (torch.int32, torch.int64) or v0.device.type != "cpu"
+            or i0.device.type != "cpu" or v0.dim() != 1 or v0.numel() == 0 or i0.shape != v0.shape):
+        return None
+    if any(v.dtype != v0.dtype or i.dtype != i0.dtype or v.shape != v0.shape or i.shape != v0.shape
+           or v.device != v0.device or i.device != i0.device for v, i in zip(values_list, indices_list)):
+        return None
+    indices = torch.stack(list(indices_list))
+    lo, hi = torch.aminmax(indices)
+    if int(lo) < 0 or int(hi) >= numel:
+        return None
+    order = torch.argsort(indices, dim=1, stable=True)
+    sorted_i = torch.gather(indices, 1, order).to(torch.int32)
+    sorted_v = torch.gather(torch.stack(list(values_list)), 1, order)
+    return list(zip(sorted_v.unbind(0), sorted_i.unbind(0)))
 
 
 def sim_gtopk_shared_merges(values_list: Sequence[torch.Tensor], indices_list: Sequence[torch.Tensor],
@@ -149,12 +238,7 @@ def sim_gtopk_shared_merges(values_list: Sequence[torch.Tensor], indices_list: S
     checks them) in the wire format ``wire`` (``sparse_wire``): one result per rank."""
     world = len(values_list)
     ledger = _Ledger(world, wire, k)
-    vec = []
-    for r, (v, i) in enumerate(zip(values_list, indices_list)):
-        t0 = merge_cpu_clock()
-        values, indices = canonical_wire(v, i, numel)
-        ledger.cpu_s[r] += merge_cpu_clock() - t0
-        vec.append(ledger.vec(values, indices))
+    vec = [ledger.vec(values, indices) for values, indices in _canonical_all(values_list, indices_list, numel, ledger)]
     if world == 1:  # no partner: canonicalise and keep k, the one rank owns the drops
         only = vec[0]
         empty = _Vec(only.values.new_empty(0), only.indices.new_empty(0), 0)  # never sent
