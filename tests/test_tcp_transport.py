@@ -157,3 +157,34 @@ def test_listen_address_is_the_interface_gloo_binds(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("GTOPK_LAB_TCP", "maybe")
     with pytest.raises(ValueError, match="GTOPK_LAB_TCP='maybe' is invalid"):
         tcp_wanted()
+
+
+def _clock_max_job(rank: int, world: int, shm: str) -> list:
+    from gtopk_lab.comm.torch_dist import gtopk_allreduce
+    from gtopk_lab.comm.transport_choice import links_max_reduce
+
+    os.environ["GTOPK_LAB_SHM"] = shm
+    reduce_max = links_max_reduce()
+    got = [reduce_max([float(rank)])]  # no handshake yet: None, the caller's all_reduce runs
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(rank))
+    i = x.abs().topk(100).indices
+    for call in range(3):  # collectives and the clock's max interleaved on the same links
+        r = gtopk_allreduce(x[i] * (call + 1), i, 10_000, 100, algorithm="tree" if call % 2 else "butterfly")
+        got.append((reduce_max([rank + call, -rank, 1e9 if rank == world - 1 else 0.0]),
+                    float(r.values.abs().sum())))
+    return got
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shm", ["0", "1"])
+def test_the_clocks_max_over_the_links_equals_the_oracle_between_collectives(shm: str) -> None:
+    """links_max_reduce over TCP links (shm 0) and shared-memory rings (1), P = 3: None until
+    a collective made the handshake, then each rank holds the maximum written here, and the
+    collectives around it are undisturbed (the same sums on every rank)."""
+    world = 3
+    got = run_gloo(_clock_max_job, world, shm, timeout_s=60.0)
+    assert [g[0] for g in got] == [None] * world
+    for call in range(3):
+        want = [float(world - 1 + call), 0.0, 1e9]
+        assert all(g[1 + call][0] == want for g in got), [g[1 + call] for g in got]
+        assert len({g[1 + call][1] for g in got}) == 1

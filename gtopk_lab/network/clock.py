@@ -40,7 +40,9 @@ as a whole before their local assembly. A final ``max(0, modelled_s - wall_s)`` 
 covers collectives without pacing hooks. Wall time of a throttled sparse collective is
 therefore about the alpha-beta-gamma time (wire + merge CPU), not ``max`` of the two.
 
-Cost per collective: one extra ``all_reduce(MAX)`` of three float64 values over ``group``.
+Cost per collective: one extra ``all_reduce(MAX)`` of three float64 values over ``group``,
+or, with ``max_reduce`` (a rank's own max over the links its collectives already use:
+``comm.transport_choice.links_max_reduce``), one 24-byte message to and from every peer.
 
 Worker-side module: torch only, no plotting or notebook code.
 """
@@ -101,7 +103,8 @@ class VirtualClock:
 
     def __init__(self, network: NetworkModel, throttle: bool = False, group: Any = None,
                  include_merge_cpu: bool = False, cpu_timer: Callable[[], float] | None = None,
-                 charged_compute: bool = False, merge_gamma_s_per_element: float | None = None) -> None:
+                 charged_compute: bool = False, merge_gamma_s_per_element: float | None = None,
+                 max_reduce: Callable[[list[float]], list[float] | None] | None = None) -> None:
         if not isinstance(network, NetworkModel):
             raise TypeError(f"network={network!r} has type {type(network).__name__}: expected NetworkModel")
         if not isinstance(throttle, bool):
@@ -110,6 +113,10 @@ class VirtualClock:
         self.network = network
         self.throttle = throttle
         self.group = group
+        # the ranks' own max of a few floats where they have faster links than the backend's
+        # all_reduce (returns None where it does not apply, then the all_reduce runs); every
+        # rank must take the same path in each call
+        self.max_reduce = max_reduce
         self.include_merge_cpu = bool(include_merge_cpu)
         if merge_gamma_s_per_element is not None and not (
                 isinstance(merge_gamma_s_per_element, (int, float)) and not isinstance(merge_gamma_s_per_element, bool)
@@ -134,6 +141,7 @@ class VirtualClock:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["group"] = None
+        state["max_reduce"] = None
         return state
 
     # --- state --------------------------------------------------------------------------
@@ -225,6 +233,10 @@ class VirtualClock:
         group, world = self._world()
         if world == 1:
             return arrival_s, duration_s, model_s
+        if self.max_reduce is not None:
+            reduced = self.max_reduce([arrival_s, duration_s, model_s])
+            if reduced is not None:
+                return reduced[0], reduced[1], reduced[2]
         import torch
         import torch.distributed as dist
 

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gtopk_lab.comm.transport_choice import transport_used
+from gtopk_lab.comm.transport_choice import links_max_reduce, transport_used
 from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
@@ -237,6 +237,7 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
     # as in the simulator: merges measured only with measured compute, else from a calibrated gamma
     clock = VirtualClock(network_of(config), throttle=config.throttle,
                          cpu_timer=rank_cpu_timer(dev), charged_compute=fixed_compute_s is not None,
+                         max_reduce=links_max_reduce() if has_group and dev.type == "cpu" else None,
                          **clock_merge_options(config.virtual_merge_cpu, config.compute_charge, fixed_compute_s))
     buffer = RowBuffer(sink, config.sink_every)
     ranks = _RealRank(config, rank, world, has_group, dev, dataset, replica, state, clock, buffer,
