@@ -46,7 +46,7 @@ CI_PARAMETERS: dict[str, dict[str, Any]] = {
     # real): 2 x 11 tiny runs
     # one method of each kind (per step, layer-wise, local steps) keeps CI inside its budget;
     # every method runs through the same cells, and each has its own tests
-    "05_modern_methods.ipynb": {"n_workers": 2, "workers": [2], "real_max_workers": 1,
+    "05_modern_methods.ipynb": {"n_workers": 2, "workers": [2], "gpt_workers": [2], "real_max_workers": 1,
                                 "methods": ["dense", "gtopk", "powersgd", "sparseloco"], "gpt_iterations": 6,
                                 "gpt_batch_size": 4, "gpt_val_sequences": 32, "mnist_model": "mlp", "mnist_iterations": 8,
                                 "mnist_train_samples": 400, "sync_every": 2},
