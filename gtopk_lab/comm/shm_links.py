@@ -37,16 +37,14 @@ from __future__ import annotations
 
 import os
 import secrets
-import threading
 import time
-import weakref
 from collections import deque
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
-from gtopk_lab.comm.dist_transport import group_timeout_s, rank_world
+from gtopk_lab.comm.dist_transport import group_timeout_s
+from gtopk_lab.comm.group_links import GroupLinks, Links
 from gtopk_lab.comm.shm_ring import (CONTROL_BYTES, RING_HEADER_BYTES, SHM_DIR, Doorbell, Ring, Segment,
                                      host_identity, process_alive, segment_name, shm_supported,
                                      sweep_stale_segments)
@@ -122,7 +120,7 @@ def _segment_bytes(world: int, capacity: int) -> int:
     return CONTROL_BYTES + (world - 1) * (RING_HEADER_BYTES + capacity)
 
 
-class ShmLinks:
+class ShmLinks(Links):
     """This rank's rings of one group: its mailbox (a ring from each peer) and its peers'."""
 
     def __init__(self, rank: int, world: int, own: Segment, peers: dict[int, Segment],
@@ -139,15 +137,11 @@ class ShmLinks:
         self.spin_s, self.yield_s = (us * 1e-6 for us in wait_settings(world))
 
     # ------------------------------------------------------------------ sending
-    def send(self, dst: int, parts: torch.Tensor | list[torch.Tensor]) -> None:
-        """Send one message (its length, then the bytes of the uint8 tensor ``parts``, or of
-        a list of them one after the other) to ``dst``: copied into the ring at once when
-        nothing is queued before it and it fits (one published store, one doorbell), else
-        queued and moved as far as the free space allows now, the rest while this rank waits."""
-        self.send_arrays(dst, [parts.numpy()] if isinstance(parts, torch.Tensor) else [t.numpy() for t in parts])
-
     def send_arrays(self, dst: int, arrays: list[np.ndarray]) -> None:
-        """:meth:`send` of uint8 numpy arrays (no tensor to unwrap)."""
+        """One message (its length, then the bytes of the uint8 ``arrays`` one after the
+        other) to ``dst``: copied into the ring at once when nothing is queued before it and it
+        fits (one published store, one doorbell), else queued and moved as far as the free
+        space allows now, the rest while this rank waits."""
         total = sum(a.size for a in arrays)
         length = np.array([total], dtype=np.int64).view(np.uint8)
         queue = self.pending[dst]
@@ -179,15 +173,7 @@ class ShmLinks:
                 moved = True
         return moved
 
-    def flush(self) -> None:
-        """Block until every queued send is in its ring (the peer need not have read it)."""
-        self._wait_until(lambda: not any(self.pending.values()), None, "take this rank's messages")
-
     # ------------------------------------------------------------------ receiving
-    def receive(self, src: int) -> torch.Tensor:
-        """The next message from ``src`` as a fresh uint8 tensor (blocks)."""
-        return torch.from_numpy(self.receive_array(src))
-
     def receive_array(self, src: int) -> np.ndarray:
         """:meth:`receive` as a fresh uint8 numpy array (this rank owns it)."""
         ring = self.inbox[src]
@@ -314,45 +300,21 @@ def _handshake(group: dist.ProcessGroup | None, rank: int, world: int) -> ShmLin
                 seg.close()
 
 
-_LOCK = threading.Lock()
-#: id(group) -> (weak reference to the group, its links or None for gloo)
-_LINKS: dict[int, tuple[weakref.ref, ShmLinks | None]] = {}
+_GROUPS: GroupLinks[ShmLinks] = GroupLinks(_handshake)
 
 
 def forget_links(key: int) -> None:
-    """Drop (and unmap) the links cached under ``key`` = id(group) (the group was freed)."""
-    with _LOCK:
-        hit = _LINKS.pop(key, None)
-    if hit is not None and hit[1] is not None:
-        hit[1].close()
-
-
-def _cached(pg: dist.ProcessGroup) -> tuple[weakref.ref, ShmLinks | None] | None:
-    """``pg``'s cached decision, or None when its handshake has not run (a freed group's id
-    reused by another is not a hit)."""
-    hit = _LINKS.get(id(pg))
-    return hit if hit is not None and hit[0]() is pg else None
+    """Drop (and unmap) the links kept under ``key`` = id(group) (the group was freed)."""
+    _GROUPS.forget(key)
 
 
 def links_decided(group: dist.ProcessGroup | None) -> bool | None:
     """Without any communication: True when ``group``'s handshake chose shared memory, False
     when it chose gloo, None when no point-to-point call has asked yet."""
-    hit = _cached(group if group is not None else dist.group.WORLD)
-    return None if hit is None else hit[1] is not None
+    return _GROUPS.decided(group)
 
 
 def shm_links(group: dist.ProcessGroup | None) -> ShmLinks | None:
     """This rank's shared-memory links of ``group`` (None: the default group), or None when
     gloo carries its messages (another backend, one rank, not one host, turned off)."""
-    pg = group if group is not None else dist.group.WORLD
-    key = id(pg)
-    hit = _cached(pg)
-    if hit is not None:
-        return hit[1]
-    rank, world = rank_world(group)
-    links = None
-    if world > 1 and str(dist.get_backend(group)).lower() == "gloo":
-        links = _handshake(group, rank, world)
-    with _LOCK:
-        _LINKS[key] = (weakref.ref(pg, lambda _ref, key=key: forget_links(key)), links)
-    return links
+    return _GROUPS.get(group)

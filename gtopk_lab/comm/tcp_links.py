@@ -47,17 +47,15 @@ import secrets
 import select
 import socket
 import struct
-import threading
 import time
-import weakref
 from collections import deque
 
 import numpy as np
 import psutil
-import torch
 import torch.distributed as dist
 
-from gtopk_lab.comm.dist_transport import group_timeout_s, rank_world
+from gtopk_lab.comm.dist_transport import group_timeout_s
+from gtopk_lab.comm.group_links import GroupLinks, Links
 
 __all__ = ["TCP_ENV", "TcpLinks", "tcp_links", "tcp_decided", "tcp_wanted", "listen_address", "forget_tcp_links"]
 
@@ -103,7 +101,7 @@ def _peer_lost(rank: int, peer: int, world: int, why: str) -> RuntimeError:
                         f"seen by rank {rank}")
 
 
-class TcpLinks:
+class TcpLinks(Links):
     """This rank's sockets of one group, one per peer (see the module docstring)."""
 
     def __init__(self, rank: int, world: int, socks: dict[int, socket.socket], timeout_s: float) -> None:
@@ -116,11 +114,6 @@ class TcpLinks:
         self._length = bytearray(_LENGTH.size)
 
     # ------------------------------------------------------------------ sending
-    def send(self, dst: int, parts: torch.Tensor | list[torch.Tensor]) -> None:
-        """Send one message (its length, then the bytes of the uint8 tensor ``parts``, or of
-        a list of them one after the other) to ``dst``; returns without waiting for it."""
-        self.send_arrays(dst, [parts.numpy()] if isinstance(parts, torch.Tensor) else [t.numpy() for t in parts])
-
     def send_arrays(self, dst: int, arrays: list[np.ndarray]) -> None:
         """:meth:`send` of uint8 numpy arrays: one ``sendmsg`` when the kernel takes it whole
         and nothing is queued before it, else the unsent rest is queued (a copy: the arrays
@@ -162,15 +155,7 @@ class TcpLinks:
                 queue.popleft()
         return moved
 
-    def flush(self) -> None:
-        """Block until every queued send is in the kernel (the peer need not have read it)."""
-        self._wait_until(lambda: not any(self.pending.values()), None, "take this rank's messages")
-
     # ------------------------------------------------------------------ receiving
-    def receive(self, src: int) -> torch.Tensor:
-        """The next message from ``src`` as a fresh uint8 tensor (blocks)."""
-        return torch.from_numpy(self.receive_array(src))
-
     def receive_array(self, src: int) -> np.ndarray:
         """:meth:`receive` as a fresh uint8 numpy array (this rank owns it)."""
         sock, head = self.socks[src], self._length
@@ -359,43 +344,21 @@ def _handshake(group: dist.ProcessGroup | None, rank: int, world: int) -> TcpLin
             listener.close()
 
 
-_LOCK = threading.Lock()
-#: id(group) -> (weak reference to the group, its links or None for gloo)
-_LINKS: dict[int, tuple[weakref.ref, TcpLinks | None]] = {}
+_GROUPS: GroupLinks[TcpLinks] = GroupLinks(_handshake)
 
 
 def forget_tcp_links(key: int) -> None:
-    """Drop (and close) the links cached under ``key`` = id(group) (the group was freed)."""
-    with _LOCK:
-        hit = _LINKS.pop(key, None)
-    if hit is not None and hit[1] is not None:
-        hit[1].close()
-
-
-def _cached(pg: dist.ProcessGroup) -> tuple[weakref.ref, TcpLinks | None] | None:
-    hit = _LINKS.get(id(pg))
-    return hit if hit is not None and hit[0]() is pg else None
+    """Drop (and close) the links kept under ``key`` = id(group) (the group was freed)."""
+    _GROUPS.forget(key)
 
 
 def tcp_decided(group: dist.ProcessGroup | None) -> bool | None:
     """Without any communication: True when ``group``'s handshake chose these links, False
     when it chose gloo, None when it has not run."""
-    hit = _cached(group if group is not None else dist.group.WORLD)
-    return None if hit is None else hit[1] is not None
+    return _GROUPS.decided(group)
 
 
 def tcp_links(group: dist.ProcessGroup | None) -> TcpLinks | None:
     """This rank's TCP links of ``group`` (None: the default group), or None when gloo
     carries its messages (another backend, one rank, turned off, a handshake that failed)."""
-    pg = group if group is not None else dist.group.WORLD
-    key = id(pg)
-    hit = _cached(pg)
-    if hit is not None:
-        return hit[1]
-    rank, world = rank_world(group)
-    links = None
-    if world > 1 and str(dist.get_backend(group)).lower() == "gloo":
-        links = _handshake(group, rank, world)
-    with _LOCK:
-        _LINKS[key] = (weakref.ref(pg, lambda _ref, key=key: forget_tcp_links(key)), links)
-    return links
+    return _GROUPS.get(group)
