@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +24,9 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 # (gtopk_lab.results_home): in tests a tmp dir, so that no test writes into the repository's
 # results/ nor into a developer's own $GTOPK_LAB_RESULTS; child processes inherit it.
 os.environ["GTOPK_LAB_RESULTS"] = tempfile.mkdtemp(prefix="gtopk-lab-test-results-")
+# removed when this process exits (each xdist process made its own), so that suites leave
+# no folders behind in /tmp
+atexit.register(shutil.rmtree, os.environ["GTOPK_LAB_RESULTS"], ignore_errors=True)
 
 
 def pytest_sessionstart(session: object) -> None:
