@@ -59,12 +59,6 @@ def testbed_here() -> None:
         pytest.skip(problem)
 
 
-
-
-
-
-
-
 def _rows(out: Path, run_id: str) -> pd.DataFrame:
     """The run's rows on disk now (metrics.parquet overlaid by its parts); read again when
     the journal folded a part away in between."""
@@ -89,8 +83,6 @@ def _done_by_any(out: Path, run_id: str) -> int:
     rows = _rows(out, run_id)
     iters = rows[rows["kind"] == "iter"] if len(rows) else rows
     return int(iters["iteration"].max()) if len(iters) else -1
-
-
 
 
 def _comm_per_iteration(rows: pd.DataFrame) -> pd.Series:
@@ -197,8 +189,9 @@ FAST, SLOW, SLOW_BPS = "1gbit", "5mbit", 5e6
 #: enough that the run outlasts its slow phase (20 fast iterations, the settle, 20 slow
 #: ones of ~0.1 s each: some 150-250 iterations in all) with a margin, and that the fast
 #: phase stays below half of it while this process polls slowly on a loaded box (unpaced
-#: fast iterations take a few ms); more only lengthens the test after the rate goes up again
-SLOW_ITERATIONS = 1500
+#: fast iterations take a few ms; suites of 2026-12-06 changed the rate after 74 and 154);
+#: more only lengthens the test after the rate goes up again (~10 ms an iteration)
+SLOW_ITERATIONS = 1000
 SLOW_RUN = ["--method", "dense", "--workers", "2", "--model", "mlp", "--dataset", "synthetic",
             "--train-samples", "8192", "--test-samples", "64", "--batch-size", "16", "--epochs", "12",
             "--max-iterations", str(SLOW_ITERATIONS), "--sink-every", "5", "--timeout", "30",
