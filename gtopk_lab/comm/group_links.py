@@ -4,7 +4,7 @@
 and the TCP links (:class:`~gtopk_lab.comm.tcp_links.TcpLinks`) that does not depend on the
 medium: a message of tensors sent as its bytes, a received message as a tensor, and the
 flush of queued sends (each kind brings ``send_arrays``, ``receive_array``, its wait and
-``close``).
+``close``); :func:`links_wanted` reads each kind's on/off switch from the environment.
 
 The shared-memory rings (:mod:`gtopk_lab.comm.shm_links`) and the TCP links
 (:mod:`gtopk_lab.comm.tcp_links`) are each decided by a collective handshake on a group's
@@ -21,6 +21,7 @@ Cost: a dict lookup per call once decided. Worker side.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections import deque
@@ -33,7 +34,19 @@ import torch.distributed as dist
 
 from gtopk_lab.comm.dist_transport import rank_world
 
-__all__ = ["GroupLinks", "Links"]
+__all__ = ["GroupLinks", "Links", "links_wanted"]
+
+
+def links_wanted(env: str, what: str) -> bool:
+    """The switch ``env`` of one kind of links: "0"/"off"/"false"/"no" -> False; unset, "",
+    "1"/"on"/"true"/"yes"/"auto" -> True; anything else a ``ValueError`` naming ``env`` and
+    what 1 means (``what``)."""
+    text = os.environ.get(env, "1").strip().lower()
+    if text in ("0", "off", "false", "no"):
+        return False
+    if text in ("", "1", "on", "true", "yes", "auto"):
+        return True
+    raise ValueError(f"{env}={text!r} is invalid: expected 0 (gloo only) or 1 ({what})")
 
 
 class Links:

@@ -44,7 +44,7 @@ import numpy as np
 import torch.distributed as dist
 
 from gtopk_lab.comm.dist_transport import group_timeout_s
-from gtopk_lab.comm.group_links import GroupLinks, Links
+from gtopk_lab.comm.group_links import GroupLinks, Links, links_wanted
 from gtopk_lab.comm.shm_ring import (CONTROL_BYTES, RING_HEADER_BYTES, SHM_DIR, Doorbell, Ring, Segment,
                                      host_identity, process_alive, segment_name, shm_supported,
                                      sweep_stale_segments)
@@ -79,12 +79,7 @@ def _env_int(name: str, default: int, low: int) -> int:
 
 def shm_wanted() -> bool:
     """``GTOPK_LAB_SHM``: "0"/"off"/"false" -> False; unset, "1"/"on"/"auto" -> True."""
-    text = os.environ.get(SHM_ENV, "1").strip().lower()
-    if text in ("0", "off", "false", "no"):
-        return False
-    if text in ("", "1", "on", "true", "yes", "auto"):
-        return True
-    raise ValueError(f"{SHM_ENV}={text!r} is invalid: expected 0 (gloo only) or 1 (shared memory where possible)")
+    return links_wanted(SHM_ENV, "shared memory where possible")
 
 
 def _cores() -> int:

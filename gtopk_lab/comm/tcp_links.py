@@ -49,13 +49,14 @@ import socket
 import struct
 import time
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 import psutil
 import torch.distributed as dist
 
 from gtopk_lab.comm.dist_transport import group_timeout_s
-from gtopk_lab.comm.group_links import GroupLinks, Links
+from gtopk_lab.comm.group_links import GroupLinks, Links, links_wanted
 
 __all__ = ["TCP_ENV", "TcpLinks", "tcp_links", "tcp_decided", "tcp_wanted", "listen_address", "forget_tcp_links"]
 
@@ -71,12 +72,7 @@ _POLL_MS = 50  # a wait wakes this often to check the group's timeout
 
 def tcp_wanted() -> bool:
     """``GTOPK_LAB_TCP``: "0"/"off"/"false" -> False; unset, "1"/"on"/"auto" -> True."""
-    text = os.environ.get(TCP_ENV, "1").strip().lower()
-    if text in ("0", "off", "false", "no"):
-        return False
-    if text in ("", "1", "on", "true", "yes", "auto"):
-        return True
-    raise ValueError(f"{TCP_ENV}={text!r} is invalid: expected 0 (gloo only) or 1 (own TCP links where possible)")
+    return links_wanted(TCP_ENV, "own TCP links where possible")
 
 
 def listen_address() -> str:
@@ -131,8 +127,10 @@ class TcpLinks(Links):
                 raise self._broken(dst, exc) from exc
             if sent == total + _LENGTH.size:
                 return
-        rest = b"".join(bytes(p) if isinstance(p, bytes) else p.tobytes() for p in pieces)[sent:]
-        queue.append(memoryview(rest))
+        # one copy of the message (ascontiguousarray copies only a strided view), queued from
+        # where the kernel stopped taking it
+        queue.append(memoryview(b"".join(p if isinstance(p, bytes) else np.ascontiguousarray(p)
+                                         for p in pieces))[sent:])
         self.pump()
 
     def pump(self) -> bool:
@@ -193,7 +191,7 @@ class TcpLinks(Links):
         return got
 
     # ------------------------------------------------------------------ waiting
-    def _wait_until(self, ready, peer: int | None, what: str) -> None:
+    def _wait_until(self, ready: Callable[[], bool], peer: int | None, what: str) -> None:
         """Sleep in poll until ``ready()``; queued sends keep moving; the group's timeout."""
         start = time.monotonic()
         while True:

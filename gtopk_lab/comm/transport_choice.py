@@ -26,10 +26,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gtopk_lab.comm.dist_transport import DistTransport
-from gtopk_lab.comm.profiling import RoundProfile
+from gtopk_lab.comm.dist_transport import DistTransport, rank_world
 from gtopk_lab.comm.links_transport import LinksTransport
-from gtopk_lab.comm.dist_transport import rank_world
+from gtopk_lab.comm.profiling import RoundProfile
 from gtopk_lab.comm.shm_links import ShmLinks, links_decided, shm_links
 from gtopk_lab.comm.tcp_links import TcpLinks, tcp_decided, tcp_links
 from gtopk_lab.comm.transport import Transport
