@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.comm.oktopk import OkTopkFaithfulState, sim_oktopk_allreduce, sim_oktopk_faithful_allreduce
 from gtopk_lab.comm.shm_links import ShmLinks, shm_wanted
 from gtopk_lab.comm.shm_ring import SEGMENT_PREFIX, SHM_DIR, Segment, shm_supported, sweep_stale_segments
+from thread_ranks import swap_messages
 
 pytestmark = pytest.mark.skipif(not shm_supported(), reason="shared memory rings need Linux x86-64 and /dev/shm")
 
@@ -215,24 +215,7 @@ def _dead_pid() -> int:
 @pytest.mark.timeout(60)
 def test_an_exchange_of_messages_larger_than_the_rings_streams_through(tmp_path: Path) -> None:
     """Both ends post 1 MB to each other before receiving, through 4 kB rings (threads as ranks)."""
-    ends = _pair(tmp_path, [os.getpid()] * 2, 4096)
-    sent = [torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(r))
-            for r in range(2)]
-    got: list = [None, None]
-
-    def rank(r: int) -> None:
-        for _ in range(3):
-            ends[r].send(1 - r, sent[r])
-            got[r] = ends[r].receive(1 - r)
-        ends[r].flush()
-
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30.0)
-    assert not any(t.is_alive() for t in threads)
-    assert torch.equal(got[0], sent[1]) and torch.equal(got[1], sent[0])
+    swap_messages(_pair(tmp_path, [os.getpid()] * 2, 4096), 1 << 20, repeats=3)
 
 
 @pytest.mark.timeout(60)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import threading
 import time
 
 import pytest
@@ -21,6 +20,7 @@ import torch
 from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.comm.tcp_links import TcpLinks, listen_address, tcp_wanted
 from gtopk_lab.worker.faults import PEER_LOST, PEER_TIMEOUT, failure_cause
+from thread_ranks import run_both, swap_messages
 
 
 def _pair(timeout_s: float = 30.0) -> tuple[TcpLinks, TcpLinks]:
@@ -35,41 +35,11 @@ def _pair(timeout_s: float = 30.0) -> tuple[TcpLinks, TcpLinks]:
     return TcpLinks(0, 2, {1: a}, timeout_s), TcpLinks(1, 2, {0: b}, timeout_s)
 
 
-def _run_both(body) -> None:  # type: ignore[no-untyped-def]
-    errors: list[BaseException] = []
-
-    def run(r: int) -> None:
-        try:
-            body(r)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30.0)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    assert not errors, errors
-
-
 @pytest.mark.timeout(60)
 def test_an_exchange_larger_than_the_socket_buffers_streams_through() -> None:
     """Both ends post 16 MB to each other before receiving (threads as ranks): each keeps
     moving its own queued bytes while it waits, so neither blocks the other."""
-    ends = _pair()
-    sent = [torch.randint(0, 256, (16 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(r))
-            for r in range(2)]
-    got: list = [None, None]
-
-    def rank(r: int) -> None:
-        for _ in range(2):
-            ends[r].send(1 - r, sent[r])
-            got[r] = ends[r].receive(1 - r)
-        ends[r].flush()
-
-    _run_both(rank)
-    assert torch.equal(got[0], sent[1]) and torch.equal(got[1], sent[0])
+    swap_messages(_pair(), 16 << 20, repeats=2)
 
 
 @pytest.mark.timeout(60)
@@ -92,7 +62,7 @@ def test_messages_of_several_parts_and_of_no_bytes_arrive_whole_and_in_order() -
         else:
             results.extend(b.receive(0) for _ in messages)
 
-    _run_both(rank)
+    run_both(rank)
     assert len(results) == len(messages)
     for n, (got, parts) in enumerate(zip(results, messages)):
         assert torch.equal(got, torch.cat(parts)), n

@@ -1,0 +1,48 @@
+"""Two ranks as threads of this process, for the transports' own links tested without
+processes (shared by tests/test_shm_transport.py and tests/test_tcp_transport.py)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def run_both(body: Callable[[int], None], join_s: float = 30.0) -> None:
+    """``body(0)`` and ``body(1)`` on two threads at once; asserts that neither hung (each
+    joined within ``join_s``) and that neither raised (the exceptions in the message)."""
+    errors: list[BaseException] = []
+
+    def run(r: int) -> None:
+        try:
+            body(r)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_s)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    assert not errors, errors
+
+
+def swap_messages(ends: tuple[Any, Any], nbytes: int, repeats: int) -> None:
+    """Each of two ends of one kind of links (rank 0's and rank 1's) sends ``nbytes`` random
+    bytes to the other before receiving the other's, ``repeats`` times, on two threads; the
+    oracle: each received exactly the tensor the other sent."""
+    sent = [torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(r))
+            for r in range(2)]
+    got: list[Any] = [None, None]
+
+    def rank(r: int) -> None:
+        for _ in range(repeats):
+            ends[r].send(1 - r, sent[r])
+            got[r] = ends[r].receive(1 - r)
+        ends[r].flush()
+
+    run_both(rank)
+    assert torch.equal(got[0], sent[1]) and torch.equal(got[1], sent[0])
