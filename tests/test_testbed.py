@@ -126,12 +126,15 @@ def test_a_killed_up_is_cleaned_by_down(tmp_path: Path, how: str) -> None:
             assert proc.wait(timeout=60) == 130
         else:
             assert len(pids) >= 3  # the scheduler and two workers
+            folder = Path(testbed_pkg.testbed_status(name)["folder"])
+            assert folder.is_dir()
             proc.kill()
             proc.wait(timeout=10)
             assert testbed_pkg.testbed_status(name)["stale"] is True
             down = subprocess.run([*CLI, "testbed", "down", "--name", name], capture_output=True, text=True,
                                   env=_env(), timeout=60)
             assert down.returncode == 0 and f"removed testbed {name}: 4 namespaces" in down.stdout, down
+            assert not folder.exists()  # the logs folder the killed owner could not remove
         assert _root_view() == before
         assert not any(_alive(pid) for pid in pids)
     finally:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -267,6 +268,7 @@ class Testbed:
         return {"name": self.name, "owner_pid": None if self.detached else os.getpid(),
                 "detached": self.detached, "subnet": self.subnet, "shaper": self.shaper,
                 "queue_s": self.queue_s, "burst_s": self.burst_s, "folder": str(self.folder),
+                "folder_is_temporary": self._tmp is not None,
                 "scheduler": self.scheduler_address if self.dask else None,
                 "hosts": [_link_to_dict(ln) for ln in self.links],
                 "processes": {k: p.pid for k, p in self.processes.items()}}
@@ -347,8 +349,15 @@ def testbed_status(name: str) -> dict[str, Any] | None:
 
 def remove_testbed(name: str) -> list[str]:
     """Remove testbed ``name`` whoever owns it, live or stale (``gtopk-lab testbed down``):
-    its processes, namespaces and state file. Returns the namespaces removed."""
+    its processes, namespaces and state file, and its log folder when the testbed made it
+    (a killed owner could not). Returns the namespaces removed."""
+    state = _read_state(name)
     removed = destroy_network(name)
     state_path(name).unlink(missing_ok=True)
+    folder = Path(str(state.get("folder", ""))) if state else None
+    # only a folder of our own making: never a user's --folder
+    if (state and state.get("folder_is_temporary") and folder is not None
+            and folder.name.startswith(f"gtopk-testbed-{name}-") and folder.is_dir()):
+        shutil.rmtree(folder, ignore_errors=True)
     return removed
 
