@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from child_signals import interruptible
+
 pytestmark = pytest.mark.slow
 
 GTOPK_LAB = str(Path(sys.executable).with_name("gtopk-lab"))
@@ -48,7 +50,7 @@ def test_sigint_cancels_within_10_s_keeps_completed_points_and_resumes(tmp_path:
     cmd = [GTOPK_LAB, "study", "--methods", "dense", "--workers", "1,2", "--n-workers", "2",
            "--max-iterations", "150", "--epochs", "50", "--latency", "20ms", "--throttle",
            "--sink-every", "1", *TINY, "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and ("dense", 1) not in _completed(out):

@@ -33,6 +33,7 @@ from gtopk_lab import testbed as testbed_pkg
 from gtopk_lab.cli.main import main as cli_main
 from gtopk_lab.testbed import Testbed
 from gtopk_lab.testbed.links import namespace_pids
+from child_signals import interruptible
 from testbed_support import alive as _alive, root_view as _root_view, run_env as _env
 
 pytestmark = pytest.mark.slow
@@ -113,7 +114,7 @@ def test_a_killed_up_is_cleaned_by_down(tmp_path: Path, how: str) -> None:
     extra = ["--worker-args=--no-nanny"] if how == "kill" else ["--no-dask"]
     proc = subprocess.Popen([*CLI, "testbed", "up", "--name", name, "--hosts", "3", "--rate", "1gbit", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                            cwd=tmp_path, start_new_session=True)
+                            cwd=tmp_path, start_new_session=True, preexec_fn=interruptible)
     try:
         for line in proc.stdout:  # type: ignore[union-attr]
             if line.startswith("Ctrl-C removes it"):
