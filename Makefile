@@ -13,11 +13,12 @@ BIN    := $(VENV)/bin
 OUT    ?= results/demo
 # The suite runs in this many pytest-xdist processes, one test file each at a time
 # (--dist loadfile keeps a file's cluster fixtures in one process; the notebooks are two
-# files so that both processes take some); most tests wait on
-# processes, sockets and kernels, so 2 processes fit 2 cores. `make test JOBS=0` runs serially.
+# files so that two processes take some). Many tests wait on paced links, timeouts and
+# kernels: at -n 2 the 2 cores were busy 90% of a suite (633 s), at -n 3 98% (584 s, the
+# same commit, 2026-12-06). `make test JOBS=0` runs serially.
 # (Not --dist loadgroup: with pytest 9.2, pytest-xdist 3.8's xdist_group marks group nothing;
 # tests/suite_schedule.py puts the testbed files in one process and the longest files first.)
-JOBS   ?= 2
+JOBS   ?= 3
 # `make test-stress` runs the suite (or TESTS=...) RUNS times in a row with LOOPS busy shell
 # loops beside it, a loaded machine on purpose: a test that fails only under load is a bug.
 # The loops are stopped when the recipe ends, passed or failed or interrupted.

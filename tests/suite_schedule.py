@@ -1,6 +1,6 @@
 """How the suite's test files are spread over pytest-xdist processes (not a test module).
 
-``make test`` runs ``-n 2 --dist loadfile``: one test file at a time per process. Two rules
+``make test`` runs ``-n 3 --dist loadfile`` (Makefile JOBS): one test file at a time per process. Two rules
 are added to pytest-xdist's own (``tests/conftest.py`` installs them):
 
 1. **The testbed files run in one process, one after the other** (``SHARED_SCOPES``). Each
@@ -12,10 +12,10 @@ are added to pytest-xdist's own (``tests/conftest.py`` installs them):
    idled while the other finished them. Here files run in descending order of the seconds
    they took in a recorded suite (``file_seconds.json``: per file, the junit ``time`` of its
    tests, setup and teardown included), files not recorded after them in collection order.
-   This is the longest-processing-time rule: with the long files first the two processes
+   This is the longest-processing-time rule: with the long files first the processes
    end within about one short file of each other.
 
-Refresh the record after large changes: ``pytest -n 2 --dist loadfile --junitxml=j.xml``,
+Refresh the record after large changes: ``pytest -n 3 --dist loadfile --junitxml=j.xml``,
 then ``python tests/suite_schedule.py j.xml > tests/file_seconds.json``. A stale record only
 costs balance; which tests run is unchanged.
 """
