@@ -111,7 +111,7 @@ class Testbed:
         self.burst_s = float(burst_s)
         self.dask, self.worker_args = dask, list(worker_args)
         self.start_timeout_s = float(start_timeout_s)
-        self._tmp = None if folder is not None else tempfile.TemporaryDirectory(prefix=f"gtopk-testbed-{name}-")
+        self._tmp = None if folder is not None else tempfile.TemporaryDirectory(prefix=_temporary_prefix(name))
         self.folder = Path(folder if folder is not None else self._tmp.name)  # type: ignore[union-attr]
         base_env = {k: v for k, v in os.environ.items() if k not in _UNBOUND_ENV}
         self.env = {**base_env, **(env or {})}
@@ -281,6 +281,11 @@ class Testbed:
         os.replace(tmp, path)
 
 
+def _temporary_prefix(name: str) -> str:
+    """The name start of the logs folder a testbed makes itself (no ``folder`` given)."""
+    return f"gtopk-testbed-{name}-"
+
+
 def _link_to_dict(link: Link) -> dict[str, Any]:
     return {"index": link.index, "namespace": link.namespace, "interface": link.ifname, "port": link.port,
             "address": link.address, "prefixlen": link.prefixlen, "rate_bps": link.rate_bps,
@@ -354,10 +359,10 @@ def remove_testbed(name: str) -> list[str]:
     state = _read_state(name)
     removed = destroy_network(name)
     state_path(name).unlink(missing_ok=True)
-    folder = Path(str(state.get("folder", ""))) if state else None
     # only a folder of our own making: never a user's --folder
-    if (state and state.get("folder_is_temporary") and folder is not None
-            and folder.name.startswith(f"gtopk-testbed-{name}-") and folder.is_dir()):
-        shutil.rmtree(folder, ignore_errors=True)
+    if state and state.get("folder_is_temporary"):
+        folder = Path(str(state.get("folder", "")))
+        if folder.name.startswith(_temporary_prefix(name)) and folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
     return removed
 
