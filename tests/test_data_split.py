@@ -88,3 +88,23 @@ def test_bad_split_and_alpha_name_the_field() -> None:
                  torch.zeros(4, 5, dtype=torch.long), torch.zeros(4, 5, dtype=torch.long), 7, "language_model")
     with pytest.raises(ValueError, match="data_split='dirichlet' is invalid for dataset='lm'"):
         Shard(lm, 0, 2, 8, 0, split="dirichlet", alpha=1.0)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("split", ["iid", "dirichlet"])
+def test_stacked_shards_give_each_rank_the_batches_its_own_shard_gives(split: str) -> None:
+    from gtopk_lab.training.shards import StackedShards
+    ds, world, batch = _dataset(n=1000), 5, 8
+    shards = [Shard(ds, r, world, batch, seed=7, split=split, alpha=0.5) for r in range(world)]
+    stacked = StackedShards(shards)
+    for epoch in (0, 3):
+        got = list(stacked.epoch(epoch))
+        assert len(got) == shards[0].iterations_per_epoch
+        # oracle: each rank's own batches, one after the other
+        for r, shard in enumerate(shards):
+            for i, (x, y) in enumerate(shard.epoch(epoch)):
+                assert torch.equal(got[i][0][r], x) and torch.equal(got[i][1][r], y)
+    assert got[0][0].shape == (world, batch, 1) and got[0][1].shape == (world, batch)
+    uneven = Shard(ds, 0, world, batch * 2, seed=7)
+    with pytest.raises(ValueError, match=r"shards\[0\] has .* batches of 16"):
+        StackedShards([shards[1], uneven])

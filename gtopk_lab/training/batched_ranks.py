@@ -92,7 +92,7 @@ class BatchedGradients:
     """Every virtual rank's gradient and loss in one call (steps 1-3 of the module docstring).
 
     ``replica``: the simulator's shared replica (its model, loss and flat-buffer order).
-    Calling it with ``xs`` / ``ys`` (one batch per rank) returns ``(grads, losses)``:
+    Calling it with ``xs`` / ``ys`` (one batch per rank, or those stacked: ``[P, B, ...]``) returns ``(grads, losses)``:
     ``grads`` ``[P, d]`` (row r: rank r's flat gradient), ``losses`` ``[P]``.
     """
 
@@ -109,12 +109,13 @@ class BatchedGradients:
 
         self._grads: Callable[..., Any] = vmap(grad_and_value(loss), in_dims=(None, 0, 0))
 
-    def __call__(self, xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, xs: Sequence[torch.Tensor] | torch.Tensor,
+                 ys: Sequence[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         replica = self.replica
         replica.model.train()
         dev = replica.device
-        x = torch.stack(list(xs)).to(dev, non_blocking=True)
-        y = torch.stack(list(ys)).to(dev, non_blocking=True)
+        x = (xs if isinstance(xs, torch.Tensor) else torch.stack(list(xs))).to(dev, non_blocking=True)
+        y = (ys if isinstance(ys, torch.Tensor) else torch.stack(list(ys))).to(dev, non_blocking=True)
         params = {name: p.detach() for name, p in zip(self.names, replica.params)}
         grads, losses = self._grads(params, x, y)
         world = x.shape[0]

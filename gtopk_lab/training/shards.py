@@ -6,7 +6,9 @@ training set once with the seed and cuts it into P disjoint contiguous shards of
 samples with label proportions drawn from a Dirichlet of concentration ``alpha``. Every rank
 computes the whole partition from the seed, so real ranks and the simulator's virtual ranks
 hold the same shards; each epoch within a shard uses a fresh permutation seeded by (seed,
-epoch, rank). :func:`eval_batches` walks the full test split. Cost: O(n_train) once per
+epoch, rank). :class:`StackedShards` gives all P shards' batches of an iteration as one
+``[P, B, ...]`` gather (the simulator's batched ranks), the same samples each rank's
+``Shard.epoch`` gives. :func:`eval_batches` walks the full test split. Cost: O(n_train) once per
 rank, O(batch) per batch.
 """
 
@@ -21,7 +23,7 @@ import torch
 from gtopk_lab.config import DATA_SPLITS
 from gtopk_lab.training.dataset import Dataset
 
-__all__ = ["dirichlet_split", "Shard", "eval_batches"]
+__all__ = ["dirichlet_split", "Shard", "StackedShards", "eval_batches"]
 
 
 # --------------------------------------------------------------------------- sharding
@@ -115,13 +117,56 @@ class Shard:
     def __len__(self) -> int:
         return int(self.x.shape[0])
 
-    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The batches of one epoch, in an order seeded by (seed, epoch, rank)."""
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """This shard's sample order in ``epoch``: a permutation seeded by (seed, epoch, rank)."""
         g = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch * 10_007 + self.rank) % 2**63)
-        order = torch.randperm(len(self), generator=g)
+        return torch.randperm(len(self), generator=g)
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of one epoch, in :meth:`epoch_order`."""
+        order = self.epoch_order(epoch)
         for i in range(self.iterations_per_epoch):
             sel = order[i * self.batch_size:(i + 1) * self.batch_size]
             yield self.x[sel], self.y[sel]
+
+
+class StackedShards:
+    """The P ranks' shards as one ``[P, n, ...]`` tensor, batched per iteration.
+
+    ``shards``: every rank's :class:`Shard`, in rank order, all of one length and batch size
+    (``ValueError`` otherwise). :meth:`epoch` yields, per iteration, ``(x, y)`` of shape
+    ``[P, B, ...]`` whose row r is the batch rank r's ``Shard.epoch`` yields there:
+
+    1. once: stack the shards' samples (``x`` ``[P, n, ...]``, ``y`` ``[P, n, ...]``);
+    2. per epoch: stack the ranks' :meth:`Shard.epoch_order` into ``[P, n]``;
+    3. per iteration: one gather of the B columns of every row.
+
+    Cost: a copy of the training set once; per iteration one gather of P B samples, where P
+    shards' batches cost P pairs of indexing calls.
+    """
+
+    def __init__(self, shards: list[Shard]) -> None:
+        if not shards:
+            raise ValueError("shards is empty: expected one Shard per rank (>= 1)")
+        first = shards[0]
+        for s in shards:
+            if len(s) != len(first) or s.batch_size != first.batch_size:
+                raise ValueError(f"shards[{s.rank}] has {len(s)} samples in batches of {s.batch_size}: expected "
+                                 f"{len(first)} in batches of {first.batch_size} like rank {first.rank}")
+        self.shards = shards
+        self.x = torch.stack([s.x for s in shards])
+        self.y = torch.stack([s.y for s in shards])
+        self.batch_size = first.batch_size
+        self.iterations_per_epoch = first.iterations_per_epoch
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Steps 2-3: the ``[P, B, ...]`` batches of one epoch."""
+        orders = torch.stack([s.epoch_order(epoch) for s in self.shards])
+        rows = torch.arange(len(self.shards)).unsqueeze(1)
+        b = self.batch_size
+        for i in range(self.iterations_per_epoch):
+            sel = orders[:, i * b:(i + 1) * b]
+            yield self.x[rows, sel], self.y[rows, sel]
 
 
 def eval_batches(dataset: Dataset, batch_size: int = 1000) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -92,6 +92,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -108,6 +109,7 @@ from gtopk_lab.training.rank_state import RankResult, RankState, rank_checkpoint
 from gtopk_lab.training.replica import Replica
 from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row, peak_comm_pair
 from gtopk_lab.training.runtime import network_of, rank_clock_s, resolve_device, run_dataset
+from gtopk_lab.training.shards import StackedShards
 from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
 from gtopk_lab.training.state_size import state_bytes_per_parameter
 from gtopk_lab.training.step import Sync
@@ -241,6 +243,9 @@ class _VirtualRanks:
         slower = replica.spec.batched_slower
         batched = use_batched(config.simulator.batched, self.batched_refusal, self.world, slower)
         self.batched = BatchedGradients(replica) if batched else None
+        # the batched gradients read every rank's batch in one gather, the same samples
+        self.stacked = StackedShards([s.shard for s in self.states]) if batched else None
+        self.stacked_batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
         if not batched and self.batched_refusal is None and slower is not None:
             self.batched_refusal = f"model {config.model!r}: {slower}"
         self.steps_refusal = (batched_step_refusal(self.states[0].step, dev) if batched
@@ -268,9 +273,11 @@ class _VirtualRanks:
         (its RNG current, as in :meth:`_contribute`)."""
         states, dev, world = self.states, self.dev, self.world
         assert self.batched is not None
-        batches = [s.next_batch(point.epoch_index, point.first_of_epoch) for s in states]
+        if point.first_of_epoch or self.stacked_batches is None:
+            self.stacked_batches = self.stacked.epoch(point.epoch_index)
+        xs, ys = next(self.stacked_batches)
         c0, w0 = rank_clock_s(dev), time.perf_counter()
-        grads, losses = self.batched([b[0] for b in batches], [b[1] for b in batches])
+        grads, losses = self.batched(xs, ys)
         c1, w1 = rank_clock_s(dev), time.perf_counter()
         compute_cpu_s, compute_wall_s = (c1 - c0) / world, (w1 - w0) / world
         if self.steps is not None:
