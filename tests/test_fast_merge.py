@@ -219,3 +219,39 @@ def test_many_merges_in_one_call_equal_the_torch_path_pair_by_pair() -> None:
     assert numba_merge_many([ok, nan], 1) is None
     wide = tuple(t.to(torch.int64) if t.dtype == torch.int32 else t for t in ok)
     assert numba_merge_many([ok, wide], 1) is None
+
+
+@pytest.mark.timeout(120)
+def test_a_whole_reduction_in_one_call_equals_the_torch_path_level_by_level() -> None:
+    """``numba_reduce_levels`` (every level of the simulator's gTop-k reduction) against a
+    reduction written here: for half = 1, 2, 4, ...: ``vec[s] = merge_sparse_torch(vec[s],
+    vec[s + half])`` for s = 0, 2 half, ... with s + half < n, every merge's result kept and
+    dropped in that order; n = 2 .. 33 vectors of unequal lengths, ties, +-0.0 and inf."""
+    from gtopk_lab.compression.fast_merge_many import numba_reduce_levels, reduction_levels
+
+    rng = np.random.default_rng(31)
+    for trial in range(120):
+        n, k = int(rng.integers(2, 34)), int(rng.integers(1, 90))
+        vectors: list[tuple[torch.Tensor, torch.Tensor]] = []
+        while len(vectors) < n:
+            ops = _operands(rng, int(rng.integers(0, 10_000)))
+            if ops[1].dtype == torch.int32:
+                vectors.append((ops[0], ops[1]))
+        want, vec, half = [], list(vectors), 1
+        while half < n:
+            for s in range(0, n - half, 2 * half):
+                out = merge_sparse_torch(*vec[s], *vec[s + half], k)
+                want.append(out)
+                vec[s] = (out[0], out[1])
+            half *= 2
+        got = numba_reduce_levels(vectors, k)
+        assert got is not None and len(got) == n - 1 == len(want)
+        assert [len(level) for level in reduction_levels(n)] == [
+            len(range(0, n - h, 2 * h)) for h in (2 ** r for r in range((n - 1).bit_length()))]
+        for j, (g, w) in enumerate(zip(got, want)):
+            assert _same(g, w), (trial, j, n, k)
+    ok = _operands(np.random.default_rng(1), 1)[:2]
+    v, i = torch.tensor([1.0, 2.0]), torch.tensor([5, 3], dtype=torch.int32)  # not ascending
+    assert numba_reduce_levels([ok, ok, (v, i)], 1) is None
+    assert numba_reduce_levels([ok, (ok[0], ok[1].to(torch.int64))], 1) is None
+    assert numba_reduce_levels([ok], 1) is None

@@ -15,12 +15,15 @@ a reduction over blocks, P - 1 of them for any P, as the binomial tree's reduce 
    is ``merge_sparse(vec[s], vec[s + 2^r])``, charged to s (its lowest rank) for the drops;
    the unfold hands the result back to the e extra ranks. Tree: the reduce level by level,
    ``vec[s] = merge_sparse(vec[s], vec[s + 2^r])`` where s + 2^r < P, charged to s; the
-   broadcast hands out the result. P = 1: one merge with an empty operand keeps k. A
-   level's merges are independent: the first is made as its ranks' own call makes it and
-   timed, the others in one compiled call
-   (:func:`~gtopk_lab.compression.fast_merge_many.numba_merge_many`, the same kernel), and
-   every merge of the level is charged the first's CPU time, as each real rank pays one
-   call's overhead (at k = 52 a call is ~100 us of overhead for ~1 us of merging);
+   broadcast hands out the result. P = 1: one merge with an empty operand keeps k. The
+   butterfly's levels over m and the tree's reduce are one pairwise reduction: every level's
+   merges in one compiled call
+   (:func:`~gtopk_lab.compression.fast_merge_many.numba_reduce_levels`, the same kernel;
+   the fold's merges and a reduction it declines go level by level, through
+   :func:`~gtopk_lab.compression.fast_merge_many.numba_merge_many`), and every merge of a
+   level is charged the CPU time of its first merge made again as its ranks' own call makes
+   it, as each real rank pays one call's overhead (at k = 52 a call is ~100 us of overhead
+   for ~1 us of merging);
 3. every rank's rounds as its schedule (:func:`~gtopk_lab.comm.schedules.sparse_schedule`)
    would record them: ``(bytes sent, bytes received)`` of the vectors each round carries in
    the wire format, a message per round that sends; merged elements and measured merge CPU
@@ -30,7 +33,7 @@ a reduction over blocks, P - 1 of them for any P, as the binomial tree's reduce 
 Results and ``CommStats`` equal the per-rank programs' (tests/test_sim_gtopk.py checks every
 field but the measured ``merge_cpu_s`` for P = 1 .. 17, 32, 64 and both patterns); every
 rank's result is the same tensor (as a tree broadcast's already is): do not modify it in
-place. Cost: P - 1 merges of at most 2k pairs in 2 log2 P calls, one ``canonical_wire``
+place. Cost: P - 1 merges of at most 2k pairs in one compiled call plus log2 P timed ones, one ``canonical_wire``
 and one batched sort, and O(P log P) Python steps for the accounting, against P log2 P
 merges and generator rounds.
 """
@@ -45,7 +48,7 @@ import torch
 from gtopk_lab.comm.schedules import largest_power_of_two
 from gtopk_lab.comm.stats import CollectiveResult, CommStats, merge_cpu_clock
 from gtopk_lab.comm.wire import PartsWire
-from gtopk_lab.compression.fast_merge_many import numba_merge_many
+from gtopk_lab.compression.fast_merge_many import numba_merge_many, numba_reduce_levels, reduction_levels
 from gtopk_lab.compression.merge import canonical_wire, index_dtype, merge_sparse
 
 __all__ = ["sim_gtopk_shared_merges"]
@@ -114,6 +117,19 @@ class _Ledger:
                 t0 = merge_cpu_clock()
                 outs.append(merge_sparse(a.values, a.indices, b.values, b.indices, self.k))
                 cpu_s[j] = merge_cpu_clock() - t0
+        return self.account(merges, outs, cpu_s)
+
+    def timed_first(self, first: _Vec, second: _Vec) -> float:
+        """CPU seconds of ``merge_sparse(first, second)`` made as a rank's own call would make it
+        (the result is the compiled one's, bitwise: discarded)."""
+        t0 = merge_cpu_clock()
+        merge_sparse(first.values, first.indices, second.values, second.indices, self.k)
+        return merge_cpu_clock() - t0
+
+    def account(self, merges: Sequence[tuple[_Vec, _Vec, int, Sequence[int]]], outs: Sequence[tuple],
+                cpu_s: Sequence[float]) -> list[_Vec]:
+        """Step 3 for one level's merges and their results ``outs``: merged elements and CPU
+        to every rank in ``by``, the drops to ``charged``; the kept vectors."""
         results = []
         for (a, b, charged, by), (values, indices, d_v, d_i), cpu in zip(merges, outs, cpu_s):
             n = a.values.numel() + b.values.numel()
@@ -124,9 +140,15 @@ class _Ledger:
             results.append(self.vec(values, indices))
         return results
 
-    def result(self, rank: int, final: _Vec, algorithm: str) -> CollectiveResult:
+    def result(self, rank: int, final: _Vec, algorithm: str,
+               empty: tuple[torch.Tensor, torch.Tensor] | None = None) -> CollectiveResult:
+        """Rank ``rank``'s result and stats; ``empty``: the (values, indices) pair of a rank
+        charged no single drop (one pair shared by every such rank of the call)."""
         drops = self.drops[rank]
-        drop_v, drop_i = drops[0] if len(drops) == 1 else (final.values.new_empty(0), final.indices.new_empty(0))
+        if len(drops) == 1:
+            drop_v, drop_i = drops[0]
+        else:
+            drop_v, drop_i = empty or (final.values.new_empty(0), final.indices.new_empty(0))
         steps = self.steps[rank]
         stats = CommStats(collective="gtopk_allreduce", algorithm=algorithm, merge_cpu_s=self.cpu_s[rank],
                           merged_elements=self.merged[rank], dropped_values=drop_v, dropped_indices=drop_i,
@@ -146,6 +168,37 @@ def _merge_into(vec: list[_Vec], ledger: _Ledger, merges: list[tuple[int, int, S
             vec[lo] = result
 
 
+def _reduce(vec: list[_Vec], ledger: _Ledger, n: int, butterfly: bool) -> None:
+    """``vec[0]`` = the pairwise reduction of ``vec[:n]``, level by level (half = 1, 2, ...:
+    ``vec[s] = merge(vec[s], vec[s + half])``, charged to s), every level's rounds recorded:
+    a butterfly (n a power of two) exchanges within each block, all its ranks making the
+    merge; a tree's upper rank sends, the lower merges. Every level's merges come from one
+    compiled call where it applies (``numba_reduce_levels``), each level charged its first
+    merge's CPU as its ranks' own call makes it; else level by level (``merge_level``)."""
+    levels = reduction_levels(n)
+    compiled = numba_reduce_levels([(v.values, v.indices) for v in vec[:n]], ledger.k) if n > 2 else None
+    done = 0
+    for level in levels:
+        half = level[0][1] - level[0][0]
+        merges = []
+        for lo, hi in level:
+            if butterfly:
+                for i in range(lo, hi):
+                    ledger.exchange(i, i + half, vec[lo], vec[hi])
+                merges.append((vec[lo], vec[hi], lo, range(lo, hi + half)))
+            else:
+                ledger.move(hi, lo, vec[hi])
+                merges.append((vec[lo], vec[hi], lo, (lo,)))
+        if compiled is None:
+            merged = ledger.merge_level(merges)
+        else:
+            outs = compiled[done:done + len(level)]
+            done += len(level)
+            merged = ledger.account(merges, outs, [ledger.timed_first(merges[0][0], merges[0][1])] * len(level))
+        for (lo, _), result in zip(level, merged):
+            vec[lo] = result
+
+
 def _butterfly(vec: list[_Vec], ledger: _Ledger) -> _Vec:
     world = len(vec)
     m = largest_power_of_two(world)
@@ -153,16 +206,7 @@ def _butterfly(vec: list[_Vec], ledger: _Ledger) -> _Vec:
     for j in range(extra):  # fold
         ledger.move(m + j, j, vec[m + j])
     _merge_into(vec, ledger, [(j, m + j, (j,)) for j in range(extra)])
-    half = 1
-    while half < m:
-        level = []
-        for start in range(0, m, 2 * half):
-            lo, hi = vec[start], vec[start + half]
-            for i in range(start, start + half):
-                ledger.exchange(i, i + half, lo, hi)
-            level.append((start, start + half, range(start, start + 2 * half)))
-        _merge_into(vec, ledger, level)
-        half *= 2
+    _reduce(vec, ledger, m, butterfly=True)
     for j in range(extra):  # unfold
         ledger.move(j, m + j, vec[0])
     return vec[0]
@@ -171,13 +215,7 @@ def _butterfly(vec: list[_Vec], ledger: _Ledger) -> _Vec:
 def _tree(vec: list[_Vec], ledger: _Ledger) -> _Vec:
     world = len(vec)
     levels = (world - 1).bit_length()
-    for r in range(levels):  # reduce
-        half = 1 << r
-        level = []
-        for start in range(0, world - half, 2 * half):
-            ledger.move(start + half, start, vec[start + half])
-            level.append((start, start + half, (start,)))
-        _merge_into(vec, ledger, level)
+    _reduce(vec, ledger, world, butterfly=False)
     for r in reversed(range(levels)):  # broadcast
         half = 1 << r
         for start in range(0, world - half, 2 * half):
@@ -245,4 +283,5 @@ def sim_gtopk_shared_merges(values_list: Sequence[torch.Tensor], indices_list: S
         final = ledger.merge(only, empty, charged=0, by=(0,))
     else:
         final = (_butterfly if algorithm == "butterfly" else _tree)(vec, ledger)
-    return [ledger.result(r, final, algorithm) for r in range(world)]
+    empty = (final.values.new_empty(0), final.indices.new_empty(0))
+    return [ledger.result(r, final, algorithm, empty) for r in range(world)]

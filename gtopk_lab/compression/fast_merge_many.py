@@ -15,7 +15,17 @@ makes a whole level's merges in one call:
 3. the outputs cut into one (kept values, kept indices, dropped values, dropped indices)
    tuple of tensors per pair (views of the flat outputs: do not modify them in place).
 
-It declines (None) where ``merge_sparse`` would not take the compiled path for every pair
+:func:`numba_reduce_levels` goes further: a whole pairwise reduction (a butterfly over a
+power of two, or a binomial tree's reduce), every level in one call, the operands packed once:
+
+1. the n vectors packed as above; for half = 1, 2, 4, ... < n, the level's merges
+   ``vec[s] = merge(vec[s], vec[s + half])`` for s = 0, 2 half, 4 half, ... with s + half < n,
+   in that order (each merge's operands are earlier merges' results or inputs);
+2. every merge's kept and dropped entries appended to flat outputs with offsets;
+3. cut into one (kept values, kept indices, dropped values, dropped indices) per merge, in
+   level order.
+
+Both decline (None) where ``merge_sparse`` would not take the compiled path for every pair
 (:func:`~gtopk_lab.compression.fast_merge.merge_applies`, or the kernel declines: an operand
 not strictly ascending, a NaN sum); callers then merge pair by pair. Cost: one call, the
 pairs' merges, and one copy of the operands into the packed inputs.
@@ -32,7 +42,7 @@ import torch
 from gtopk_lab.compression import fast_merge
 from gtopk_lab.compression.fast_merge import _jit, _np, merge_applies
 
-__all__ = ["numba_merge_many"]
+__all__ = ["numba_merge_many", "numba_reduce_levels", "reduction_levels"]
 
 Pair = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -65,15 +75,65 @@ def _merge_many_kernel(va: np.ndarray, ia: np.ndarray, oa: np.ndarray, vb: np.nd
     return True, kv, ki, ko, dv, di, do
 
 
-_KERNEL: list[Any] = []
+def _reduce_levels_kernel(va: np.ndarray, ia: np.ndarray, oa: np.ndarray, k: int) -> tuple:
+    """Steps 1-2 of :func:`numba_reduce_levels`: ``(ok, kept values, kept indices, kept
+    offsets, dropped values, dropped indices, dropped offsets)`` per merge in level order;
+    ``ok`` False when the kernel declined any merge."""
+    n = oa.size - 1
+    merges = max(n - 1, 0)
+    longest = k
+    for j in range(n):
+        longest = max(longest, oa[j + 1] - oa[j])
+    total = oa[n] - oa[0]
+    # every slot's current vector lives in one buffer: the inputs, then each merge's result
+    kv = np.empty(total + merges * longest, dtype=va.dtype)
+    ki = np.empty(total + merges * longest, dtype=ia.dtype)
+    kv[:total] = va[oa[0]:oa[n]]
+    ki[:total] = ia[oa[0]:oa[n]]
+    start = oa[:n] - oa[0]
+    size = oa[1:] - oa[:n]
+    dv = np.empty(merges * 2 * longest, dtype=va.dtype)
+    di = np.empty(merges * 2 * longest, dtype=ia.dtype)
+    ko = np.zeros(merges + 1, dtype=np.int64)
+    do = np.zeros(merges + 1, dtype=np.int64)
+    pos = total
+    j = 0
+    half = 1
+    while half < n:
+        s = 0
+        while s + half < n:
+            lo, hi = s, s + half
+            ok, a_v, a_i, d_v, d_i = _merge(kv[start[lo]:start[lo] + size[lo]], ki[start[lo]:start[lo] + size[lo]],
+                                            kv[start[hi]:start[hi] + size[hi]], ki[start[hi]:start[hi] + size[hi]], k)
+            if not ok:
+                return False, kv[:0], ki[:0], ko, dv[:0], di[:0], do
+            kv[pos:pos + a_v.size] = a_v
+            ki[pos:pos + a_v.size] = a_i
+            ko[j] = pos
+            start[lo] = pos
+            size[lo] = a_v.size
+            pos += a_v.size
+            do[j + 1] = do[j] + d_v.size
+            dv[do[j]:do[j + 1]] = d_v
+            di[do[j]:do[j + 1]] = d_i
+            j += 1
+            s += 2 * half
+        half *= 2
+    # kept offsets as starts into kv; the last entry closes the last merge's result
+    ko[merges] = pos
+    return True, kv, ki, ko, dv, di, do
 
 
-def _kernel() -> Any:
+_KERNEL: dict[str, Any] = {}
+
+
+def _kernel(name: str = "many") -> Any:
     global _merge
     if not _KERNEL:
         _merge = fast_merge._compiled("merge")
-        _KERNEL.append(_jit(_merge_many_kernel))
-    return _KERNEL[0]
+    if name not in _KERNEL:
+        _KERNEL[name] = _jit(_merge_many_kernel if name == "many" else _reduce_levels_kernel)
+    return _KERNEL[name]
 
 
 def _packed(tensors: Sequence[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
@@ -81,6 +141,22 @@ def _packed(tensors: Sequence[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum([a.size for a in arrays], out=offsets[1:])
     return np.concatenate(arrays), offsets
+
+
+def _cut(kv: np.ndarray, ki: np.ndarray, ko: np.ndarray, dv: np.ndarray, di: np.ndarray, do: np.ndarray
+         ) -> list[Pair]:
+    """Step 3: the flat outputs as one (kept values, kept indices, dropped values, dropped
+    indices) per merge, views cut by the offsets (``ko[0] == do[0] == 0``), in one
+    ``split`` per output rather than four slicing calls per merge."""
+    kept, dropped = np.diff(ko).tolist(), np.diff(do).tolist()
+    kv_t, ki_t = torch.from_numpy(kv[:ko[-1]]).split(kept), torch.from_numpy(ki[:ko[-1]]).split(kept)
+    dv_t, di_t = torch.from_numpy(dv[:do[-1]]).split(dropped), torch.from_numpy(di[:do[-1]]).split(dropped)
+    return list(zip(kv_t, ki_t, dv_t, di_t))
+
+
+def _all_apply(tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> bool:
+    """Whether every tensor is a CPU tensor of ``dtype`` (``merge_applies`` for many operands)."""
+    return all(t.dtype == dtype and t.device.type == "cpu" for t in tensors)
 
 
 def numba_merge_many(pairs: Sequence[Pair], k: int) -> list[Pair] | None:
@@ -92,10 +168,37 @@ def numba_merge_many(pairs: Sequence[Pair], k: int) -> list[Pair] | None:
     ia, _ = _packed([p[1] for p in pairs])
     vb, ob = _packed([p[2] for p in pairs])
     ib, _ = _packed([p[3] for p in pairs])
-    ok, kv, ki, ko, dv, di, do = _kernel()(va, ia, oa, vb, ib, ob, k)
+    ok, kv, ki, ko, dv, di, do = _kernel("many")(va, ia, oa, vb, ib, ob, k)
     if not ok:
         return None
-    kv_t, ki_t, dv_t, di_t = (torch.from_numpy(a) for a in (kv, ki, dv, di))
-    kept, dropped = ko.tolist(), do.tolist()
-    return [(kv_t[kept[j]:kept[j + 1]], ki_t[kept[j]:kept[j + 1]], dv_t[dropped[j]:dropped[j + 1]],
-             di_t[dropped[j]:dropped[j + 1]]) for j in range(len(pairs))]
+    return _cut(kv, ki, ko, dv, di, do)
+
+
+def reduction_levels(n: int) -> list[list[tuple[int, int]]]:
+    """The merges ``(lo, hi)`` of each level of :func:`numba_reduce_levels` over n vectors:
+    half = 1, 2, 4, ... < n, pairs ``(s, s + half)`` for s = 0, 2 half, ... with s + half < n."""
+    levels = []
+    half = 1
+    while half < n:
+        levels.append([(s, s + half) for s in range(0, n - half, 2 * half)])
+        half *= 2
+    return levels
+
+
+def numba_reduce_levels(vectors: Sequence[tuple[torch.Tensor, torch.Tensor]], k: int) -> list[Pair] | None:
+    """Every merge of the pairwise reduction of ``vectors`` ``(values, indices)`` (steps 1-3
+    of the module docstring's second part): one ``merge_sparse(vec[lo], vec[hi], k)`` result
+    per merge of :func:`reduction_levels`, flattened in level order, or None where a merge would
+    not take the compiled path. The final vector is the last merge's kept pair (n >= 2)."""
+    if len(vectors) < 2:
+        return None
+    if not (fast_merge.enabled() and _all_apply([v for v, _ in vectors], torch.float32)
+            and _all_apply([i for _, i in vectors], torch.int32)):
+        return None
+    va, oa = _packed([v for v, _ in vectors])
+    ia, _ = _packed([i for _, i in vectors])
+    ok, kv, ki, ko, dv, di, do = _kernel("levels")(va, ia, oa, k)
+    if not ok:
+        return None
+    # a merge's result ends where the next one's starts (results are appended in order)
+    return _cut(kv[ko[0]:], ki[ko[0]:], ko - ko[0], dv, di, do)
