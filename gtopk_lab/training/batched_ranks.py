@@ -14,6 +14,12 @@ overhead of autograd and of every kernel launch; batched, it pays it once:
    row r is rank r's ``g``, handed to its own training step (``RankStep.begin``) as the
    sequential path hands it the replica's buffer.
 
+A model of ``nn.Linear`` / ``nn.Conv1d`` layers takes steps 1-3 as one plain forward and
+backward instead (:mod:`~gtopk_lab.training.layer_grads`: each layer's per-rank weight
+gradient from its inputs and output gradients; the MNIST-1D CNN, its wide variant and the
+MLP), checked on the run's first batch against vmap (:meth:`BatchedGradients.check`, float
+tolerance), which stays for the run where they differ; ``rule`` says which ran.
+
 Each row equals the sequential gradient to float tolerance (vmapped GEMMs may sum in
 another order: measured 2e-8 on gradients of 0.27 for the MNIST-1D CNN, bitwise for the MLP).
 
@@ -38,6 +44,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from gtopk_lab.config_options import SIM_BATCHED
+from gtopk_lab.training.layer_grads import LayerGradients, layer_grads_refusal
 from gtopk_lab.training.replica import Replica
 from gtopk_lab.training.step_settings import StepSettings
 
@@ -108,16 +115,60 @@ class BatchedGradients:
             return loss_of(functional_call(model, params, (x,)), y)
 
         self._grads: Callable[..., Any] = vmap(grad_and_value(loss), in_dims=(None, 0, 0))
+        # per-layer gradients where the model allows, checked once against vmap (check())
+        self.rule_refusal = layer_grads_refusal(model, replica.params)
+        self._layers = LayerGradients(model, replica.params, loss_of) if self.rule_refusal is None else None
+        self.checked = self._layers is None
 
-    def __call__(self, xs: Sequence[torch.Tensor] | torch.Tensor,
-                 ys: Sequence[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        replica = self.replica
-        replica.model.train()
-        dev = replica.device
+    @property
+    def rule(self) -> str:
+        """How the gradients are computed: ``"layers"`` (:mod:`~gtopk_lab.training.layer_grads`)
+        or ``"vmap"`` (why not: ``rule_refusal``)."""
+        return "layers" if self._layers is not None else "vmap"
+
+    def _inputs(self, xs: Sequence[torch.Tensor] | torch.Tensor,
+                ys: Sequence[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.replica.model.train()
+        dev = self.replica.device
         x = (xs if isinstance(xs, torch.Tensor) else torch.stack(list(xs))).to(dev, non_blocking=True)
         y = (ys if isinstance(ys, torch.Tensor) else torch.stack(list(ys))).to(dev, non_blocking=True)
-        params = {name: p.detach() for name, p in zip(self.names, replica.params)}
+        return x, y
+
+    def _vmapped(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        params = {name: p.detach() for name, p in zip(self.names, self.replica.params)}
         grads, losses = self._grads(params, x, y)
         world = x.shape[0]
         flat = torch.cat([grads[name].reshape(world, -1) for name in self.names], dim=1)
         return flat, losses.detach()
+
+    def check(self, xs: Sequence[torch.Tensor] | torch.Tensor, ys: Sequence[torch.Tensor] | torch.Tensor) -> None:
+        """Once per run, before the first call is timed: the per-layer gradients of this batch
+        against vmap's (float tolerance); where they differ or fail, vmap for the rest of the
+        run (``rule_refusal`` says why). The model's RNG state is left as it was."""
+        if self.checked:
+            return
+        self.checked = True
+        assert self._layers is not None
+        x, y = self._inputs(xs, ys)
+        rng = torch.get_rng_state()
+        want = self._vmapped(x, y)
+        try:
+            got = self._layers(x, y)
+        except (ValueError, RuntimeError) as exc:
+            self._layers, self.rule_refusal = None, f"per-layer gradients failed: {exc}"
+            return
+        finally:
+            torch.set_rng_state(rng)
+        scale = float(want[0].abs().max()) or 1.0
+        if not (torch.allclose(got[0], want[0], rtol=1e-4, atol=1e-5 * scale)
+                and torch.allclose(got[1], want[1], rtol=1e-5, atol=1e-6)):
+            worst = float((got[0] - want[0]).abs().max())
+            self._layers, self.rule_refusal = None, f"per-layer gradients differ from vmap's by {worst:.3g}"
+
+    def __call__(self, xs: Sequence[torch.Tensor] | torch.Tensor,
+                 ys: Sequence[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.check(xs, ys)
+        x, y = self._inputs(xs, ys)
+        if self._layers is not None:
+            return self._layers(x, y)
+        return self._vmapped(x, y)

@@ -26,7 +26,7 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    per-call overhead a real rank pays whole); else "per_rank", or "fixed" with a fixed or
    calibrated compute time; ``batched_ranks`` /
    ``batched_steps`` say whether they ran, ``batched_ranks_refusal`` /
-   ``batched_steps_refusal`` why not
+   ``batched_steps_refusal`` why not, ``batched_gradients`` how ("layers" or "vmap", and ``batched_gradients_refusal`` why not "layers")
 2. the method's in-process collective (``Collective.simulate``: the per-rank message programs
    without transport, gTop-k's merges each made once; identical ``CommStats``)
 3. ``VirtualClock.simulate_collective(compute_s, stats)``: virtual time advances by the
@@ -190,6 +190,9 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                        "compute_s_spread": ranks.charge.spread(),
                                        **batched_summary(ranks.batched is not None, ranks.batched_refusal,
                                                          ranks.steps_refusal, fixed=fixed_compute_s is not None),
+                                       "batched_gradients": ranks.batched.rule if ranks.batched else None,
+                                       "batched_gradients_refusal": (ranks.batched.rule_refusal if ranks.batched
+                                                                     else None),
                                        **ranks.states[0].step.describe()})
         # In a simulation wall throughput is the simulator's own speed, not the cluster's.
         summary["samples_per_s_wall"] = math.nan if world > 1 else summary["samples_per_s_wall"]
@@ -276,6 +279,7 @@ class _VirtualRanks:
         if point.first_of_epoch or self.stacked_batches is None:
             self.stacked_batches = self.stacked.epoch(point.epoch_index)
         xs, ys = next(self.stacked_batches)
+        self.batched.check(xs, ys)  # once per run, untimed
         c0, w0 = rank_clock_s(dev), time.perf_counter()
         grads, losses = self.batched(xs, ys)
         c1, w1 = rank_clock_s(dev), time.perf_counter()
