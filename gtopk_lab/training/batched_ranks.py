@@ -99,8 +99,9 @@ class BatchedGradients:
     """Every virtual rank's gradient and loss in one call (steps 1-3 of the module docstring).
 
     ``replica``: the simulator's shared replica (its model, loss and flat-buffer order).
-    Calling it with ``xs`` / ``ys`` (one batch per rank, or those stacked: ``[P, B, ...]``) returns ``(grads, losses)``:
-    ``grads`` ``[P, d]`` (row r: rank r's flat gradient), ``losses`` ``[P]``.
+    Calling it with ``xs`` / ``ys`` (one batch per rank, or those stacked: ``[P, B, ...]``)
+    returns ``(grads, losses)``: ``grads`` ``[P, d]`` (row r: rank r's flat gradient),
+    ``losses`` ``[P]``.
     """
 
     def __init__(self, replica: Replica) -> None:
@@ -125,6 +126,10 @@ class BatchedGradients:
         """How the gradients are computed: ``"layers"`` (:mod:`~gtopk_lab.training.layer_grads`)
         or ``"vmap"`` (why not: ``rule_refusal``)."""
         return "layers" if self._layers is not None else "vmap"
+
+    def how(self) -> tuple[str, str | None]:
+        """``(rule, rule_refusal)`` for the run's summary."""
+        return self.rule, self.rule_refusal
 
     def _inputs(self, xs: Sequence[torch.Tensor] | torch.Tensor,
                 ys: Sequence[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

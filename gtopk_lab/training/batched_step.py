@@ -75,15 +75,17 @@ def batched_step_refusal(step: RankStep, device: torch.device | str = "cpu") -> 
 
 
 def batched_summary(gradients: bool, gradients_refusal: str | None, steps_refusal: str | None, *,
-                    fixed: bool) -> dict[str, object]:
+                    fixed: bool, how: tuple[str, str | None] | None = None) -> dict[str, object]:
     """A simulated run's summary fields: whether the gradients (``gradients``) and the steps
-    (``steps_refusal`` None) ran batched, why not, and how their time was charged (1/P of the
-    batched gradients per rank; a batched step's selection as rank 0's own call; else per
-    rank, or ``fixed``)."""
+    (``steps_refusal`` None) ran batched, why not, how the batched gradients were computed
+    (``how``: ``BatchedGradients``' rule and why not "layers"), and how their time was charged
+    (1/P of the batched gradients per rank; a batched step's selection as rank 0's own call;
+    else per rank, or ``fixed``)."""
     def rule(batched: bool, label: str) -> str:
         return "fixed" if fixed else label if batched else "per_rank"
     steps = steps_refusal is None
     return {"batched_ranks": gradients, "batched_ranks_refusal": gradients_refusal,
+            "batched_gradients": how[0] if how else None, "batched_gradients_refusal": how[1] if how else None,
             "batched_steps": steps, "batched_steps_refusal": steps_refusal,
             "compute_s_attribution": rule(gradients, "batched_call_over_P"),
             "selection_s_attribution": rule(steps, "one_rank_call")}

@@ -54,7 +54,8 @@ def layer_grads_refusal(model: nn.Module, params: Sequence[torch.Tensor]) -> str
         if not own:
             continue
         if not isinstance(module, _LAYERS):
-            return f"module {name or type(model).__name__!r} ({type(module).__name__}) has parameters: not Linear or Conv1d"
+            return (f"module {name or type(model).__name__!r} ({type(module).__name__}) has parameters: "
+                    "not Linear or Conv1d")
         if isinstance(module, nn.Conv1d) and (module.groups != 1 or module.padding_mode != "zeros"
                                               or isinstance(module.padding, str)):
             return f"convolution {name!r} is grouped or not zero-padded by a number"

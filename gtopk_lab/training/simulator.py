@@ -26,7 +26,8 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    per-call overhead a real rank pays whole); else "per_rank", or "fixed" with a fixed or
    calibrated compute time; ``batched_ranks`` /
    ``batched_steps`` say whether they ran, ``batched_ranks_refusal`` /
-   ``batched_steps_refusal`` why not, ``batched_gradients`` how ("layers" or "vmap", and ``batched_gradients_refusal`` why not "layers")
+   ``batched_steps_refusal`` why not, ``batched_gradients`` how ("layers" or "vmap";
+   ``batched_gradients_refusal``: why not "layers")
 2. the method's in-process collective (``Collective.simulate``: the per-rank message programs
    without transport, gTop-k's merges each made once; identical ``CommStats``)
 3. ``VirtualClock.simulate_collective(compute_s, stats)``: virtual time advances by the
@@ -189,10 +190,8 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                                           else ranks.charge.rule),
                                        "compute_s_spread": ranks.charge.spread(),
                                        **batched_summary(ranks.batched is not None, ranks.batched_refusal,
-                                                         ranks.steps_refusal, fixed=fixed_compute_s is not None),
-                                       "batched_gradients": ranks.batched.rule if ranks.batched else None,
-                                       "batched_gradients_refusal": (ranks.batched.rule_refusal if ranks.batched
-                                                                     else None),
+                                                         ranks.steps_refusal, fixed=fixed_compute_s is not None,
+                                                         how=ranks.batched.how() if ranks.batched else None),
                                        **ranks.states[0].step.describe()})
         # In a simulation wall throughput is the simulator's own speed, not the cluster's.
         summary["samples_per_s_wall"] = math.nan if world > 1 else summary["samples_per_s_wall"]
