@@ -115,9 +115,19 @@ def point_convergence_figure(metrics: pd.DataFrame, points: pd.DataFrame, x: str
     dashes = density_dash(sparse) if len(sparse) > 1 else {}
     keys = list(meta.columns)
     ps_of = {m: sorted(g["workers"].unique()) for m, g in meta.groupby("method")}
-    groups = sorted(train.groupby(keys, sort=False), key=lambda t: (
-        display_order(str(t[0][0])), str(t[0][1:])))
-    for key_values, rows in groups:
+    # every point's curves aggregated in one groupby each (group g = the g-th point in
+    # order of appearance, as ngroup numbers them), not one per point
+    by_point = train.groupby(keys, sort=False)
+    train = train.assign(_g=by_point.ngroup())
+    agg_x = {} if x == "iteration" else {"x": (x, "mean")}
+    loss_of = train.groupby(["_g", "iteration"]).agg(loss=("train_loss", "mean"), std=("train_loss", "std"),
+                                                     n=("train_loss", "size"), **agg_x)
+    point_ids = train.dropna(subset=["_g"]).drop_duplicates("_g")[keys + ["_g"]]
+    acc_of = test.merge(point_ids, on=keys, how="inner").groupby(["_g", "iteration"]).agg(
+        acc=("test_accuracy", "mean"), **agg_x)
+    with_acc = set(acc_of.index.get_level_values("_g"))
+    groups = sorted(enumerate(by_point), key=lambda t: (display_order(str(t[1][0][0])), str(t[1][0][1:])))
+    for g, (key_values, _) in groups:
         key = dict(zip(keys, key_values))
         ps = ps_of[key["method"]]
         i = ps.index(key["workers"])
@@ -127,9 +137,7 @@ def point_convergence_figure(metrics: pd.DataFrame, points: pd.DataFrame, x: str
         else:
             dash = "dot" if several["source"] and key.get("source") == "simulated" else "solid"
         label = _label(key, several)
-        stats = rows.groupby("iteration").agg(loss=("train_loss", "mean"), std=("train_loss", "std"),
-                                              n=("train_loss", "size"),
-                                              **({} if x == "iteration" else {"x": (x, "mean")}))
+        stats = loss_of.xs(g, level="_g")
         xs = stats.index.to_numpy() if x == "iteration" else stats["x"].to_numpy()
         seeds = int(stats["n"].max())
         fig.add_trace(go.Scatter(x=xs, y=stats["loss"].to_numpy(), mode="lines", name=label, legendgroup=label,
@@ -143,12 +151,8 @@ def point_convergence_figure(metrics: pd.DataFrame, points: pd.DataFrame, x: str
             fig.add_trace(go.Scatter(x=list(xs) + list(xs[::-1]), y=list(upper) + list(lower[::-1]),
                                      fill="toself", mode="none", fillcolor=color, opacity=0.18,
                                      legendgroup=label, showlegend=False, hoverinfo="skip"), row=1, col=1)
-        acc = test
-        for field, value in key.items():
-            acc = acc[acc[field] == value]
-        if len(acc):
-            a = acc.groupby("iteration").agg(acc=("test_accuracy", "mean"),
-                                             **({} if x == "iteration" else {"x": (x, "mean")})).reset_index()
+        if g in with_acc:
+            a = acc_of.xs(g, level="_g").reset_index()
             ax = a["iteration"] if x == "iteration" else a["x"]
             fig.add_trace(go.Scatter(x=ax.to_numpy(), y=a["acc"].to_numpy(), mode="lines+markers", name=label,
                                      legendgroup=label, showlegend=False,
