@@ -73,9 +73,15 @@ class _Ledger:
         self.merged = [0] * world
         self.cpu_s = [0.0] * world
         self.drops: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(world)]
+        self._nbytes: dict[int, int] = {}
 
     def vec(self, values: torch.Tensor, indices: torch.Tensor) -> _Vec:
-        return _Vec(values, indices, self.wire.nbytes((values, indices)))
+        # a message's size depends only on its pair count here (one dtype pair per call)
+        n = values.numel()
+        nbytes = self._nbytes.get(n)
+        if nbytes is None:
+            nbytes = self._nbytes[n] = self.wire.nbytes((values, indices))
+        return _Vec(values, indices, nbytes)
 
     def move(self, src: int, dst: int, vec: _Vec) -> None:
         """One round: ``src`` sends ``vec`` to ``dst``."""
@@ -85,14 +91,19 @@ class _Ledger:
         self.steps[dst].append((0, vec.nbytes))
         self.peers[dst].append((None, src))
 
-    def exchange(self, lo: int, hi: int, lo_vec: _Vec, hi_vec: _Vec) -> None:
-        """One butterfly round of ranks ``lo`` and ``hi``: each sends its vector."""
-        self.steps[lo].append((lo_vec.nbytes, hi_vec.nbytes))
-        self.steps[hi].append((hi_vec.nbytes, lo_vec.nbytes))
-        self.peers[lo].append((hi, hi))
-        self.peers[hi].append((lo, lo))
-        self.messages[lo] += 1
-        self.messages[hi] += 1
+    def exchange_blocks(self, lo: int, half: int, lo_vec: _Vec, hi_vec: _Vec) -> None:
+        """One butterfly round between the blocks ``[lo, lo + half)`` (holding ``lo_vec``) and
+        ``[lo + half, lo + 2 half)`` (``hi_vec``): rank i and i + half each send their vector."""
+        steps, peers, messages = self.steps, self.peers, self.messages
+        down, up = (lo_vec.nbytes, hi_vec.nbytes), (hi_vec.nbytes, lo_vec.nbytes)
+        for i in range(lo, lo + half):
+            j = i + half
+            steps[i].append(down)
+            steps[j].append(up)
+            peers[i].append((j, j))
+            peers[j].append((i, i))
+            messages[i] += 1
+            messages[j] += 1
 
     def merge(self, first: _Vec, second: _Vec, charged: int, by: Sequence[int]) -> _Vec:
         """``merge_sparse(first, second)`` once, for the ranks ``by`` that would each make it."""
@@ -183,8 +194,7 @@ def _reduce(vec: list[_Vec], ledger: _Ledger, n: int, butterfly: bool) -> None:
         merges = []
         for lo, hi in level:
             if butterfly:
-                for i in range(lo, hi):
-                    ledger.exchange(i, i + half, vec[lo], vec[hi])
+                ledger.exchange_blocks(lo, half, vec[lo], vec[hi])
                 merges.append((vec[lo], vec[hi], lo, range(lo, hi + half)))
             else:
                 ledger.move(hi, lo, vec[hi])
