@@ -115,27 +115,24 @@ class _Ledger:
         its CPU, as each real rank makes one such call), the others in one compiled call where
         it applies (:func:`~gtopk_lab.compression.fast_merge_many.numba_merge_many`: the same
         kernel, so bitwise ``merge_sparse``'s results), else one by one, each timed."""
-        first, second = merges[0][0], merges[0][1]
-        t0 = merge_cpu_clock()
-        outs = [merge_sparse(first.values, first.indices, second.values, second.indices, self.k)]
-        cpu_s = [merge_cpu_clock() - t0] * len(merges)
+        out, cpu = self.timed_merge(merges[0][0], merges[0][1])
+        outs, cpu_s = [out], [cpu] * len(merges)
         rest = numba_merge_many([(a.values, a.indices, b.values, b.indices) for a, b, _, _ in merges[1:]],
                                 self.k) if len(merges) > 2 else None
         if rest is not None:
             outs += rest
         else:
             for j, (a, b, _, _) in enumerate(merges[1:], start=1):
-                t0 = merge_cpu_clock()
-                outs.append(merge_sparse(a.values, a.indices, b.values, b.indices, self.k))
-                cpu_s[j] = merge_cpu_clock() - t0
+                out, cpu_s[j] = self.timed_merge(a, b)
+                outs.append(out)
         return self.account(merges, outs, cpu_s)
 
-    def timed_first(self, first: _Vec, second: _Vec) -> float:
-        """CPU seconds of ``merge_sparse(first, second)`` made as a rank's own call would make it
-        (the result is the compiled one's, bitwise: discarded)."""
+    def timed_merge(self, first: _Vec, second: _Vec) -> tuple[tuple, float]:
+        """``merge_sparse(first, second)`` made as a rank's own call would make it, and its CPU
+        seconds."""
         t0 = merge_cpu_clock()
-        merge_sparse(first.values, first.indices, second.values, second.indices, self.k)
-        return merge_cpu_clock() - t0
+        out = merge_sparse(first.values, first.indices, second.values, second.indices, self.k)
+        return out, merge_cpu_clock() - t0
 
     def account(self, merges: Sequence[tuple[_Vec, _Vec, int, Sequence[int]]], outs: Sequence[tuple],
                 cpu_s: Sequence[float]) -> list[_Vec]:
@@ -204,7 +201,9 @@ def _reduce(vec: list[_Vec], ledger: _Ledger, n: int, butterfly: bool) -> None:
         else:
             outs = compiled[done:done + len(level)]
             done += len(level)
-            merged = ledger.account(merges, outs, [ledger.timed_first(merges[0][0], merges[0][1])] * len(level))
+            # the level's charge: its first merge made again as a rank's own call (result discarded)
+            cpu = ledger.timed_merge(merges[0][0], merges[0][1])[1]
+            merged = ledger.account(merges, outs, [cpu] * len(level))
         for (lo, _), result in zip(level, merged):
             vec[lo] = result
 
@@ -224,12 +223,10 @@ def _butterfly(vec: list[_Vec], ledger: _Ledger) -> _Vec:
 
 def _tree(vec: list[_Vec], ledger: _Ledger) -> _Vec:
     world = len(vec)
-    levels = (world - 1).bit_length()
     _reduce(vec, ledger, world, butterfly=False)
-    for r in reversed(range(levels)):  # broadcast
-        half = 1 << r
-        for start in range(0, world - half, 2 * half):
-            ledger.move(start, start + half, vec[0])
+    for level in reversed(reduction_levels(world)):  # broadcast: the reduce's pairs, top level first
+        for lo, hi in level:
+            ledger.move(lo, hi, vec[0])
     return vec[0]
 
 
