@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from gtopk_lab.compression import fast_merge
-from gtopk_lab.compression.fast_merge import _jit, _np, merge_applies
+from gtopk_lab.compression.fast_merge import _jit, _np
 
 __all__ = ["numba_merge_many", "numba_reduce_levels", "reduction_levels"]
 
@@ -154,15 +154,17 @@ def _cut(kv: np.ndarray, ki: np.ndarray, ko: np.ndarray, dv: np.ndarray, di: np.
     return list(zip(kv_t, ki_t, dv_t, di_t))
 
 
-def _all_apply(tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> bool:
-    """Whether every tensor is a CPU tensor of ``dtype`` (``merge_applies`` for many operands)."""
-    return all(t.dtype == dtype and t.device.type == "cpu" for t in tensors)
+def _applies(values: Sequence[torch.Tensor], indices: Sequence[torch.Tensor]) -> bool:
+    """``merge_applies`` for many operands at once: the compiled merge is enabled, every
+    values tensor CPU float32 and every indices tensor CPU int32."""
+    return (fast_merge.enabled() and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in values)
+            and all(t.dtype == torch.int32 and t.device.type == "cpu" for t in indices))
 
 
 def numba_merge_many(pairs: Sequence[Pair], k: int) -> list[Pair] | None:
     """``merge_sparse(va, ia, vb, ib, k)`` of every ``(va, ia, vb, ib)`` in ``pairs`` (steps
     1-3 of the module docstring), or None where a pair would not take the compiled path."""
-    if not pairs or not all(merge_applies(*p) for p in pairs):
+    if not pairs or not _applies([t for p in pairs for t in (p[0], p[2])], [t for p in pairs for t in (p[1], p[3])]):
         return None
     va, oa = _packed([p[0] for p in pairs])
     ia, _ = _packed([p[1] for p in pairs])
@@ -192,8 +194,7 @@ def numba_reduce_levels(vectors: Sequence[tuple[torch.Tensor, torch.Tensor]], k:
     not take the compiled path. The final vector is the last merge's kept pair (n >= 2)."""
     if len(vectors) < 2:
         return None
-    if not (fast_merge.enabled() and _all_apply([v for v, _ in vectors], torch.float32)
-            and _all_apply([i for _, i in vectors], torch.int32)):
+    if not _applies([v for v, _ in vectors], [i for _, i in vectors]):
         return None
     va, oa = _packed([v for v, _ in vectors])
     ia, _ = _packed([i for _, i in vectors])
