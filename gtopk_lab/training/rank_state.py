@@ -22,7 +22,7 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.training.data import Dataset
 from gtopk_lab.training.optim import make_optimizer
 from gtopk_lab.training.replica import Replica
-from gtopk_lab.training.shards import Shard
+from gtopk_lab.training.shards import EpochCursor, Shard
 from gtopk_lab.training.step import RankStep
 from gtopk_lab.training.step_settings import StepSettings
 
@@ -62,14 +62,12 @@ class RankState:
         self.weights = replica.flat_weights() if own_weights else None
         self.step = RankStep(settings, replica.numel, replica.device, rank=rank, layout=replica.layout,
                              params=replica.params, optimizer=self.optimizer)
-        self.batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.cursor = EpochCursor(self.shard)
         self.epoch_loss_sum = 0.0
         self.epoch_loss_count = 0
 
     def next_batch(self, epoch: int, start_of_epoch: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        if start_of_epoch or self.batches is None:
-            self.batches = self.shard.epoch(epoch)
-        return next(self.batches)
+        return self.cursor.next_batch(epoch, start_of_epoch)
 
     @contextmanager
     def active(self, replica: Replica, swap_buffers: bool) -> Iterator[None]:

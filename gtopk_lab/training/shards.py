@@ -23,7 +23,7 @@ import torch
 from gtopk_lab.config import DATA_SPLITS
 from gtopk_lab.training.dataset import Dataset
 
-__all__ = ["dirichlet_split", "Shard", "StackedShards", "eval_batches"]
+__all__ = ["dirichlet_split", "Shard", "StackedShards", "EpochCursor", "eval_batches"]
 
 
 # --------------------------------------------------------------------------- sharding
@@ -167,6 +167,21 @@ class StackedShards:
         for i in range(self.iterations_per_epoch):
             sel = orders[:, i * b:(i + 1) * b]
             yield self.x[rows, sel], self.y[rows, sel]
+
+
+class EpochCursor:
+    """Where a rank (or the stacked ranks) is in its epoch: :meth:`next_batch` gives the next
+    batch of ``source.epoch(epoch)`` (a :class:`Shard` or :class:`StackedShards`), starting the
+    epoch's batches afresh at its first iteration or on first use (a resumed run)."""
+
+    def __init__(self, source: Shard | StackedShards) -> None:
+        self.source = source
+        self._batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def next_batch(self, epoch: int, start_of_epoch: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if start_of_epoch or self._batches is None:
+            self._batches = self.source.epoch(epoch)
+        return next(self._batches)
 
 
 def eval_batches(dataset: Dataset, batch_size: int = 1000) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

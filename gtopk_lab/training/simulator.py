@@ -93,7 +93,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -110,7 +109,7 @@ from gtopk_lab.training.rank_state import RankResult, RankState, rank_checkpoint
 from gtopk_lab.training.replica import Replica
 from gtopk_lab.training.rows import RowBuffer, Sink, build_summary, epoch_row, iter_row, peak_comm_pair
 from gtopk_lab.training.runtime import network_of, rank_clock_s, resolve_device, run_dataset
-from gtopk_lab.training.shards import StackedShards
+from gtopk_lab.training.shards import EpochCursor, StackedShards
 from gtopk_lab.training.skeleton import Boundary, Point, Resumed, Timeline, run_iterations
 from gtopk_lab.training.state_size import state_bytes_per_parameter
 from gtopk_lab.training.step import Sync
@@ -246,8 +245,7 @@ class _VirtualRanks:
         batched = use_batched(config.simulator.batched, self.batched_refusal, self.world, slower)
         self.batched = BatchedGradients(replica) if batched else None
         # the batched gradients read every rank's batch in one gather, the same samples
-        self.stacked = StackedShards([s.shard for s in self.states]) if batched else None
-        self.stacked_batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.stacked = EpochCursor(StackedShards([s.shard for s in self.states])) if batched else None
         if not batched and self.batched_refusal is None and slower is not None:
             self.batched_refusal = f"model {config.model!r}: {slower}"
         self.steps_refusal = (batched_step_refusal(self.states[0].step, dev) if batched
@@ -274,10 +272,8 @@ class _VirtualRanks:
         selection call), or each rank's own
         (its RNG current, as in :meth:`_contribute`)."""
         states, dev, world = self.states, self.dev, self.world
-        assert self.batched is not None
-        if point.first_of_epoch or self.stacked_batches is None:
-            self.stacked_batches = self.stacked.epoch(point.epoch_index)
-        xs, ys = next(self.stacked_batches)
+        assert self.batched is not None and self.stacked is not None
+        xs, ys = self.stacked.next_batch(point.epoch_index, point.first_of_epoch)
         self.batched.check(xs, ys)  # once per run, untimed
         c0, w0 = rank_clock_s(dev), time.perf_counter()
         grads, losses = self.batched(xs, ys)
