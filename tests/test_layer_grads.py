@@ -45,13 +45,8 @@ class _Twice(nn.Module):
         return self.out(self.fc(torch.relu(self.fc(x))))
 
 
-class _WeightOutside(nn.Module):
+class _WeightOutside(_Twice):
     """Calls each layer once, and also reads ``fc.weight`` directly: hooks cannot see that."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(40, 40)
-        self.out = nn.Linear(40, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(torch.relu(self.fc(x)) + x @ self.fc.weight)
