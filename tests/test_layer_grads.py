@@ -1,8 +1,9 @@
 """Per-layer gradients of P virtual ranks from one plain backward
 (gtopk_lab.training.layer_grads) against plain autograd run one rank at a time, written here:
 the registered Linear / Conv1d models and a model with dilation, strides and a Linear over
-3-D activations; the refusals; a layer called twice; and the batched call's fallback to
-vmap where the model uses a layer's weight outside the layer."""
+3-D activations; each Conv1d form (windows, stride phases) against ``conv1d_weight`` per rank;
+the refusals; a layer called twice; and the batched call's fallback to vmap where the model
+uses a layer's weight outside the layer."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from torch import nn
 
 from gtopk_lab.config import RunConfig
 from gtopk_lab.training.batched_ranks import BatchedGradients
-from gtopk_lab.training.layer_grads import LayerGradients, layer_grads_refusal
+from gtopk_lab.training.layer_grads import LayerGradients, conv1d_rank_grads, layer_grads_refusal
 from gtopk_lab.training.models import build_model
 from gtopk_lab.training.replica import Replica
 from gtopk_lab.training.simulator import simulate
@@ -83,6 +84,31 @@ def test_each_ranks_gradient_equals_its_own_backward(name: str) -> None:
     assert all(p.grad is None for p in params)  # no weight gradient was formed
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("channels", [1, 3, 8, 25])
+@pytest.mark.parametrize("kernel,stride,padding,dilation,length_in", [
+    (3, 2, 1, 1, 19), (5, 2, 1, 1, 40), (3, 1, 0, 2, 17), (4, 3, 2, 2, 23), (2, 1, 3, 1, 9),
+    (5, 2, 4, 3, 6), (1, 2, 0, 1, 11), (7, 4, 7, 1, 3)])
+def test_conv1d_rank_grads_equal_conv1d_weight_rank_by_rank(channels: int, kernel: int, stride: int,
+                                                             padding: int, dilation: int, length_in: int) -> None:
+    """Both forms (windows below 8 input channels, stride phases from 8), strides and
+    dilations whose taps land in every phase, padding wider than the kernel's reach and
+    a kernel as long as the padded input."""
+    world, batch = 3, 4
+    layer = nn.Conv1d(channels, 5, kernel, stride=stride, padding=padding, dilation=dilation)
+    gen = torch.Generator().manual_seed(channels * 100 + kernel)
+    a = torch.randn(world * batch, channels, length_in, generator=gen)
+    length = (length_in + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+    g = torch.randn(world * batch, 5, length, generator=gen)
+    weight, bias = conv1d_rank_grads(a, g, layer, world)
+    for r in range(world):
+        rows = slice(r * batch, (r + 1) * batch)
+        want = torch.nn.grad.conv1d_weight(a[rows], layer.weight.shape, g[rows], stride=stride,
+                                           padding=padding, dilation=dilation)
+        torch.testing.assert_close(weight[r], want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(bias[r], g[rows].sum((0, 2)), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.timeout(30)
 def test_refusals_name_the_module_and_a_layer_called_twice_is_one_line() -> None:
     bn = nn.Sequential(nn.Linear(40, 8), nn.BatchNorm1d(8), nn.Linear(8, 10))
@@ -141,3 +167,19 @@ def test_simulated_cnn_run_says_it_took_the_layers_and_equals_the_sequential_run
     assert on.summary["batched_gradients"] == "layers" and on.summary["batched_gradients_refusal"] is None
     assert off.summary["batched_gradients"] is None
     torch.testing.assert_close(on.final_weights, off.final_weights, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("model,dataset", [("mlp", "mnist1d"), ("gpt_tiny", "text")])
+def test_rank_losses_equal_each_ranks_own_loss(model: str, dataset: str) -> None:
+    """Replica.rank_losses (the per-layer path's P losses in one call) against Replica.loss
+    on each rank's rows alone: a classifier and a language model (tokens per sample)."""
+    replica = Replica(RunConfig(model=model, workers=3, dataset=dataset), 3, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    if replica.language_model:
+        vocab = 50
+        out, y = torch.randn(3 * 2, 7, vocab, generator=gen), torch.randint(0, vocab, (3, 2, 7), generator=gen)
+    else:
+        out, y = torch.randn(3 * 4, 10, generator=gen), torch.randint(0, 10, (3, 4), generator=gen)
+    want = torch.stack([replica.loss(out[r * y.shape[1]:(r + 1) * y.shape[1]], y[r]) for r in range(3)])
+    torch.testing.assert_close(replica.rank_losses(out, y), want, rtol=1e-6, atol=1e-6)
