@@ -14,6 +14,7 @@ from torch import nn
 
 from gtopk_lab.config import RunConfig
 from gtopk_lab.training.batched_ranks import BatchedGradients
+from gtopk_lab.training import layer_grads
 from gtopk_lab.training.layer_grads import LayerGradients, conv1d_rank_grads, layer_grads_refusal
 from gtopk_lab.training.models import build_model
 from gtopk_lab.training.replica import Replica
@@ -85,15 +86,18 @@ def test_each_ranks_gradient_equals_its_own_backward(name: str) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("form", ["windows", "phases"])
 @pytest.mark.parametrize("channels", [1, 3, 8, 25])
 @pytest.mark.parametrize("kernel,stride,padding,dilation,length_in", [
     (3, 2, 1, 1, 19), (5, 2, 1, 1, 40), (3, 1, 0, 2, 17), (4, 3, 2, 2, 23), (2, 1, 3, 1, 9),
     (5, 2, 4, 3, 6), (1, 2, 0, 1, 11), (7, 4, 7, 1, 3)])
-def test_conv1d_rank_grads_equal_conv1d_weight_rank_by_rank(channels: int, kernel: int, stride: int,
-                                                             padding: int, dilation: int, length_in: int) -> None:
-    """Both forms (windows below 8 input channels, stride phases from 8), strides and
-    dilations whose taps land in every phase, padding wider than the kernel's reach and
-    a kernel as long as the padded input."""
+def test_conv1d_rank_grads_equal_conv1d_weight_rank_by_rank(
+        monkeypatch: pytest.MonkeyPatch, form: str, channels: int, kernel: int, stride: int, padding: int,
+        dilation: int, length_in: int) -> None:
+    """Both forms (the kernel windows' einsum, the stride phases' bmms), strides and
+    dilations whose taps land in every phase, padding wider than the kernel's reach and a
+    kernel as long as the padded input."""
+    monkeypatch.setattr(layer_grads, "_phases_pay", lambda *_: form == "phases")
     world, batch = 3, 4
     layer = nn.Conv1d(channels, 5, kernel, stride=stride, padding=padding, dilation=dilation)
     gen = torch.Generator().manual_seed(channels * 100 + kernel)
@@ -107,6 +111,15 @@ def test_conv1d_rank_grads_equal_conv1d_weight_rank_by_rank(channels: int, kerne
                                            padding=padding, dilation=dilation)
         torch.testing.assert_close(weight[r], want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(bias[r], g[rows].sum((0, 2)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.timeout(30)
+def test_phases_are_taken_where_they_pay() -> None:
+    """The MNIST-1D CNN's 25-channel layers at B = 16 take the phases; its first layer (one
+    input channel) and the wide CNN's 192-channel layers the windows (measured, module doc)."""
+    assert layer_grads._phases_pay(25, 25, 16, 10) and layer_grads._phases_pay(25, 25, 16, 5)
+    assert not layer_grads._phases_pay(1, 25, 16, 19)
+    assert not layer_grads._phases_pay(192, 192, 16, 10) and not layer_grads._phases_pay(192, 192, 16, 5)
 
 
 @pytest.mark.timeout(30)

@@ -19,15 +19,16 @@ forms no weight gradient at all:
    (:func:`conv1d_rank_grads`, below);
 4. the ``[P, ...]`` gradients flattened in the replica's flat-buffer order: ``[P, d]``.
 
-A Conv1d's sum has two forms. With few input channels (``C < 8``) the padded input is cut into
-its kernel windows ``a_w[b, c, l, j]`` and one ``einsum`` contracts (b, l). With more, copying
-the windows (K times the input, a 6-d gather) costs more than their product, so the input is
-split into its s stride phases, each laid out ``[B, U, C]`` per rank (one copy of the input):
-tap j reads phase ``d j mod s`` shifted by ``d j div s`` rows, a strided view of that buffer in
-which (b, l) is one dimension, and ``W_r[:, :, j]`` is one ``bmm`` with the output gradients
-laid out ``[P, O, B U]`` (zero for ``l >= L``, so a window that runs into the next sample's
-rows adds nothing). The bias sums read that contiguous layout. At P = 64, B = 16, the MNIST-1D
-CNN's 25-channel layers take 0.75-0.8x of the windows' time this way.
+A Conv1d's sum has two forms. By default the padded input is cut into its kernel windows
+``a_w[b, c, l, j]`` and one ``einsum`` contracts (b, l). With 8 or more input channels and
+``O <= B L / 2`` (``_phases_pay``) copying the windows (K times the input, a 6-d gather) costs
+more than their product and the reordering below, so the input is split into its s stride
+phases, each laid out ``[B, U, C]`` per rank (one copy of the input): tap j reads phase
+``d j mod s`` shifted by ``d j div s`` rows, a strided view of that buffer in which (b, l) is
+one dimension, and ``W_r[:, :, j]`` is one ``bmm`` with the output gradients laid out
+``[P, O, B U]`` (zero for ``l >= L``, so a window that runs into the next sample's rows adds
+nothing). The bias sums read that contiguous layout. At P = 64, B = 16 the MNIST-1D CNN's
+25-channel layers take 0.63-0.82x of the windows' time this way.
 
 :func:`layer_grads_refusal` says in one line why a model cannot take this path (a parameter
 outside those layers, grouped or non-zero-padded convolutions, a layer shared by two
@@ -84,6 +85,15 @@ def layer_grads_refusal(model: nn.Module, params: Sequence[torch.Tensor]) -> str
 _PHASES_MIN_CHANNELS = 8
 
 
+def _phases_pay(channels: int, out_channels: int, batch: int, length: int) -> bool:
+    """Whether the stride-phase form beats the windows' einsum for a Conv1d (module docstring):
+    its taps come out ``[K, P, O, C]`` and are reordered to ``[P, O, C, K]`` (P O C K
+    elements), which pays while that is at most half the windows' P B L C K (``O <= B L / 2``;
+    measured on a grid of C, O from 25 to 192 at P = 64, B = 16: 0.63-0.83x of the windows'
+    time inside that line, 0.95-1.24x outside)."""
+    return channels >= _PHASES_MIN_CHANNELS and 2 * out_channels <= batch * length
+
+
 def _conv1d_windows(a: torch.Tensor, layer: nn.Conv1d) -> torch.Tensor:
     """``a`` ``[N, C, L]`` padded and cut into the layer's kernel windows: ``[N, C, L_out, K]``."""
     (k,), (stride,), (dilation,) = layer.kernel_size, layer.stride, layer.dilation
@@ -136,7 +146,7 @@ def conv1d_rank_grads(a: torch.Tensor, g: torch.Tensor, layer: nn.Conv1d,
     """Every rank's weight and bias gradient of ``layer`` (zero padding by a number, one
     group) from its input ``a`` ``[P B, C, L_in]`` and output gradient ``g`` ``[P B, O, L]``,
     rows rank-major: ``(W [P, O, C, K], bias [P, O])`` (the module docstring's two forms)."""
-    if a.shape[1] >= _PHASES_MIN_CHANNELS:
+    if _phases_pay(a.shape[1], g.shape[1], a.shape[0] // world, g.shape[2]):
         return _conv1d_by_phases(a, g, layer, world)
     windows = _conv1d_windows(a, layer)
     n, c, length, k = windows.shape
