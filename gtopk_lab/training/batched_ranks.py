@@ -118,7 +118,8 @@ class BatchedGradients:
         self._grads: Callable[..., Any] = vmap(grad_and_value(loss), in_dims=(None, 0, 0))
         # per-layer gradients where the model allows, checked once against vmap (check())
         self.rule_refusal = layer_grads_refusal(model, replica.params)
-        self._layers = LayerGradients(model, replica.params, loss_of, replica.rank_losses) if self.rule_refusal is None else None
+        self._layers = (LayerGradients(model, replica.params, loss_of, replica.rank_losses)
+                        if self.rule_refusal is None else None)
         self.checked = self._layers is None
 
     @property

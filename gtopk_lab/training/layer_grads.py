@@ -159,8 +159,8 @@ class LayerGradients:
     """Steps 1-4 of the module docstring for ``model`` (its trainable parameters ``params``,
     in flat-buffer order) and ``loss_of(output, target)``; ``rank_losses(output [P B, ...],
     target [P, B, ...]) -> [P]``, where given, forms the P losses in one call instead of a
-    ``vmap`` of ``loss_of`` (:meth:`~gtopk_lab.training.replica.Replica.rank_losses`). Calling it with ``x`` / ``y``
-    ``[P, B, ...]`` returns ``(grads [P, d], losses [P])``."""
+    ``vmap`` of ``loss_of`` (:meth:`~gtopk_lab.training.replica.Replica.rank_losses`).
+    Calling it with ``x`` / ``y`` ``[P, B, ...]`` returns ``(grads [P, d], losses [P])``."""
 
     def __init__(self, model: nn.Module, params: Sequence[torch.Tensor],
                  loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
