@@ -104,6 +104,8 @@ def test_conv1d_rank_grads_equal_conv1d_weight_rank_by_rank(
     a = torch.randn(world * batch, channels, length_in, generator=gen)
     length = (length_in + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
     g = torch.randn(world * batch, 5, length, generator=gen)
+    if channels == 8:  # an output gradient autograd hands over transposed: the same values
+        g = g.transpose(1, 2).contiguous().transpose(1, 2)
     weight, bias = conv1d_rank_grads(a, g, layer, world)
     for r in range(world):
         rows = slice(r * batch, (r + 1) * batch)

@@ -130,7 +130,7 @@ def _conv1d_by_phases(a: torch.Tensor, g: torch.Tensor, layer: nn.Conv1d,
         body[p, :, first + count:].zero_()
     g_rows = g.new_empty(world, out_ch, batch, rows)
     g_rows[..., length:].zero_()
-    g_rows[..., :length].copy_(g.view(world, batch, out_ch, length).transpose(1, 2))
+    g_rows[..., :length].copy_(g.reshape(world, batch, out_ch, length).transpose(1, 2))
     g_rows = g_rows.view(world, out_ch, batch * rows)
     taps = a.new_empty(k, world, out_ch, c)
     for j in range(k):
