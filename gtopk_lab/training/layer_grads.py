@@ -172,8 +172,12 @@ class LayerGradients:
         self.layers = [m for m in model.modules()
                        if isinstance(m, _LAYERS) and any(p.requires_grad for p in m.parameters(recurse=False))]
         self.params = list(params)
+        if rank_losses is None:
+            per_rank = vmap(loss_of)
+
+            def rank_losses(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+                return per_rank(out.reshape(y.shape[0], y.shape[1], *out.shape[1:]), y)
         self._rank_losses = rank_losses
-        self._losses = vmap(loss_of)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         world, batch = x.shape[0], x.shape[1]
@@ -192,8 +196,7 @@ class LayerGradients:
         if wrong:
             raise ValueError(f"a {wrong[0][0]} layer ran {wrong[0][1]} times in one forward: expected once "
                              "(per-layer gradients need each layer called once)")
-        losses = (self._rank_losses(out, y) if self._rank_losses is not None
-                  else self._losses(out.reshape(world, batch, *out.shape[1:]), y))
+        losses = self._rank_losses(out, y)
         outputs = [seen[m][0][1] for m in self.layers]
         grad_outputs = torch.autograd.grad(losses.sum(), outputs)
         by_param: dict[int, torch.Tensor] = {}
