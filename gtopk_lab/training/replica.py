@@ -80,21 +80,21 @@ class Replica:
         """A copy of all parameters as one flat tensor (tests compare these)."""
         return flat_params(self.params)
 
-    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def _cross_entropy(self, output: torch.Tensor, target: torch.Tensor, reduction: str) -> torch.Tensor:
+        # a language model's logits [B, T, V] score every token: one row per token
         if self.language_model:
-            return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
-        return F.cross_entropy(output, target)
+            return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1), reduction=reduction)
+        return F.cross_entropy(output, target, reduction=reduction)
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self._cross_entropy(output, target, "mean")
 
     def rank_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """``loss`` of each of P ranks at once: ``output`` ``[P B, ...]`` (rows rank-major),
         ``target`` ``[P, B, ...]``; returns ``[P]``. Every sample's (token's) cross entropy in
         one call, averaged over each rank's own, as ``loss`` averages one rank's."""
-        world = target.shape[0]
-        if self.language_model:
-            each = F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1), reduction="none")
-        else:
-            each = F.cross_entropy(output, target.reshape(-1, *target.shape[2:]), reduction="none")
-        return each.view(world, -1).mean(1)
+        each = self._cross_entropy(output, target.reshape(-1, *target.shape[2:]), "none")
+        return each.view(target.shape[0], -1).mean(1)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """Zero the flat buffer, forward, backward; returns the mini-batch loss."""
