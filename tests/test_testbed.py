@@ -33,6 +33,7 @@ from gtopk_lab import testbed as testbed_pkg
 from gtopk_lab.cli.main import main as cli_main
 from gtopk_lab.testbed import Testbed
 from gtopk_lab.testbed.links import namespace_pids
+from gtopk_lab.training.models import build_model
 from child_signals import interruptible
 from testbed_support import alive as _alive, root_view as _root_view, run_env as _env
 
@@ -221,6 +222,49 @@ def _cores_for(ranks: int, seconds: float = 0.3) -> float:
     return float(sum(float(p.communicate(timeout=30)[0]) for p in procs))
 
 
+#: gloo's ring allreduce of ``n`` float32 among ``P`` forked ranks on loopback, rank 0's
+#: lower quartile of ``reps`` calls, each after a barrier, printed in seconds
+_LOOPBACK_RING = """import os, sys, tempfile, time
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+def rank_main(rank, P, store, n, reps, q):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=P)
+    x, times = torch.ones(n), []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.monotonic()
+        dist.all_reduce(x)
+        times.append(time.monotonic() - t0)
+    if rank == 0:
+        q.put(sorted(times)[len(times) // 4])
+    dist.barrier()
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    P, n, reps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    store = os.path.join(tempfile.mkdtemp(), "store")
+    ctx = mp.get_context("fork"); q = ctx.Queue()
+    procs = [ctx.Process(target=rank_main, args=(r, P, store, n, reps, q)) for r in range(P)]
+    for proc in procs:
+        proc.start()
+    print(q.get(timeout=60))
+    for proc in procs:
+        proc.join(60)"""
+
+
+def _loopback_ring_s(ranks: int, numel: int, reps: int = 40) -> float:
+    """The ring allreduce's off-wire time on this box now: the same call (``ranks`` gloo
+    processes, ``numel`` fp32) over loopback, where the wire costs ~0 (1.4 MB at several
+    GB/s: ~0.3 ms), so what remains is its CPU and the scheduling of its 2(P-1) dependent
+    steps under the load of the moment. Measured 2026-12-06 (AMD EPYC, 2 cores), 232k
+    elements, P = 4: 4.6-4.8 ms quiet, 7.3-7.5 ms beside two busy loops; the testbed's
+    dense runs then read 3.4-4.0 and 6.0-8.0 ms above their alpha-beta model."""
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([PY, "-c", _LOOPBACK_RING, str(ranks), str(numel), str(reps)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def shaped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     folder = tmp_path_factory.mktemp("testbed-runs")
@@ -236,12 +280,19 @@ def shaped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         results["calibration_file"] = calibration
         cores = [_cores_for(P)]
         for method in ("dense", "gtopk"):
+            if method == "dense":
+                numel = sum(q.numel() for q in build_model("cnn_wide").parameters() if q.requires_grad)
+                ring = [_loopback_ring_s(P, numel)]
             res = tb.run(0, [*CLI, "run", "--scheduler", tb.scheduler_address, "--method", method,
                              "--workers", str(P), *RUN, "--bandwidth", str(calibration), "--out", str(out)],
                          timeout_s=240)
             assert res.returncode == 0, res.stderr[-3000:] + tb.logs()
             summary = json.loads(res.stdout.strip().splitlines()[-1])
             results[method] = (summary, out / summary["run_id"])
+            if method == "dense":
+                assert int(summary["numel"]) == numel
+                ring.append(_loopback_ring_s(P, numel))
+                results["loopback_ring_s"] = sum(ring) / len(ring)  # before and after the run
         results["interfaces"] = [(ln.ifname, ln.address) for ln in tb.links]
         cores.append(_cores_for(P))
         results["cores"] = sum(cores) / len(cores)  # before and after the runs
@@ -293,27 +344,36 @@ def test_calibration_of_a_testbed_link_gives_its_rate(shaped_runs) -> None:
 #: method's collective alone: the virtual clock's own all_reduce is its clock_s) with the
 #: model priced on the link the fixture calibrated (a ping-pong over the transport the
 #: collective takes). Four ranks (and the kernel's work for four hosts' links) share this
-#: box's two cores, which the model, one core per rank, does not price: that is the slack
-#: the 25% leave, and why a run's steady time is its lower quartile (``_steady_s``): in
-#: four suites of 2026-12-06 dense's lower quartile read 5.6-16% above its model (71.0
-#: against 62.4 ms the worst, the median 76 against 62), gTop-k's 20% below to 20% above.
-#: Medians measured 2026-12-06 (AMD EPYC, 2 cores), 20 iterations: dense 65.8-66.7 ms
-#: against 59.8-62.3 ms quiet, 77.8 against 63.3 beside two busy loops; gTop-k (its rounds
-#: over the ranks' own TCP links) 3.1-3.9 ms against a charge of 3.1-3.6 ms quiet, 4.6
+#: box's two cores, which the model, one core per rank, does not price; a run's steady time
+#: is its lower quartile (``_steady_s``). Dense's ring takes 2(P-1) dependent steps, each
+#: needing its receiver to run (reduce, forward) before the link carries the next chunk, so
+#: its off-wire time grows with the load of the moment: the lower quartile read 5.6-16%
+#: above alpha-beta in the suites of 2026-12-06 and 32% (82.5 against 62.5 ms) with two busy
+#: loops beside a suite. The oracle therefore adds that off-wire time, measured as the same
+#: ring on loopback right before and after the run (``_loopback_ring_s``): quiet, 61.1 +
+#: 4.7 ms predicted against 64.5-65.1 measured; beside two busy loops 62.7 + 7.4 against
+#: 68.7-70.7. gTop-k's check (xfail: its milliseconds move with the cores) prices its merges
+#: with the cores four processes got: 3.1-3.9 ms against a charge of 3.1-3.6 ms quiet, 4.6
 #: against 4.0 beside two busy loops. Before the TCP links and with the clock's all_reduce
-#: booked as communication, gTop-k read 7.9-11.5 ms against 1.8-1.9 ms modelled. Its
-#: iterations spread 1.4-5.1 ms: the last rank's merges wait for cores with the other pair's.
+#: booked as communication, gTop-k read 7.9-11.5 ms against 1.8-1.9 ms modelled.
 
 
 @pytest.mark.timeout(400)
 def test_dense_communication_is_within_25_percent_of_the_calibrated_model(shaped_runs) -> None:
+    """Measured: the lower quartile of the iterations' communication (the last rank to
+    arrive). Model: gloo's ring priced on the calibrated link (alpha-beta, checked against
+    the run's own clock in the calibration test) plus the ring's off-wire time on this box
+    now (the same allreduce over loopback)."""
     cal = shaped_runs["calibration"]
     summary, run_dir = shaped_runs["dense"]
     measured, iters = _comm_per_iteration_s(run_dir)
-    predicted = _ring_allreduce_s(4 * int(summary["numel"]), P, cal["latency_s"], 8.0 / cal["bandwidth_bps"])
+    wire = _ring_allreduce_s(4 * int(summary["numel"]), P, cal["latency_s"], 8.0 / cal["bandwidth_bps"])
+    off_wire = shaped_runs["loopback_ring_s"]
+    predicted = wire + off_wire
     steady = _steady_s(measured)
-    print(f"dense on the testbed: {steady * 1e3:.1f} ms measured, {predicted * 1e3:.1f} ms modelled")
-    assert abs(steady - predicted) <= 0.25 * predicted, (steady, predicted, measured.tolist())
+    print(f"dense on the testbed: {steady * 1e3:.1f} ms measured, {predicted * 1e3:.1f} ms modelled "
+          f"({wire * 1e3:.1f} alpha-beta + {off_wire * 1e3:.1f} off-wire)")
+    assert abs(steady - predicted) <= 0.25 * predicted, (steady, wire, off_wire, measured.tolist())
     # the clock's bookkeeping all_reduce is its own column, not communication
     assert (iters["clock_s"] > 0).all() and (iters["comm_s"] > 0).all()
 
