@@ -261,10 +261,14 @@ def _loopback_ring_s(ranks: int, numel: int, reps: int = 40) -> float:
     loops; the testbed's dense runs between them read 3.8-4.1 and 5.8-7.2 ms above their
     alpha-beta model."""
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([PY, "-c", _LOOPBACK_RING, str(ranks), str(numel), str(reps)], env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return float(out.stdout.strip().splitlines()[-1])
+    # one more try: gloo's full-mesh connect has failed under load ("Connection closed by
+    # peer", tests/test_process_start.py), and a probe is not what these tests check
+    for _ in range(2):
+        out = subprocess.run([PY, "-c", _LOOPBACK_RING, str(ranks), str(numel), str(reps)], env=env,
+                             capture_output=True, text=True, timeout=120)
+        if out.returncode == 0:
+            return float(out.stdout.strip().splitlines()[-1])
+    raise AssertionError(f"the loopback ring probe failed twice: {out.stderr[-2000:]}")
 
 
 @pytest.fixture(scope="module")
