@@ -11,8 +11,9 @@ What is checked against what:
   processes in 5 hosts shaped to 200 Mbit/s, with no ``GLOO_SOCKET_IFNAME`` anywhere, and
   its communication per iteration against the alpha-beta model whose constants
   ``gtopk-lab calibrate --scheduler`` measured on the same links (the oracles are the
-  ring-allreduce and the butterfly formulas priced with them, written out here; gTop-k's
-  adds the merge CPU its virtual clock charged: alpha-beta-gamma).
+  ring-allreduce and the butterfly formulas priced with them, written out here; dense's
+  adds the ring's off-wire time, the same gloo allreduce timed on loopback before and after
+  the run; gTop-k's adds the merge CPU its virtual clock charged: alpha-beta-gamma).
 """
 
 from __future__ import annotations
