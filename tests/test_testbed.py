@@ -29,9 +29,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
+import torch.distributed as dist
 
 from gtopk_lab import testbed as testbed_pkg
 from gtopk_lab.cli.main import main as cli_main
+from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.testbed import Testbed
 from gtopk_lab.testbed.links import namespace_pids
 from gtopk_lab.training.models import build_model
@@ -223,53 +226,28 @@ def _cores_for(ranks: int, seconds: float = 0.3) -> float:
     return float(sum(float(p.communicate(timeout=30)[0]) for p in procs))
 
 
-#: gloo's ring allreduce of ``n`` float32 among ``P`` forked ranks on loopback, rank 0's
-#: lower quartile of ``reps`` calls, each after a barrier, printed in seconds
-_LOOPBACK_RING = """import os, sys, tempfile, time
-import torch, torch.distributed as dist, torch.multiprocessing as mp
-def rank_main(rank, P, store, n, reps, q):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=P)
-    x, times = torch.ones(n), []
+def _loopback_ring_rank(rank: int, world: int, numel: int, reps: int) -> list[float]:
+    """One rank of :func:`_loopback_ring_s`: ``reps`` allreduces of ``numel`` fp32, each after
+    a barrier, timed."""
+    x, times = torch.ones(numel), []
     for _ in range(reps):
         dist.barrier()
         t0 = time.monotonic()
         dist.all_reduce(x)
         times.append(time.monotonic() - t0)
-    if rank == 0:
-        q.put(sorted(times)[len(times) // 4])
-    dist.barrier()
-    dist.destroy_process_group()
-if __name__ == "__main__":
-    P, n, reps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    with tempfile.TemporaryDirectory() as folder:
-        ctx = mp.get_context("fork"); q = ctx.Queue()
-        procs = [ctx.Process(target=rank_main, args=(r, P, os.path.join(folder, "store"), n, reps, q))
-                 for r in range(P)]
-        for proc in procs:
-            proc.start()
-        print(q.get(timeout=60))
-        for proc in procs:
-            proc.join(60)"""
+    return times
 
 
 def _loopback_ring_s(ranks: int, numel: int, reps: int = 40) -> float:
     """The ring allreduce's off-wire time on this box now: the same call (``ranks`` gloo
-    processes, ``numel`` fp32) over loopback, where the wire costs ~0 (1.4 MB at several
-    GB/s: ~0.3 ms), so what remains is its CPU and the scheduling of its 2(P-1) dependent
-    steps under the load of the moment. Measured 2026-12-06 (AMD EPYC, 2 cores), 232k
-    elements, P = 4, before / after: 3.3 / 4.4 ms quiet, 5.6 / 4.0 ms beside two busy
-    loops; the testbed's dense runs between them read 3.8-4.1 and 5.8-7.2 ms above their
-    alpha-beta model."""
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    # one more try: gloo's full-mesh connect has failed under load ("Connection closed by
-    # peer", tests/test_process_start.py), and a probe is not what these tests check
-    for _ in range(2):
-        out = subprocess.run([PY, "-c", _LOOPBACK_RING, str(ranks), str(numel), str(reps)], env=env,
-                             capture_output=True, text=True, timeout=120)
-        if out.returncode == 0:
-            return float(out.stdout.strip().splitlines()[-1])
-    raise AssertionError(f"the loopback ring probe failed twice: {out.stderr[-2000:]}")
+    processes, ``numel`` fp32) over loopback (``run_gloo``), where the wire costs ~0 (1.4 MB
+    at several GB/s: ~0.3 ms), so what remains is its CPU and the scheduling of its 2(P-1)
+    dependent steps under the load of the moment; rank 0's lower quartile. Measured
+    2026-12-06 (AMD EPYC, 2 cores), 232k elements, P = 4, before / after: 3.3 / 4.4 ms
+    quiet, 5.6 / 4.0 ms beside two busy loops; the testbed's dense runs between them read
+    3.8-4.1 and 5.8-7.2 ms above their alpha-beta model."""
+    times = run_gloo(_loopback_ring_rank, ranks, numel, reps, timeout_s=120)[0]
+    return sorted(times)[len(times) // 4]
 
 
 @pytest.fixture(scope="module")
