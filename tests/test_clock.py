@@ -145,6 +145,34 @@ def test_throttled_collective_lasts_at_least_its_model() -> None:
         assert wall < model + 10.0  # generous: the box is shared
 
 
+def _late_rank(rank: int, world: int, numel: int, k: int, late_s: float) -> dict[str, float]:
+    clock = VirtualClock(NetworkModel.from_strings("100Mbps", "1ms"), throttle=True)
+    vals, idx = _sparse(rank, numel, k)
+    if rank == world - 1:
+        time.sleep(late_s)
+    clock.collective(gtopk_allreduce, vals, idx, numel, k)
+    return {"call": clock.last_call_wall_s, "span": clock.last_span_wall_s,
+            "model": clock.last_comm_model_s}
+
+
+@pytest.mark.timeout(120)
+def test_span_runs_from_the_last_arrival_to_the_last_completion_on_every_rank() -> None:
+    """The last rank arrives 1 s late: the early rank's own call time holds that wait, the
+    span (max end - max start on the ranks' shared wall clock) does not, yet it still holds
+    the whole paced round (which the late rank starts at its arrival), and every rank reads
+    the same span."""
+    from gtopk_lab.comm.launch import run_gloo
+
+    numel, k, late_s = 200_000, 20_000, 1.0
+    early, late = run_gloo(_late_rank, 2, numel, k, late_s, timeout_s=60)
+    model = 1e-3 + (8 + 8 * k) * 8 / 100e6  # one paced butterfly round: 13.8 ms
+    assert early["model"] == late["model"] == pytest.approx(model)
+    assert early["call"] >= late_s * 0.9
+    assert early["span"] == late["span"]
+    # >= the paced round; far below the wait (a loaded box delays a round by tens of ms)
+    assert model * 0.99 <= early["span"] < late_s / 2, early
+
+
 def _iterations(clock: VirtualClock, rank: int, numel: int, k: int, iters: int,
                 compute_s: float) -> tuple[list[float], float]:
     """Train-like loop: compute (CPU), then a gTop-k collective through the clock."""

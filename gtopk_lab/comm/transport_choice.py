@@ -103,7 +103,7 @@ def links_max_reduce(group: dist.ProcessGroup | None = None) -> Callable[[list[f
     happens in the same collective call on every rank, so all ranks switch together.
 
     Each rank sends its values to every peer and takes every peer's, in rank order: one
-    message each way per pair (24 bytes for the clock's three), against gloo's ring all_reduce
+    message each way per pair (40 bytes for the clock's five), against gloo's ring all_reduce
     of tiny messages (~1 ms on one host, 6-7 ms between 200 Mbit/s testbed hosts). Messages
     between two ranks stay in order, and every rank makes this call after the same
     collective, so it cannot take a collective's message."""

@@ -40,9 +40,17 @@ as a whole before their local assembly. A final ``max(0, modelled_s - wall_s)`` 
 covers collectives without pacing hooks. Wall time of a throttled sparse collective is
 therefore about the alpha-beta-gamma time (wire + merge CPU), not ``max`` of the two.
 
-Cost per collective: one extra ``all_reduce(MAX)`` of three float64 values over ``group``,
+The same ``all_reduce(MAX)`` carries each rank's wall-clock stamps (``time.time``) of the
+call's start and end, so ``last_span_wall_s`` = max end - max start is the collective as
+the ranks' shared clock saw it: from the last rank's arrival to the last rank's completion.
+A rank's own call time cannot say this: the rank that arrives last finds its partners'
+messages already sent and may finish before they receive its own (a butterfly's last
+arrival reads less than the wire time of its rounds). Exact where the ranks share a clock
+(one host, the namespaces testbed); across hosts it is off by their clocks' offset.
+
+Cost per collective: one extra ``all_reduce(MAX)`` of five float64 values over ``group``,
 or, with ``max_reduce`` (a rank's own max over the links its collectives already use:
-``comm.transport_choice.links_max_reduce``), one 24-byte message to and from every peer.
+``comm.transport_choice.links_max_reduce``), one 40-byte message to and from every peer.
 
 Worker-side module: torch only, no plotting or notebook code.
 """
@@ -160,6 +168,8 @@ class VirtualClock:
         self.last_comm_wall_s = 0.0   # wall time of the real collective (+ throttle sleep) and the sync
         self.last_call_wall_s = 0.0   # of it, the collective's call alone (+ throttle sleep)
         self.last_sync_wall_s = 0.0   # of it, this clock's all_reduce(MAX) after the call
+        self.last_span_wall_s = 0.0   # the last call from the last arrival to the last completion,
+        #                               on the ranks' shared wall clock (max end - max start)
         self.last_comm_charge_s = 0.0  # virtual time the last collective took: the slowest rank's
         #                                modelled rounds (+ its merge CPU with include_merge_cpu)
         self.last_sleep_s = 0.0
@@ -228,24 +238,25 @@ class VirtualClock:
         group = self.group
         return group, dist.get_world_size(group)
 
-    def _max_over_ranks(self, arrival_s: float, duration_s: float,
-                        model_s: float) -> tuple[float, float, float]:
+    def _max_over_ranks(self, values: list[float]) -> list[float]:
+        """The element-wise max of ``values`` over the group's ranks (``values`` alone
+        without a group)."""
         group, world = self._world()
         if world == 1:
-            return arrival_s, duration_s, model_s
+            return list(values)
         if self.max_reduce is not None:
-            reduced = self.max_reduce([arrival_s, duration_s, model_s])
+            reduced = self.max_reduce(list(values))
             if reduced is not None:
-                return reduced[0], reduced[1], reduced[2]
+                return list(reduced)
         import torch
         import torch.distributed as dist
 
         device = torch.device("cpu")
         if dist.get_backend(group) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
-        both = torch.tensor([arrival_s, duration_s, model_s], dtype=torch.float64, device=device)
+        both = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
-        return float(both[0]), float(both[1]), float(both[2])
+        return both.tolist()
 
     # --- the hook around every collective ---------------------------------------------------
     def collective(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -258,30 +269,33 @@ class VirtualClock:
         top up with a sleep of ``max(0, modelled_s - wall_s)``; (5) one ``all_reduce(MAX)`` of
         (arrival, duration, modelled_s), duration = modelled_s + merge CPU with
         ``include_merge_cpu`` -> virtual time = max arrival + max duration, and
-        ``last_comm_model_s`` = max modelled_s. ``last_call_wall_s`` is the wall time of
-        steps 2-4 (the method's communication), ``last_sync_wall_s`` that of step 5 (this
-        clock's bookkeeping: on a real network a small all-reduce of its own, milliseconds).
+        ``last_comm_model_s`` = max modelled_s; the same all_reduce takes the max of the
+        ranks' wall-clock stamps of steps 2-4's start and end, and ``last_span_wall_s`` =
+        max end - max start. ``last_call_wall_s`` is this rank's wall time of steps 2-4
+        (the method's communication), ``last_sync_wall_s`` that of step 5 (this clock's
+        bookkeeping: on a real network a small all-reduce of its own, milliseconds).
         ``fn`` must return an object with ``.stats.steps`` (a ``CollectiveResult``).
         """
         compute_s = self._pending_compute_s()
         arrival_s = self._time_s + compute_s
-        wall_start = time.perf_counter()
+        wall_start, stamp_start = time.perf_counter(), time.time()
         sleep_s = 0.0
         if self.throttle:
             result, rank_model_s, sleep_s = throttled_call(self.network, fn, *args, **kwargs)
         else:
             result = fn(*args, **kwargs)
             rank_model_s = steps_model_s(self.network, fn, result)
-        call_end = time.perf_counter()
+        call_end, stamp_end = time.perf_counter(), time.time()
         merge_cpu_s = self._merge_charge_s(result.stats)
         duration_s = rank_model_s + (merge_cpu_s if self.include_merge_cpu else 0.0)
-        max_arrival_s, max_duration_s, max_model_s = self._max_over_ranks(arrival_s, duration_s,
-                                                                         rank_model_s)
+        max_arrival_s, max_duration_s, max_model_s, last_start, last_end = self._max_over_ranks(
+            [arrival_s, duration_s, rank_model_s, stamp_start, stamp_end])
         comm_wall_s = time.perf_counter() - wall_start
         # the method's collective alone; the all_reduce(MAX) above is this clock's own
         # bookkeeping, which a run without the platform would not make
         self.last_call_wall_s = call_end - wall_start
         self.last_sync_wall_s = comm_wall_s - self.last_call_wall_s
+        self.last_span_wall_s = max(0.0, last_end - last_start)
         self.last_comm_charge_s = max_duration_s
         self._record(compute_s, max_arrival_s - arrival_s, max_model_s, rank_model_s,
                      comm_wall_s, sleep_s, merge_cpu_s)

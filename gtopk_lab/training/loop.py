@@ -151,6 +151,7 @@ class _RealRank:
         if result is not None and self.has_group:  # the clock's own all_reduce is not the method's
             t["clock"] = min(clock.last_sync_wall_s, t["comm"])
             t["comm"] -= t["clock"]
+            t["comm_span"] = clock.last_span_wall_s
         t["comm_charge"] = clock.last_comm_charge_s if result is not None else 0.0
         if self.fixed_compute_s is not None:  # rows report what was charged, as simulated ones do
             t["compute"], t["selection"] = self.fixed_compute_s, charged_selection_s

@@ -89,6 +89,7 @@ def iter_row(config: RunConfig, rank: int, world: int, iteration: int, epoch: fl
         "method": config.method, "workers": world, "density": density, "k": k,
         "train_loss": loss, "lr": lr, "compute_s": t["compute"], "selection_s": t["selection"],
         "comm_s": t["comm"], "update_s": t["update"], "clock_s": t.get("clock", 0.0),
+        "comm_span_s": t.get("comm_span", t["comm"]),
         "comm_model_s": comm_model_s, "comm_charge_s": t.get("comm_charge", comm_model_s),
         "bytes_sent": int(getattr(stats, "bytes_sent", 0)), "bytes_recv": int(getattr(stats, "bytes_recv", 0)),
         "comm_rounds": rounds, "comm_wire_bytes": wire,
