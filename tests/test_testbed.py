@@ -11,9 +11,10 @@ What is checked against what:
   processes in 5 hosts shaped to 200 Mbit/s, with no ``GLOO_SOCKET_IFNAME`` anywhere, and
   its communication per iteration against the alpha-beta model whose constants
   ``gtopk-lab calibrate --scheduler`` measured on the same links (the oracles are the
-  ring-allreduce and the butterfly formulas priced with them, written out here; dense's
-  adds the ring's off-wire time, the same gloo allreduce timed on loopback before and after
-  the run; gTop-k's adds the merge CPU its virtual clock charged: alpha-beta-gamma).
+  ring-allreduce and the butterfly formulas priced with them, written out here, plus each
+  collective's off-wire time: the same gloo allreduce, or the same butterfly over TCP,
+  timed on loopback before and after the run; gTop-k's measured time is its span on the
+  ranks' common clock, ``comm_span_s``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch.distributed as dist
 from gtopk_lab import testbed as testbed_pkg
 from gtopk_lab.cli.main import main as cli_main
 from gtopk_lab.comm.launch import run_gloo
+from gtopk_lab.config import k_for
 from gtopk_lab.testbed import Testbed
 from gtopk_lab.testbed.links import namespace_pids
 from gtopk_lab.training.models import build_model
@@ -176,8 +178,11 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
 # --- a P = 4 run over 200 Mbit/s hosts ---------------------------------------------------
 P = 4
 RATE = "200mbit"
-RUN = ["--model", "cnn_wide", "--max-iterations", "20", "--epochs", "1", "--density", "0.01",
-       "--no-progress", "--json"]
+RUN = ["--model", "cnn_wide", "--epochs", "1", "--density", "0.01", "--no-progress", "--json"]
+#: iterations per run: gTop-k's milliseconds scatter more under load, and its lower quartile
+#: over 20 iterations read 39% below its model beside five busy loops and another test file,
+#: over 60 within 22% (2026-12-07, next to the check)
+ITERATIONS = {"dense": 20, "gtopk": 60}
 
 
 def _ring_allreduce_s(nbytes: int, workers: int, alpha_s: float, beta_s_per_byte: float) -> float:
@@ -209,23 +214,6 @@ def _steady_s(measured: pd.Series) -> float:
     return float(measured.iloc[1:].quantile(0.25))
 
 
-_SPIN = """import sys, time
-end = time.monotonic() + float(sys.argv[1]); wall0, cpu0 = time.monotonic(), time.thread_time(); x = 0
-while time.monotonic() < end:
-    for i in range(1000):
-        x += i
-print(min(1.0, (time.thread_time() - cpu0) / (time.monotonic() - wall0)))"""
-
-
-def _cores_for(ranks: int, seconds: float = 0.3) -> float:
-    """The cores ``ranks`` processes get when all of them compute at once, now: the sum of
-    their CPU shares spinning side by side (``gtopk_lab.comm.timing.available_cores`` without
-    a process group); min(ranks, cores) on an idle box, less beside other jobs."""
-    procs = [subprocess.Popen([PY, "-c", _SPIN, str(seconds)], stdout=subprocess.PIPE, text=True)
-             for _ in range(ranks)]
-    return float(sum(float(p.communicate(timeout=30)[0]) for p in procs))
-
-
 def _loopback_ring_rank(rank: int, world: int, numel: int, reps: int) -> list[float]:
     """One rank of :func:`_loopback_ring_s`: ``reps`` allreduces of ``numel`` fp32, each after
     a barrier, timed."""
@@ -250,11 +238,40 @@ def _loopback_ring_s(ranks: int, numel: int, reps: int = 40) -> float:
     return sorted(times)[len(times) // 4]
 
 
+def _loopback_gtopk_rank(rank: int, world: int, numel: int, k: int, reps: int) -> list[float]:
+    """One rank of :func:`_loopback_gtopk_s`: ``reps`` exact-k gTop-k butterflies of random
+    distinct indices over the ranks' own TCP links, timed as the runs' ``comm_span_s`` is
+    (``VirtualClock.last_span_wall_s``); the first call (the links' handshake) dropped."""
+    from gtopk_lab.comm.torch_dist import gtopk_allreduce
+    from gtopk_lab.network.clock import VirtualClock
+    from gtopk_lab.network.model import NetworkModel
+
+    os.environ["GTOPK_LAB_SHM"] = "0"  # the testbed's ranks are on different hosts: TCP
+    gen = torch.Generator().manual_seed(rank)
+    values = torch.randn(k, generator=gen)
+    indices = torch.randperm(numel, generator=gen)[:k].sort().values.to(torch.int32)
+    clock, spans = VirtualClock(NetworkModel.from_strings("none")), []
+    for _ in range(reps + 1):
+        clock.collective(gtopk_allreduce, values, indices, numel, k, exact_k=True)
+        spans.append(clock.last_span_wall_s)
+    return spans[1:]
+
+
+def _loopback_gtopk_s(ranks: int, numel: int, k: int, reps: int = 40) -> float:
+    """gTop-k's off-wire time on this box now: the same butterfly (``ranks`` processes,
+    exact k of ``numel``) over TCP on loopback, where its two rounds of 18.5 kB cost ~0.02
+    ms of wire, so what remains is its packing, merges and the scheduling of its dependent
+    rounds under the load of the moment; the lower quartile of the spans."""
+    spans = run_gloo(_loopback_gtopk_rank, ranks, numel, k, reps, timeout_s=120)[0]
+    return sorted(spans)[len(spans) // 4]
+
+
 @pytest.fixture(scope="module")
 def shaped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     folder = tmp_path_factory.mktemp("testbed-runs")
     out = folder / "out"
     results: dict[str, object] = {}
+    numel = sum(q.numel() for q in build_model("cnn_wide").parameters() if q.requires_grad)
     with Testbed(hosts=P + 1, rate=RATE, name="trun", worker_args=["--no-nanny"], folder=folder,
                  env=_env()) as tb:
         calibration = folder / "link.json"
@@ -263,24 +280,25 @@ def shaped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         assert cal.returncode == 0, cal.stderr[-3000:]
         results["calibration"] = json.loads(calibration.read_text())
         results["calibration_file"] = calibration
-        cores = [_cores_for(P)]
         for method in ("dense", "gtopk"):
-            if method == "dense":
-                numel = sum(q.numel() for q in build_model("cnn_wide").parameters() if q.requires_grad)
-                ring = [_loopback_ring_s(P, numel)]
+            # the off-wire time of the method's collective, on loopback right before and after
+            # its run: the load of the moment, which the run's four ranks share
+            probe = ((lambda: _loopback_ring_s(P, numel)) if method == "dense" else
+                     (lambda: _loopback_gtopk_s(P, numel, k_for(numel, 0.01))))
+            off_wire = [probe()]
             res = tb.run(0, [*CLI, "run", "--scheduler", tb.scheduler_address, "--method", method,
-                             "--workers", str(P), *RUN, "--bandwidth", str(calibration), "--out", str(out)],
+                             "--workers", str(P), *RUN, "--max-iterations", str(ITERATIONS[method]),
+                             "--bandwidth", str(calibration), "--out", str(out)],
                          timeout_s=240)
             assert res.returncode == 0, res.stderr[-3000:] + tb.logs()
             summary = json.loads(res.stdout.strip().splitlines()[-1])
             results[method] = (summary, out / summary["run_id"])
-            if method == "dense":
-                assert int(summary["numel"]) == numel
-                ring.append(_loopback_ring_s(P, numel))
-                results["loopback_ring_s"] = sum(ring) / len(ring)  # before and after the run
+            assert int(summary["numel"]) == numel and int(summary["k"]) == k_for(numel, 0.01)
+            off_wire.append(probe())
+            results[f"{method}_off_wire_s"] = sum(off_wire) / len(off_wire)
+            print(f"{method}: off-wire on loopback {off_wire[0] * 1e3:.2f} ms before the run, "
+                  f"{off_wire[1] * 1e3:.2f} ms after")
         results["interfaces"] = [(ln.ifname, ln.address) for ln in tb.links]
-        cores.append(_cores_for(P))
-        results["cores"] = sum(cores) / len(cores)  # before and after the runs
     return results
 
 
@@ -325,7 +343,7 @@ def test_calibration_of_a_testbed_link_gives_its_rate(shaped_runs) -> None:
     assert iters["comm_model_s"].median() == pytest.approx(predicted, rel=0.02)
 
 
-#: The two model checks below compare the run's measured communication per iteration (the
+#: The model checks below compare the run's measured communication per iteration (the
 #: method's collective alone: the virtual clock's own all_reduce is its clock_s) with the
 #: model priced on the link the fixture calibrated (a ping-pong over the transport the
 #: collective takes). Four ranks (and the kernel's work for four hosts' links) share this
@@ -338,10 +356,9 @@ def test_calibration_of_a_testbed_link_gives_its_rate(shaped_runs) -> None:
 #: ring on loopback right before and after the run (``_loopback_ring_s``): quiet, 60.2 +
 #: 3.9 ms predicted against 64.0-64.3 measured; beside two busy loops 61.6 + 4.8 against
 #: 67.4-68.8; beside five busy loops and two other test files 63.1 + 9.8 against 76.4.
-#: gTop-k's check (xfail: its milliseconds move with the cores) prices its merges
-#: with the cores four processes got: 3.1-3.9 ms against a charge of 3.1-3.6 ms quiet, 4.6
-#: against 4.0 beside two busy loops. Before the TCP links and with the clock's all_reduce
-#: booked as communication, gTop-k read 7.9-11.5 ms against 1.8-1.9 ms modelled.
+#: gTop-k's are built the same way, on its span (``_gtopk_against_model``; its figures are in
+#: docs/network.md). Before the TCP links and with the clock's all_reduce booked as
+#: communication, gTop-k read 7.9-11.5 ms against 1.8-1.9 ms modelled.
 
 
 @pytest.mark.timeout(400)
@@ -354,11 +371,12 @@ def test_dense_communication_is_within_25_percent_of_the_calibrated_model(shaped
     summary, run_dir = shaped_runs["dense"]
     measured, iters = _comm_per_iteration_s(run_dir)
     wire = _ring_allreduce_s(4 * int(summary["numel"]), P, cal["latency_s"], 8.0 / cal["bandwidth_bps"])
-    off_wire = shaped_runs["loopback_ring_s"]
+    off_wire = shaped_runs["dense_off_wire_s"]
     predicted = wire + off_wire
     steady = _steady_s(measured)
     print(f"dense on the testbed: {steady * 1e3:.1f} ms measured, {predicted * 1e3:.1f} ms modelled "
-          f"({wire * 1e3:.1f} alpha-beta + {off_wire * 1e3:.1f} off-wire)")
+          f"({wire * 1e3:.1f} alpha-beta + {off_wire * 1e3:.1f} off-wire); span "
+          f"{_steady_s(_span_per_iteration_s(run_dir)) * 1e3:.1f} ms")
     assert abs(steady - predicted) <= 0.25 * predicted, (steady, wire, off_wire, measured.tolist())
     # the clock's bookkeeping all_reduce is its own column, not communication
     assert (iters["clock_s"] > 0).all() and (iters["comm_s"] > 0).all()
@@ -382,32 +400,58 @@ def test_gtopk_sends_50x_fewer_bytes_and_communicates_less_than_dense(shaped_run
     assert g_comm.mean() < d_comm.mean(), (g_comm.tolist(), d_comm.tolist())
 
 
-@pytest.mark.timeout(400)
-@pytest.mark.xfail(strict=False, reason=(
-    "milliseconds on a shared 2-core box: the CI of 2026-12-06 read 5.2 ms against 3.4 ms "
-    "predicted (the suite's other process loaded the cores during the run, which the cores "
-    "sampled before and after it do not see); quiet here 3.1-3.9 ms against 3.1-3.6 ms"))
-def test_gtopk_communication_is_within_25_percent_of_the_calibrated_model(shaped_runs) -> None:
-    """The model of this testbed: the butterfly's rounds priced on the calibrated link
-    (checked against the clock's alpha-beta part here) plus the merge CPU the virtual clock
-    charged each call (alpha-beta-gamma: comm_charge_s - comm_model_s), stretched by
-    max(1, P / cores) because the four hosts' ranks share this box's cores and merge at once
-    (the off-wire CPU term of gtopk_lab.network.tcp_fit; the virtual clock itself prices one
-    core per rank, a real cluster); cores: what four processes computing at once got, before
-    and after the runs (2 on this idle box, ~1.3 beside two busy loops)."""
+def _span_per_iteration_s(run_dir: Path) -> pd.Series:
+    """Per iteration, the collective on the ranks' shared clock (``comm_span_s``: the last
+    arrival to the last completion; every rank holds the same value)."""
+    rows = pd.read_parquet(run_dir / "metrics.parquet")
+    iters = rows[rows["kind"] == "iter"]
+    return iters.groupby("iteration")["comm_span_s"].max()
+
+
+def _gtopk_against_model(shaped_runs) -> tuple[float, float, float, pd.Series]:
+    """gTop-k's (measured, alpha-beta wire, off-wire) on the testbed, and the spans.
+
+    Measured: the lower quartile of the iterations' ``comm_span_s``. A butterfly's last rank
+    to arrive finds its partners' messages already sent and may finish before they take its
+    own, so its ``comm_s`` (dense's statistic) read 1.1-2.1 ms against 1.95-2.0 ms of wire;
+    the span from the last arrival to the last completion holds both rounds. Model: the
+    butterfly's log2(P) exact-k rounds priced on the calibrated link (checked against the
+    clock's alpha-beta part here) plus its off-wire time on this box now (the same butterfly
+    over TCP on loopback, before and after the run), as dense's check."""
     cal = shaped_runs["calibration"]
     summary, run_dir = shaped_runs["gtopk"]
-    measured, iters = _comm_per_iteration_s(run_dir)
+    _, iters = _comm_per_iteration_s(run_dir)
     assert summary["algorithm"] == "butterfly"
     wire = _butterfly_s(int(summary["k"]), P, cal["latency_s"], 8.0 / cal["bandwidth_bps"])
-    per_iteration = iters.groupby("iteration")[["comm_model_s", "comm_charge_s"]].median().iloc[1:]
-    assert per_iteration["comm_model_s"].median() == pytest.approx(wire, rel=0.02)
-    gamma = (per_iteration["comm_charge_s"] - per_iteration["comm_model_s"]).median()
-    assert gamma > 0, gamma  # the merges are charged
-    predicted = wire + gamma * max(1.0, P / shaped_runs["cores"])
-    steady = _steady_s(measured)
-    print(f"gTop-k on the testbed: {steady * 1e3:.2f} ms measured, {predicted * 1e3:.2f} ms modelled")
-    assert abs(steady - predicted) <= 0.25 * predicted, (steady, predicted, measured.tolist())
+    assert iters.groupby("iteration")["comm_model_s"].median().iloc[1:].median() == pytest.approx(wire, rel=0.02)
+    span = _span_per_iteration_s(run_dir)
+    steady = _steady_s(span)
+    off_wire = shaped_runs["gtopk_off_wire_s"]
+    print(f"gTop-k on the testbed: {steady * 1e3:.2f} ms measured, {(wire + off_wire) * 1e3:.2f} ms "
+          f"modelled ({wire * 1e3:.2f} alpha-beta + {off_wire * 1e3:.2f} off-wire)")
+    return steady, wire, off_wire, span
+
+
+@pytest.mark.timeout(400)
+def test_gtopk_communication_holds_its_wire_time_and_stays_below_wire_plus_off_wire(shaped_runs) -> None:
+    """The bracket the model's two terms make: no less than the wire (both rounds crossed the
+    shaped links: the old last-rank statistic read less), no more than the wire and the
+    off-wire time one after the other (+25%): the ranks' CPU overlaps the links' time, by
+    how much depends on the load (2026-12-07, 60 iterations: 18% below the sum to 2% above
+    it quiet, 22% below to 2% above beside two to five busy loops)."""
+    steady, wire, off_wire, span = _gtopk_against_model(shaped_runs)
+    assert wire <= steady <= 1.25 * (wire + off_wire), (steady, wire, off_wire, span.tolist())
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.xfail(strict=False, reason=(
+    "milliseconds on a shared 2-core box: within 25% in the 7 testbed runs of 60 iterations on "
+    "2026-12-07 (quiet -18% to +2%, beside two to five busy loops -22% to +2%), but the ranks' CPU "
+    "overlapping the wire is not modelled, and a suite's load is not shown yet"))
+def test_gtopk_communication_is_within_25_percent_of_the_calibrated_model(shaped_runs) -> None:
+    steady, wire, off_wire, span = _gtopk_against_model(shaped_runs)
+    predicted = wire + off_wire
+    assert abs(steady - predicted) <= 0.25 * predicted, (steady, wire, off_wire, span.tolist())
 
 
 # --- the TCP terms fitted on a testbed link (issue 28 items 3-4) ----------------------------
