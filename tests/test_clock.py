@@ -167,10 +167,10 @@ def test_span_runs_from_the_last_arrival_to_the_last_completion_on_every_rank() 
     early, late = run_gloo(_late_rank, 2, numel, k, late_s, timeout_s=60)
     model = 1e-3 + (8 + 8 * k) * 8 / 100e6  # one paced butterfly round: 13.8 ms
     assert early["model"] == late["model"] == pytest.approx(model)
-    assert early["call"] >= late_s * 0.9
+    # margins for a loaded box, which can hold a rank back for tens of milliseconds
+    assert early["call"] >= 0.6 * late_s, early
     assert early["span"] == late["span"]
-    # >= the paced round; far below the wait (a loaded box delays a round by tens of ms)
-    assert model * 0.99 <= early["span"] < late_s / 2, early
+    assert model * 0.99 <= early["span"] < 0.4 * late_s, early
 
 
 def _iterations(clock: VirtualClock, rank: int, numel: int, k: int, iters: int,
