@@ -124,13 +124,17 @@ def test_rejects_bad_arguments_and_results() -> None:
 
 
 # --- real gloo ranks ------------------------------------------------------------------------------
-def _throttled_rank(rank: int, world: int, numel: int, k: int) -> tuple[float, float, float]:
+def _throttled_rank(rank: int, world: int, numel: int, k: int, late_s: float = 0.0) -> dict[str, float]:
+    """One paced gTop-k call through a throttled clock; the last rank starts ``late_s`` late."""
     clock = VirtualClock(NetworkModel.from_strings("100Mbps", "1ms"), throttle=True)
     vals, idx = _sparse(rank, numel, k)
+    if rank == world - 1:
+        time.sleep(late_s)
     t0 = time.perf_counter()
     clock.collective(gtopk_allreduce, vals, idx, numel, k)
-    wall = time.perf_counter() - t0
-    return wall, clock.last_comm_model_s, clock.last_comm_wall_s
+    return {"wall": time.perf_counter() - t0, "model": clock.last_comm_model_s,
+            "comm_wall": clock.last_comm_wall_s, "call": clock.last_call_wall_s,
+            "span": clock.last_span_wall_s}
 
 
 @pytest.mark.slow
@@ -139,20 +143,11 @@ def test_throttled_collective_lasts_at_least_its_model() -> None:
     from gtopk_lab.comm.launch import run_gloo
 
     numel, k = 200_000, 20_000  # one butterfly round of 160 kB: 1 ms + 12.8 ms at 100 Mbps
-    for wall, model, comm_wall in run_gloo(_throttled_rank, 2, numel, k, timeout_s=60):
+    for r in run_gloo(_throttled_rank, 2, numel, k, timeout_s=60):
+        wall, model, comm_wall = r["wall"], r["model"], r["comm_wall"]
         assert model == pytest.approx(1e-3 + (8 + 8 * k) * 8 / 100e6)
         assert wall >= model and comm_wall >= model
         assert wall < model + 10.0  # generous: the box is shared
-
-
-def _late_rank(rank: int, world: int, numel: int, k: int, late_s: float) -> dict[str, float]:
-    clock = VirtualClock(NetworkModel.from_strings("100Mbps", "1ms"), throttle=True)
-    vals, idx = _sparse(rank, numel, k)
-    if rank == world - 1:
-        time.sleep(late_s)
-    clock.collective(gtopk_allreduce, vals, idx, numel, k)
-    return {"call": clock.last_call_wall_s, "span": clock.last_span_wall_s,
-            "model": clock.last_comm_model_s}
 
 
 @pytest.mark.timeout(120)
@@ -164,7 +159,7 @@ def test_span_runs_from_the_last_arrival_to_the_last_completion_on_every_rank() 
     from gtopk_lab.comm.launch import run_gloo
 
     numel, k, late_s = 200_000, 20_000, 1.0
-    early, late = run_gloo(_late_rank, 2, numel, k, late_s, timeout_s=60)
+    early, late = run_gloo(_throttled_rank, 2, numel, k, late_s, timeout_s=60)
     model = 1e-3 + (8 + 8 * k) * 8 / 100e6  # one paced butterfly round: 13.8 ms
     assert early["model"] == late["model"] == pytest.approx(model)
     # margins for a loaded box, which can hold a rank back for tens of milliseconds

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -178,7 +179,8 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
 # --- a P = 4 run over 200 Mbit/s hosts ---------------------------------------------------
 P = 4
 RATE = "200mbit"
-RUN = ["--model", "cnn_wide", "--epochs", "1", "--density", "0.01", "--no-progress", "--json"]
+DENSITY = 0.01
+RUN = ["--model", "cnn_wide", "--epochs", "1", "--density", str(DENSITY), "--no-progress", "--json"]
 #: iterations per run: gTop-k's milliseconds scatter more under load, and its lower quartile
 #: over 20 iterations read 39% below its model beside five busy loops and another test file,
 #: over 60 within 22% (2026-12-07, next to the check)
@@ -195,6 +197,12 @@ def _butterfly_s(k: int, workers: int, alpha_s: float, beta_s_per_byte: float) -
     """log2(P) exchanges of exactly k (fp32 value, int32 index) pairs, no count (exact-k
     gTop-k's butterfly, P a power of two): the alpha-beta oracle for gTop-k."""
     return (workers.bit_length() - 1) * (alpha_s + beta_s_per_byte * 8 * k)
+
+
+def _span_per_iteration_s(iters: pd.DataFrame) -> pd.Series:
+    """Per iteration, the collective on the ranks' shared clock (``comm_span_s``: the last
+    arrival to the last completion; every rank holds the same value)."""
+    return iters.groupby("iteration")["comm_span_s"].max()
 
 
 def _comm_per_iteration_s(run_dir: Path) -> tuple[pd.Series, pd.DataFrame]:
@@ -215,8 +223,13 @@ def _steady_s(measured: pd.Series) -> float:
 
 
 def _loopback_ring_rank(rank: int, world: int, numel: int, reps: int) -> list[float]:
-    """One rank of :func:`_loopback_ring_s`: ``reps`` allreduces of ``numel`` fp32, each after
-    a barrier, timed."""
+    """The ring allreduce's off-wire time on this box now: ``reps`` calls of the same
+    allreduce (``numel`` fp32), each after a barrier, over loopback, where the wire costs ~0
+    (1.4 MB at several GB/s: ~0.3 ms), so what remains is its CPU and the scheduling of its
+    2(P-1) dependent steps under the load of the moment. Measured 2026-12-06 (AMD EPYC, 2
+    cores), 232k elements, P = 4, before / after: 3.3 / 4.4 ms quiet, 5.6 / 4.0 ms beside
+    two busy loops; the testbed's dense runs between them read 3.8-4.1 and 5.8-7.2 ms above
+    their alpha-beta model."""
     x, times = torch.ones(numel), []
     for _ in range(reps):
         dist.barrier()
@@ -226,22 +239,12 @@ def _loopback_ring_rank(rank: int, world: int, numel: int, reps: int) -> list[fl
     return times
 
 
-def _loopback_ring_s(ranks: int, numel: int, reps: int = 40) -> float:
-    """The ring allreduce's off-wire time on this box now: the same call (``ranks`` gloo
-    processes, ``numel`` fp32) over loopback (``run_gloo``), where the wire costs ~0 (1.4 MB
-    at several GB/s: ~0.3 ms), so what remains is its CPU and the scheduling of its 2(P-1)
-    dependent steps under the load of the moment; rank 0's lower quartile. Measured
-    2026-12-06 (AMD EPYC, 2 cores), 232k elements, P = 4, before / after: 3.3 / 4.4 ms
-    quiet, 5.6 / 4.0 ms beside two busy loops; the testbed's dense runs between them read
-    3.8-4.1 and 5.8-7.2 ms above their alpha-beta model."""
-    times = run_gloo(_loopback_ring_rank, ranks, numel, reps, timeout_s=120)[0]
-    return sorted(times)[len(times) // 4]
-
-
 def _loopback_gtopk_rank(rank: int, world: int, numel: int, k: int, reps: int) -> list[float]:
-    """One rank of :func:`_loopback_gtopk_s`: ``reps`` exact-k gTop-k butterflies of random
-    distinct indices over the ranks' own TCP links, timed as the runs' ``comm_span_s`` is
-    (``VirtualClock.last_span_wall_s``); the first call (the links' handshake) dropped."""
+    """gTop-k's off-wire time on this box now: ``reps`` exact-k butterflies (random distinct
+    indices) over the ranks' own TCP links on loopback, where the two rounds of 18.5 kB cost
+    ~0.02 ms of wire, so what remains is the packing, merges and the scheduling of the
+    dependent rounds under the load of the moment; timed as the runs' ``comm_span_s`` is
+    (``VirtualClock.last_span_wall_s``), the first call (the links' handshake) dropped."""
     from gtopk_lab.comm.torch_dist import gtopk_allreduce
     from gtopk_lab.network.clock import VirtualClock
     from gtopk_lab.network.model import NetworkModel
@@ -257,13 +260,10 @@ def _loopback_gtopk_rank(rank: int, world: int, numel: int, k: int, reps: int) -
     return spans[1:]
 
 
-def _loopback_gtopk_s(ranks: int, numel: int, k: int, reps: int = 40) -> float:
-    """gTop-k's off-wire time on this box now: the same butterfly (``ranks`` processes,
-    exact k of ``numel``) over TCP on loopback, where its two rounds of 18.5 kB cost ~0.02
-    ms of wire, so what remains is its packing, merges and the scheduling of its dependent
-    rounds under the load of the moment; the lower quartile of the spans."""
-    spans = run_gloo(_loopback_gtopk_rank, ranks, numel, k, reps, timeout_s=120)[0]
-    return sorted(spans)[len(spans) // 4]
+def _loopback_s(rank_fn: Callable[..., list[float]], *args: int) -> float:
+    """Rank 0's lower quartile of ``rank_fn``'s times on P gloo processes (``run_gloo``)."""
+    times = run_gloo(rank_fn, P, *args, timeout_s=120)[0]
+    return sorted(times)[len(times) // 4]
 
 
 @pytest.fixture(scope="module")
@@ -283,8 +283,8 @@ def shaped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         for method in ("dense", "gtopk"):
             # the off-wire time of the method's collective, on loopback right before and after
             # its run: the load of the moment, which the run's four ranks share
-            probe = ((lambda: _loopback_ring_s(P, numel)) if method == "dense" else
-                     (lambda: _loopback_gtopk_s(P, numel, k_for(numel, 0.01))))
+            probe = ((lambda: _loopback_s(_loopback_ring_rank, numel, 40)) if method == "dense" else
+                     (lambda: _loopback_s(_loopback_gtopk_rank, numel, k_for(numel, DENSITY), 40)))
             off_wire = [probe()]
             res = tb.run(0, [*CLI, "run", "--scheduler", tb.scheduler_address, "--method", method,
                              "--workers", str(P), *RUN, "--max-iterations", str(ITERATIONS[method]),
@@ -293,7 +293,7 @@ def shaped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
             assert res.returncode == 0, res.stderr[-3000:] + tb.logs()
             summary = json.loads(res.stdout.strip().splitlines()[-1])
             results[method] = (summary, out / summary["run_id"])
-            assert int(summary["numel"]) == numel and int(summary["k"]) == k_for(numel, 0.01)
+            assert int(summary["numel"]) == numel and int(summary["k"]) == k_for(numel, DENSITY)
             off_wire.append(probe())
             results[f"{method}_off_wire_s"] = sum(off_wire) / len(off_wire)
             print(f"{method}: off-wire on loopback {off_wire[0] * 1e3:.2f} ms before the run, "
@@ -353,7 +353,7 @@ def test_calibration_of_a_testbed_link_gives_its_rate(shaped_runs) -> None:
 #: its off-wire time grows with the load of the moment: the lower quartile read 5.6-16%
 #: above alpha-beta in the suites of 2026-12-06 and 32% (82.5 against 62.5 ms) with two busy
 #: loops beside a suite. The oracle therefore adds that off-wire time, measured as the same
-#: ring on loopback right before and after the run (``_loopback_ring_s``): quiet, 60.2 +
+#: ring on loopback right before and after the run (``_loopback_ring_rank``): quiet, 60.2 +
 #: 3.9 ms predicted against 64.0-64.3 measured; beside two busy loops 61.6 + 4.8 against
 #: 67.4-68.8; beside five busy loops and two other test files 63.1 + 9.8 against 76.4.
 #: gTop-k's are built the same way, on its span (``_gtopk_against_model``; its figures are in
@@ -376,7 +376,7 @@ def test_dense_communication_is_within_25_percent_of_the_calibrated_model(shaped
     steady = _steady_s(measured)
     print(f"dense on the testbed: {steady * 1e3:.1f} ms measured, {predicted * 1e3:.1f} ms modelled "
           f"({wire * 1e3:.1f} alpha-beta + {off_wire * 1e3:.1f} off-wire); span "
-          f"{_steady_s(_span_per_iteration_s(run_dir)) * 1e3:.1f} ms")
+          f"{_steady_s(_span_per_iteration_s(iters)) * 1e3:.1f} ms")
     assert abs(steady - predicted) <= 0.25 * predicted, (steady, wire, off_wire, measured.tolist())
     # the clock's bookkeeping all_reduce is its own column, not communication
     assert (iters["clock_s"] > 0).all() and (iters["comm_s"] > 0).all()
@@ -400,14 +400,6 @@ def test_gtopk_sends_50x_fewer_bytes_and_communicates_less_than_dense(shaped_run
     assert g_comm.mean() < d_comm.mean(), (g_comm.tolist(), d_comm.tolist())
 
 
-def _span_per_iteration_s(run_dir: Path) -> pd.Series:
-    """Per iteration, the collective on the ranks' shared clock (``comm_span_s``: the last
-    arrival to the last completion; every rank holds the same value)."""
-    rows = pd.read_parquet(run_dir / "metrics.parquet")
-    iters = rows[rows["kind"] == "iter"]
-    return iters.groupby("iteration")["comm_span_s"].max()
-
-
 def _gtopk_against_model(shaped_runs) -> tuple[float, float, float, pd.Series]:
     """gTop-k's (measured, alpha-beta wire, off-wire) on the testbed, and the spans.
 
@@ -424,7 +416,7 @@ def _gtopk_against_model(shaped_runs) -> tuple[float, float, float, pd.Series]:
     assert summary["algorithm"] == "butterfly"
     wire = _butterfly_s(int(summary["k"]), P, cal["latency_s"], 8.0 / cal["bandwidth_bps"])
     assert iters.groupby("iteration")["comm_model_s"].median().iloc[1:].median() == pytest.approx(wire, rel=0.02)
-    span = _span_per_iteration_s(run_dir)
+    span = _span_per_iteration_s(iters)
     steady = _steady_s(span)
     off_wire = shaped_runs["gtopk_off_wire_s"]
     print(f"gTop-k on the testbed: {steady * 1e3:.2f} ms measured, {(wire + off_wire) * 1e3:.2f} ms "
