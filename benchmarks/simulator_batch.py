@@ -1,6 +1,6 @@
 """The simulator's cost per virtual rank, sequential vs batched ranks, side by side in one run.
 
-    python benchmarks/simulator_batch.py --workers 1,8,64,256 --iterations 20
+    python benchmarks/simulator_batch.py --workers 1,8,64,256 --iterations 20 --rounds 3
 
 For each P: the same simulated run (``gtopk-lab run --simulate`` defaults of issue 29: gTop-k,
 density 0.01, the MNIST-1D CNN, 16 samples per rank) with ``simulator.batched`` off and on.
@@ -10,7 +10,14 @@ the last one (rank 0's cumulative ``wall_time_s``), so the first iteration's one
 rank / one P = 1 iteration of the sequential path (issue 29's target: <= 0.15 at P = 64, batched). One
 torch thread, as a rank has. Prints the CPU model, the load average and the commit.
 
-On a shared machine wall time follows the other jobs' load; the last two columns give the same
+The VM this runs on changes speed by 20-40% within minutes, and a P = 1 iteration is ~2 ms,
+so a ratio whose two terms are timed minutes apart, or whose baseline is 20 iterations (40 ms)
+long, moves as much as the code does (0.13-0.20 for one commit, 2026-12-07). So the runs go in
+rounds: each round times its own P = 1 baseline (``--base-iterations``, default 200: about half
+a second) right before its P runs, every ratio is taken within its round, and the table gives
+each column's median over the rounds and the batched ratio's range.
+
+On a shared machine wall time follows the other jobs' load; the CPU columns give the same
 ratio in CPU seconds of this process (``time.process_time`` stamped once per iteration by the
 row sink), which the load changes far less.
 """
@@ -67,10 +74,19 @@ def iteration_s(workers: int, batched: str, args: argparse.Namespace) -> tuple[f
             (cpu[-1] - cpu[0]) / (len(cpu) - 1))
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="1,8,64,256", help="P values, e.g. 1,8,64,256")
     parser.add_argument("--iterations", type=int, default=20, help="timed iterations per run (after one warm-up)")
+    parser.add_argument("--base-iterations", type=int, default=200,
+                        help="timed iterations of each round's P = 1 sequential baseline")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, each with its own P = 1 baseline")
     parser.add_argument("--method", default="gtopk")
     parser.add_argument("--density", type=float, default=0.01)
     parser.add_argument("--model", default="cnn")
@@ -82,33 +98,40 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f"--workers={args.workers!r} is invalid: expected integers, e.g. 1,8,64", file=sys.stderr)
         return 2
-    if args.iterations < 1 or any(w < 1 for w in workers):
-        print("--iterations and --workers must be >= 1", file=sys.stderr)
+    if min(args.iterations, args.base_iterations, args.rounds) < 1 or any(w < 1 for w in workers):
+        print("--iterations, --base-iterations, --rounds and --workers must be >= 1", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
     print(f"# {cpu_model()}, commit {commit()}, load average {os.getloadavg()[0]:.2f} at start")
     print(f"# {args.method}, density {args.density}, {args.model} on {args.dataset}, batch {args.batch_size}, "
-          f"{args.iterations} timed iterations")
-    one: dict[str, float] = {}
-    one_cpu = 0.0
+          f"{args.iterations} timed iterations ({args.base_iterations} for each round's P = 1 baseline), "
+          f"{args.rounds} rounds; each column: the median over the rounds")
+    base_args = argparse.Namespace(**{**vars(args), "iterations": args.base_iterations})
+    # per P, per round: (seq wall, batched wall, baseline wall, seq CPU, batched CPU, baseline CPU)
+    rounds: dict[int, list[tuple[float, ...]]] = {p: [] for p in workers}
+    for r in range(args.rounds):
+        base_wall, base_cpu = iteration_s(1, "off", base_args)
+        print(f"# round {r + 1}: P = 1 sequential baseline {base_wall * 1e3:.3f} ms "
+              f"(CPU {base_cpu * 1e3:.3f}), load {os.getloadavg()[0]:.2f}", flush=True)
+        for p in workers:
+            off, on = iteration_s(p, "off", args), iteration_s(p, "on", args)
+            rounds[p].append((off[0], on[0], base_wall, off[1], on[1], base_cpu))
     print("| P | sequential ms/iter | batched ms/iter | sequential ms/rank | batched ms/rank "
-          "| sequential ratio | batched ratio | speed-up | sequential CPU ms/iter | batched CPU ms/iter "
-          "| batched CPU ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for p in sorted(set(workers) | {1}):
-        measured = {mode: iteration_s(p, mode, args) for mode in ("off", "on")}
-        times = {m: t[0] for m, t in measured.items()}
-        if p == 1:
-            one, one_cpu = dict(times), measured["off"][1]
-        if p not in workers:
-            continue
-        per_rank = {m: t / p for m, t in times.items()}
-        cpu_off, cpu_on = measured["off"][1], measured["on"][1]
-        print(f"| {p} | {times['off'] * 1e3:.2f} | {times['on'] * 1e3:.2f} | {per_rank['off'] * 1e3:.3f} "
-              f"| {per_rank['on'] * 1e3:.3f} | {per_rank['off'] / one['off']:.3f} | {per_rank['on'] / one['off']:.3f} "
-              f"| {times['off'] / times['on']:.2f}x | {cpu_off * 1e3:.2f} | {cpu_on * 1e3:.2f} | {cpu_on / p / one_cpu:.3f} |", flush=True)
-    print(f"# ratio: per-rank cost / one sequential P = 1 iteration (CPU ratio: in CPU seconds); "
-          f"load average {os.getloadavg()[0]:.2f} at end")
+          "| sequential ratio | batched ratio | batched ratio range | speed-up | sequential CPU ms/iter "
+          "| batched CPU ms/iter | batched CPU ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for p in workers:
+        rows = rounds[p]
+        med = [_median([row[i] for row in rows]) for i in range(6)]
+        ratio_on = [on / p / base for _, on, base, *_ in rows]
+        ratio_off = [off / p / base for off, _, base, *_ in rows]
+        cpu_ratio = [on_cpu / p / base_cpu for *_, on_cpu, base_cpu in rows]
+        print(f"| {p} | {med[0] * 1e3:.2f} | {med[1] * 1e3:.2f} | {med[0] / p * 1e3:.3f} | {med[1] / p * 1e3:.3f} "
+              f"| {_median(ratio_off):.3f} | {_median(ratio_on):.3f} | {min(ratio_on):.3f}-{max(ratio_on):.3f} "
+              f"| {_median([off / on for off, on, *_ in rows]):.2f}x | {med[3] * 1e3:.2f} | {med[4] * 1e3:.2f} "
+              f"| {_median(cpu_ratio):.3f} |", flush=True)
+    print(f"# ratio: per-rank cost / one sequential P = 1 iteration of the same round (CPU ratio: in CPU "
+          f"seconds); load average {os.getloadavg()[0]:.2f} at end")
     return 0
 
 
