@@ -38,7 +38,10 @@ Timing, two protocols, the same for both sides (ours with ``exact_k=True`` as tr
 - **back to back** (the headline, as the reference is used: its training loop calls it once
   an iteration straight after the selection, and its own ``benchmark_gtopk_sparse_allreduce``
   times 10 calls in a row after one warm call): after ``--warmup`` calls, one common start,
-  then ``--repeats`` calls in a row; per rank (end - start) / repeats, the slowest rank's;
+  then ``--repeats`` calls in a row; per rank (end - start) / repeats, the slowest rank's.
+  200 calls after 20 warm ones by default: at 1M a call is 0.1-0.5 ms, and 20 calls (the
+  earlier default) were a 2-4 ms window in which one preemption on the 2-core VM moved the
+  reference's P = 2 figure from 0.25 to 0.45-0.53 ms (benchmarks/RESULTS.md, 2026-12-07);
 - **from a common start** (the earlier figures): every call starts at an instant all ranks
   agreed on (a MAX allreduce of ``monotonic() + 30 ms``, a sleep, then a 0.5 ms spin), per
   call the slowest rank's time, median over ``--repeats`` calls after ``--warmup``; each
@@ -383,8 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--numel", default="1M,25M", help="buffer sizes (default 1M,25M)")
     parser.add_argument("--density", type=float, default=0.001, help="k = density * numel (default 0.001)")
     parser.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls per case (default 20)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    parser.add_argument("--repeats", type=int, default=200, help="timed calls per case (default 200)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed calls first (default 20)")
     parser.add_argument("--mpi-python", default=sys.executable,
                         help="interpreter with mpi4py + numpy for the reference ranks (default: this one)")
     parser.add_argument("--rounds", type=int, default=1,
