@@ -82,8 +82,8 @@ def test_up_and_down_leave_nothing_behind(tmp_path: Path) -> None:
             sent = tb.run(link.index, ["tc", "qdisc", "show", "dev", link.ifname]).stdout
             recv = subprocess.run(["ip", "netns", "exec", "gtopk-tup-sw", "tc", "qdisc", "show", "dev",
                                    link.port], capture_output=True, text=True).stdout
-            assert f"tbf 1: root" in sent and f"rate {rate}" in sent, sent
-            assert f"tbf 1: root" in recv and f"rate {rate}" in recv, recv
+            assert "tbf 1: root" in sent and f"rate {rate}" in sent, sent
+            assert "tbf 1: root" in recv and f"rate {rate}" in recv, recv
         # host 1 reaches the scheduler in host 0; the host's own namespace cannot reach the subnet
         connect = "import socket; socket.create_connection(('10.77.0.1', 8786), 2)"
         reach = tb.run(1, [PY, "-c", connect])
