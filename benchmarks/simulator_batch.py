@@ -30,6 +30,7 @@ import platform
 import subprocess
 import sys
 import time
+from statistics import median
 
 import torch
 
@@ -74,12 +75,6 @@ def iteration_s(workers: int, batched: str, args: argparse.Namespace) -> tuple[f
             (cpu[-1] - cpu[0]) / (len(cpu) - 1))
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="1,8,64,256", help="P values, e.g. 1,8,64,256")
@@ -122,14 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in workers:
         rows = rounds[p]
-        med = [_median([row[i] for row in rows]) for i in range(6)]
+        med = [median([row[i] for row in rows]) for i in range(6)]
         ratio_on = [on / p / base for _, on, base, *_ in rows]
         ratio_off = [off / p / base for off, _, base, *_ in rows]
         cpu_ratio = [on_cpu / p / base_cpu for *_, on_cpu, base_cpu in rows]
         print(f"| {p} | {med[0] * 1e3:.2f} | {med[1] * 1e3:.2f} | {med[0] / p * 1e3:.3f} | {med[1] / p * 1e3:.3f} "
-              f"| {_median(ratio_off):.3f} | {_median(ratio_on):.3f} | {min(ratio_on):.3f}-{max(ratio_on):.3f} "
-              f"| {_median([off / on for off, on, *_ in rows]):.2f}x | {med[3] * 1e3:.2f} | {med[4] * 1e3:.2f} "
-              f"| {_median(cpu_ratio):.3f} |", flush=True)
+              f"| {median(ratio_off):.3f} | {median(ratio_on):.3f} | {min(ratio_on):.3f}-{max(ratio_on):.3f} "
+              f"| {median([off / on for off, on, *_ in rows]):.2f}x | {med[3] * 1e3:.2f} | {med[4] * 1e3:.2f} "
+              f"| {median(cpu_ratio):.3f} |", flush=True)
     print(f"# ratio: per-rank cost / one sequential P = 1 iteration of the same round (CPU ratio: in CPU "
           f"seconds); load average {os.getloadavg()[0]:.2f} at end")
     return 0
