@@ -277,19 +277,30 @@ def _loopback_s(rank_fn: Callable[..., list[float]], *args: int) -> float:
 ATTEMPTS = 3
 
 
-def _model_check(method: str, summary: dict, run_dir: Path, cal: dict, off_wire_s: float
-                 ) -> tuple[bool, float, float]:
-    """(holds, measured, wire) of one run: dense within 25% of wire + off-wire (its test),
-    gTop-k inside its bracket, wire <= measured <= 1.25 (wire + off-wire) (its strict test)."""
+def _measured_and_wire(method: str, summary: dict, run_dir: Path, cal: dict
+                       ) -> tuple[float, float, pd.Series, pd.DataFrame]:
+    """(measured, alpha-beta wire, per-iteration series, iteration rows) of one run: dense's
+    last-arriving rank's ``comm_s`` against gloo's ring, gTop-k's ``comm_span_s`` against the
+    exact-k butterfly, both priced on the calibrated link; measured = the series' steady value."""
     beta = 8.0 / cal["bandwidth_bps"]
     measured, iters = _comm_per_iteration_s(run_dir)
     if method == "dense":
         wire = _ring_allreduce_s(4 * int(summary["numel"]), P, cal["latency_s"], beta)
-        steady = _steady_s(measured)
-        return abs(steady - (wire + off_wire_s)) <= 0.25 * (wire + off_wire_s), steady, wire
-    wire = _butterfly_s(int(summary["k"]), P, cal["latency_s"], beta)
-    steady = _steady_s(_span_per_iteration_s(iters))
-    return wire <= steady <= 1.25 * (wire + off_wire_s), steady, wire
+    else:
+        wire = _butterfly_s(int(summary["k"]), P, cal["latency_s"], beta)
+        measured = _span_per_iteration_s(iters)
+    return _steady_s(measured), wire, measured, iters
+
+
+def _model_check(method: str, summary: dict, run_dir: Path, cal: dict, off_wire_s: float
+                 ) -> tuple[bool, float, float]:
+    """(holds, measured, wire) of one run: dense within 25% of wire + off-wire (its test),
+    gTop-k inside its bracket, wire <= measured <= 1.25 (wire + off-wire) (its strict test)."""
+    steady, wire, _, _ = _measured_and_wire(method, summary, run_dir, cal)
+    predicted = wire + off_wire_s
+    if method == "dense":
+        return abs(steady - predicted) <= 0.25 * predicted, steady, wire
+    return wire <= steady <= 1.25 * predicted, steady, wire
 
 
 @pytest.fixture(scope="module")
@@ -402,13 +413,9 @@ def test_dense_communication_is_within_25_percent_of_the_calibrated_model(shaped
     arrive). Model: gloo's ring priced on the calibrated link (alpha-beta, checked against
     the run's own clock in the calibration test) plus the ring's off-wire time on this box
     now (the same allreduce over loopback)."""
-    cal = shaped_runs["calibration"]
-    summary, run_dir = shaped_runs["dense"]
-    measured, iters = _comm_per_iteration_s(run_dir)
-    wire = _ring_allreduce_s(4 * int(summary["numel"]), P, cal["latency_s"], 8.0 / cal["bandwidth_bps"])
+    steady, wire, measured, iters = _measured_and_wire("dense", *shaped_runs["dense"], shaped_runs["calibration"])
     off_wire = shaped_runs["dense_off_wire_s"]
     predicted = wire + off_wire
-    steady = _steady_s(measured)
     print(f"dense on the testbed: {steady * 1e3:.1f} ms measured, {predicted * 1e3:.1f} ms modelled "
           f"({wire * 1e3:.1f} alpha-beta + {off_wire * 1e3:.1f} off-wire); span "
           f"{_steady_s(_span_per_iteration_s(iters)) * 1e3:.1f} ms; runs: {shaped_runs['dense_attempts']}")
@@ -446,14 +453,10 @@ def _gtopk_against_model(shaped_runs) -> tuple[float, float, float, pd.Series]:
     butterfly's log2(P) exact-k rounds priced on the calibrated link (checked against the
     clock's alpha-beta part here) plus its off-wire time on this box now (the same butterfly
     over TCP on loopback, before and after the run), as dense's check."""
-    cal = shaped_runs["calibration"]
     summary, run_dir = shaped_runs["gtopk"]
-    _, iters = _comm_per_iteration_s(run_dir)
     assert summary["algorithm"] == "butterfly"
-    wire = _butterfly_s(int(summary["k"]), P, cal["latency_s"], 8.0 / cal["bandwidth_bps"])
+    steady, wire, span, iters = _measured_and_wire("gtopk", summary, run_dir, shaped_runs["calibration"])
     assert iters.groupby("iteration")["comm_model_s"].median().iloc[1:].median() == pytest.approx(wire, rel=0.02)
-    span = _span_per_iteration_s(iters)
-    steady = _steady_s(span)
     off_wire = shaped_runs["gtopk_off_wire_s"]
     print(f"gTop-k on the testbed: {steady * 1e3:.2f} ms measured, {(wire + off_wire) * 1e3:.2f} ms "
           f"modelled ({wire * 1e3:.2f} alpha-beta + {off_wire * 1e3:.2f} off-wire)")
