@@ -2,9 +2,10 @@
 
 Client side. The user reads a handle (``status``, ``metrics``, ``result()``), subscribes
 to its new rows and cancels it; the Lab's monitor (:mod:`gtopk_lab.orchestration.monitor`)
-drives it through its life with the methods under "run life" (steps 4 and 6 are
-:class:`~gtopk_lab.orchestration.run_life.RunLife`, mixed in), and is the only caller of
-those:
+drives it through its life with the methods under "run life" (step 3 is
+:class:`~gtopk_lab.orchestration.run_rows.RunRows`, steps 4 and 6 are
+:class:`~gtopk_lab.orchestration.run_life.RunLife`, both mixed in), and is the only caller
+of those:
 
 1. **Queued.** Created by ``Lab.submit``; on a resume it is preloaded with the stored rows
    (:meth:`RunHandle.preload_rows`: those from its checkpoint's iteration on are
@@ -40,23 +41,20 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import pandas as pd
 
 from gtopk_lab.config import RunConfig
-from gtopk_lab.orchestration.results import (
-    config_hash, point_key, rows_to_frame, run_summary, utc_now, write_run,
-)
+from gtopk_lab.orchestration.results import config_hash, point_key, run_summary, utc_now, write_run
 from gtopk_lab.orchestration.run_identity import RunLabels, labels_of, with_labels
 # the failure/restart half of a run's life; names re-exported for importers of this module
 from gtopk_lab.orchestration.run_life import (  # noqa: F401
     FAILURE_SETTLE_S, SETTLED as _SETTLED, RankError, RunLife, Step, rank_error,
 )
-
-Subscriber = Callable[[pd.DataFrame], None]
+# the rows half (stored once, delivered, journaled); names re-exported likewise
+from gtopk_lab.orchestration.run_rows import RunRows, Subscriber, row_key, safe_call  # noqa: F401
 
 
 class RunFailed(RuntimeError):
@@ -71,17 +69,8 @@ class HandleOwner(Protocol):
     def _cancel(self, handle: RunHandle) -> None: ...
 
 
-def safe_call(callback: Callable[..., Any], *args: Any) -> None:
-    """Call a subscriber; an exception becomes a RuntimeWarning."""
-    try:
-        callback(*args)
-    except Exception as exc:  # a broken plot must not stop the run
-        warnings.warn(f"run subscriber {callback!r} raised {type(exc).__name__}: {exc}",
-                      RuntimeWarning, stacklevel=2)
-
-
 # ------------------------------------------------------------------------------------------
-class RunHandle(RunLife):
+class RunHandle(RunRows, RunLife):
     """A submitted run: status, live metrics, subscribers, cancel and result.
 
     ``status`` goes ``queued -> running -> completed | failed | cancelled``.
@@ -197,35 +186,6 @@ class RunHandle(RunLife):
         return (f"RunHandle(run_id={self.run_id!r}, status={self.status!r}, "
                 f"rows={len(self._rows)}, workers={self.workers})")
 
-    @property
-    def metrics(self) -> pd.DataFrame:
-        """All metric rows received so far, as a DataFrame (a fresh copy-safe frame)."""
-        with self._lock:
-            if self._frame_cache is None or len(self._frame_cache) != len(self._rows):
-                self._frame_cache = rows_to_frame(list(self._rows))
-            return self._frame_cache
-
-    def subscribe(self, callback: Subscriber, replay: bool = True) -> Callable[[], None]:
-        """Call ``callback(new_rows: DataFrame)`` whenever rows arrive.
-
-        With ``replay=True`` the rows already received are delivered first (on the
-        next monitor tick). Returns a function that unsubscribes.
-        """
-        if not callable(callback):
-            raise TypeError(f"callback={callback!r} is not callable")
-        with self._lock:
-            self._subscribers.append(callback)
-            if replay and self._rows:
-                rows = list(self._rows)
-                self.lab._post(lambda: safe_call(callback, rows_to_frame(rows)))
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
-
     def done(self) -> bool:
         return self._done.is_set()
 
@@ -251,88 +211,6 @@ class RunHandle(RunLife):
         """Cancel the run: a queued run ends at once; a running one stops at its ranks'
         next sink call (or is abandoned after ``timeout_s``)."""
         self.lab._cancel(self)
-
-    # --- run life: rows ----------------------------------------------------------------
-    def on_event(self, event: Any) -> None:
-        """subscribe_topic handler (runs on the client's event loop: keep it cheap)."""
-        msg = event[1] if isinstance(event, (tuple, list)) and len(event) == 2 else event
-        rows = msg.get("rows") if isinstance(msg, dict) else None
-        if not rows:
-            return
-        with self._lock:
-            if self.done():
-                return
-            if msg.get("key") not in (None, self._key):  # a late batch of an earlier start
-                return
-            self._add_rows(rows)
-
-    def add_rows(self, rows: Iterable[dict[str, Any]]) -> None:
-        """Store rows not seen before (by kind, rank, iteration) and queue them for delivery."""
-        with self._lock:
-            self._add_rows(rows)
-
-    def preload_rows(self, rows: Iterable[dict[str, Any]], redo_from: int | None = None) -> None:
-        """Stored rows a resumed run keeps: stored, but not delivered as new (subscribers get
-        them through ``replay``). With ``redo_from`` (the global iteration the run resumes
-        at: its checkpoint's, or 0), iteration rows from it on and epoch rows after it are
-        provisional: each is replaced when the resumed run sends its own row with that key,
-        and dropped if the run completes without one."""
-        rows = list(rows)
-        with self._lock:
-            self._add_rows(rows)
-            self._undelivered = []
-            if redo_from is not None:
-                self._provisional = {_key(r) for r in rows if _redone(r, redo_from)}
-
-    def _add_rows(self, rows: Iterable[dict[str, Any]]) -> None:
-        for row in rows:
-            key = _key(row)
-            at = self._index.get(key)
-            if at is None:
-                self._index[key] = len(self._rows)
-                self._rows.append(row)
-            elif key in self._provisional:  # the resumed run's own row for a stored one
-                self._provisional.discard(key)
-                self._rows[at] = row
-                self._frame_cache = None
-            else:
-                continue
-            self._undelivered.append(row)
-            self._unjournaled.append(row)
-
-    def _reindex(self) -> None:
-        """Rebuild the key index after ``_rows`` was filtered (lock held)."""
-        self._index = {_key(r): i for i, r in enumerate(self._rows)}
-        self._provisional &= set(self._index)
-        self._frame_cache = None
-
-    def take_unjournaled(self) -> list[dict[str, Any]]:
-        """The rows that arrived since the previous call (the journal writes them)."""
-        with self._lock:
-            rows, self._unjournaled = self._unjournaled, []
-        return rows
-
-    def return_unjournaled(self, rows: list[dict[str, Any]]) -> None:
-        """Put back rows a failed write did not store (they go into the next part)."""
-        with self._lock:
-            self._unjournaled = rows + self._unjournaled
-
-    def attach_progress(self, bar: Any) -> None:
-        """A progress bar (a subscriber with ``close(status)``), closed when the run ends."""
-        with self._lock:
-            self._progress = bar
-            self._subscribers.append(bar)
-
-    def deliver(self) -> None:
-        """Hand the rows that arrived since the last call to every subscriber."""
-        with self._lock:
-            if not self._undelivered:
-                return
-            rows, self._undelivered = self._undelivered, []
-            subscribers = list(self._subscribers)
-        frame = rows_to_frame(rows)
-        for callback in subscribers:
-            safe_call(callback, frame)
 
     # --- run life: tasks ---------------------------------------------------------------
     @property
@@ -413,7 +291,7 @@ class RunHandle(RunLife):
             if self.done() or self.status in ("completed", "failed", "cancelled"):
                 return False
             if status == "completed" and self._provisional:  # stored rows it never redid
-                self._rows = [r for r in self._rows if _key(r) not in self._provisional]
+                self._rows = [r for r in self._rows if row_key(r) not in self._provisional]
                 self._provisional = set()
                 self._reindex()
             self.finished_at = utc_now()
@@ -464,16 +342,3 @@ class RunHandle(RunLife):
         if self._progress is not None:
             self._progress.close(self.status)
         self._done.set()
-
-
-def _key(row: dict[str, Any]) -> tuple[Any, Any, Any]:
-    return (row.get("kind"), row.get("rank"), row.get("iteration"))
-
-
-def _redone(row: dict[str, Any], iteration: int) -> bool:
-    """Whether a run resumed at global ``iteration`` produces this row again (an epoch row
-    carries the iteration that ends its epoch, so the checkpointed epoch's row is kept)."""
-    it = row.get("iteration")
-    if not isinstance(it, (int, float)) or it != it:
-        return False
-    return it > iteration if row.get("kind") == "epoch" else it >= iteration
