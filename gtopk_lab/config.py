@@ -5,7 +5,7 @@ CLI, through Dask, to every rank and into ``<out>/<run_id>/config.json``. It is 
 plain dataclass of JSON-friendly fields so it pickles, serialises and diffs easily.
 Every field is validated at construction: a bad value raises ``ValueError`` (or
 ``TypeError`` for a wrong type) whose message names the field, the value and what
-is allowed. The platform settings (simulator, compute charge, optimiser, model, output,
+is allowed (the plain fields' checks: :mod:`gtopk_lab.config_checks`). The platform settings (simulator, compute charge, optimiser, model, output,
 collective and method options) are typed groups of :mod:`gtopk_lab.config_options`; the
 legacy ``extra={...}`` dict is still accepted and mapped onto them (unknown keys refused).
 """
@@ -18,33 +18,26 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gtopk_lab.comm.schedules import SPARSE_ALGORITHMS as ALGORITHMS
+# the field checks; the lists they check against re-exported for importers of this module
+from gtopk_lab.config_checks import (  # noqa: F401
+    DATA_SPLITS, DEVICES, GRAD_CLIP_MODES, MAX_WORKERS, check_types, check_values, invalid,
+)
 from gtopk_lab.config_options import (
     OPTION_FIELDS, OPTION_TYPES, ComputeOptions, ModelOptions, OptimiserOptions, OutputOptions,
     SimulatorOptions, check_option_dicts, coerce_options, legacy_extra, with_legacy_extra,
 )
-from gtopk_lab.compression.residual import RESIDUAL_RULES
 from gtopk_lab.compression.selection import available_selectors
 from gtopk_lab.config_presets import (
     method_field_values, preset_values, with_preset_options, without_preset_options,
 )
 from gtopk_lab.methods import available_methods, get_method
 from gtopk_lab.methods.registry import selector_for
-from gtopk_lab.network.model import DEFAULT_NETWORK, network_model
+from gtopk_lab.network.model import DEFAULT_NETWORK
 from gtopk_lab.recipe_defaults import check_recipe, recipe_values
-
-DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-#: How the training set is divided between the ranks (gtopk_lab.training.data.Shard):
-#: "iid" (a seeded permutation cut in P equal parts) or "dirichlet" (label skew).
-DATA_SPLITS: tuple[str, ...] = ("iid", "dirichlet")
 
 #: Fields that say how a run is carried out when something fails, not what it computes:
 #: ``config_hash`` leaves them out, so changing them never makes a sweep point look new.
 POLICY_FIELDS: tuple[str, ...] = ("max_restarts", "scheduler_timeout_s")
-#: Where gradient clipping acts (``grad_clip_mode``): "aggregated" clips the synchronised
-#: update G / P by its L2 norm, identically on every rank (where the references clip);
-#: "local" clips each rank's own gradient before error feedback at grad_clip / sqrt(P) (DGC).
-GRAD_CLIP_MODES: tuple[str, ...] = ("aggregated", "local")
 #: Fields added after runs were stored, with the value that leaves a run as it was:
 #: ``config_hash`` leaves such a field out while it has that value, so stored runs keep
 #: their hash. ``grad_clip_mode`` is left out only while ``grad_clip`` is None (with a
@@ -53,13 +46,6 @@ LATER_FIELDS: dict[str, Any] = {"density_schedule": None, "grad_clip_mode": "agg
 #: Fields that say how the other fields were chosen, not what is computed: not hashed
 #: (a preset's run and the same fields typed out are one sweep point).
 DERIVED_FIELDS: tuple[str, ...] = ("preset", "recipe")
-#: The most ranks a run may have, real or simulated: far beyond any cluster, and small
-#: enough that a simulator or a study never tries to build 10**30 ranks from a typo.
-MAX_WORKERS = 2**16
-
-
-def _fail(field_name: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"{field_name}={value!r} is invalid: expected {allowed}")
 
 
 def _remember_given(cls: type) -> type:
@@ -220,9 +206,9 @@ class RunConfig:
         object.__setattr__(self, "_recipe", (name, tuple(sorted(supplied))))
         for name in OPTION_TYPES:  # a dict of a group's fields becomes the group (validated)
             setattr(self, name, coerce_options(name, getattr(self, name)))
-        self._check_types()
+        check_types(self)
         if self.method not in available_methods():
-            raise _fail("method", self.method, f"one of {', '.join(available_methods())}")
+            raise invalid("method", self.method, f"one of {', '.join(available_methods())}")
         method = get_method(self.method)
         # the method's own defaults (EF21's plain step) and, under "paper", its paper's selector
         by_method = method_field_values(method, self.preset, getattr(self, "_given", frozenset()),
@@ -234,7 +220,7 @@ class RunConfig:
             # a field the method set is the method's, not the recipe's
             recipe, supplied_fields = self.applied_recipe
             object.__setattr__(self, "_recipe", (recipe, tuple(f for f in supplied_fields if f not in by_method)))
-            self._check_types()
+            check_types(self)
         if method.preset_options is not None:
             # the method's own settings for this model and preset (Ok-Topk's bands for language
             # models, its warm-up under "paper"): collective options below the run's; replace()
@@ -246,91 +232,10 @@ class RunConfig:
             object.__setattr__(self, "_preset_options", applied)
         if self.selector is not None:
             if self.selector not in available_selectors():
-                raise _fail("selector", self.selector, f"one of {', '.join(available_selectors())} or None")
+                raise invalid("selector", self.selector, f"one of {', '.join(available_selectors())} or None")
             selector_for(method, self.selector)
         check_option_dicts(self, method)
-        if self.algorithm not in ALGORITHMS:
-            raise _fail("algorithm", self.algorithm, f"one of {', '.join(ALGORITHMS)}")
-        if self.residual_rule not in RESIDUAL_RULES:
-            raise _fail("residual_rule", self.residual_rule, f"one of {', '.join(RESIDUAL_RULES)}")
-        if self.data_split not in DATA_SPLITS:
-            raise _fail("data_split", self.data_split, f"one of {', '.join(DATA_SPLITS)}")
-        if not (math.isfinite(self.dirichlet_alpha) and self.dirichlet_alpha > 0):
-            raise _fail("dirichlet_alpha", self.dirichlet_alpha, "a finite number > 0")
-        if self.device not in DEVICES:
-            raise _fail("device", self.device, f"one of {', '.join(DEVICES)}")
-        if not (0.0 < self.density <= 1.0) or math.isnan(self.density):
-            raise _fail("density", self.density, "a number in (0, 1]")
-        if self.density_warmup is not None:
-            dw = self.density_warmup
-            try:
-                ok = (isinstance(dw, (list, tuple)) and len(dw) == 2 and 0.0 < float(dw[0]) <= 1.0
-                      and not isinstance(dw[1], bool) and int(dw[1]) == dw[1] and int(dw[1]) >= 0)
-            except (TypeError, ValueError):
-                ok = False
-            if not ok:
-                raise _fail("density_warmup", self.density_warmup, "(density in (0, 1], epochs >= 0)")
-            self.density_warmup = (float(dw[0]), int(dw[1]))
-        if self.density_schedule is not None:
-            self.density_schedule = _density_schedule(self.density_schedule)
-            if self.density_warmup is not None:
-                raise ValueError(f"density_schedule={self.density_schedule!r} is invalid with density_warmup="
-                                 f"{self.density_warmup!r}: expected one of the two (the warm-up (rho0, E) "
-                                 "is the schedule (rho0,) * E)")
-        for name, low in (("workers", 1), ("epochs", 1), ("batch_size", 1), ("train_samples", 1),
-                          ("test_samples", 1), ("eval_every_epochs", 1), ("sink_every", 1)):
-            if getattr(self, name) < low:
-                raise _fail(name, getattr(self, name), f"an integer >= {low}")
-        if self.workers > MAX_WORKERS:
-            raise _fail("workers", self.workers, f"an integer in [1, {MAX_WORKERS}]")
-        if self.max_restarts < 0:
-            raise _fail("max_restarts", self.max_restarts, "an integer >= 0")
-        if not (0 < self.scheduler_timeout_s < math.inf):
-            raise _fail("scheduler_timeout_s", self.scheduler_timeout_s, "seconds > 0 (finite)")
-        if self.max_iterations is not None and self.max_iterations < 1:
-            raise _fail("max_iterations", self.max_iterations, "an integer >= 1 or None")
-        for name in ("lr", "lr_decay"):
-            if not getattr(self, name) > 0:
-                raise _fail(name, getattr(self, name), "a number > 0")
-        for name in ("momentum", "weight_decay", "lr_warmup_epochs"):
-            if not getattr(self, name) >= 0:
-                raise _fail(name, getattr(self, name), "a number >= 0")
-        if not self.momentum < 1:
-            raise _fail("momentum", self.momentum, "a number in [0, 1)")
-        if self.seed < 0:
-            raise _fail("seed", self.seed, "an integer >= 0")
-        if not isinstance(self.lr_milestones, (list, tuple)) or any(
-                isinstance(m, bool) or not isinstance(m, int) or m < 0 for m in self.lr_milestones):
-            raise _fail("lr_milestones", self.lr_milestones, "a list of epochs (integers >= 0)")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise _fail("grad_clip", self.grad_clip, "a number > 0 or None")
-        if self.grad_clip_mode not in GRAD_CLIP_MODES:
-            raise _fail("grad_clip_mode", self.grad_clip_mode, f"one of {', '.join(GRAD_CLIP_MODES)}")
-        self.lr_milestones = tuple(int(m) for m in self.lr_milestones)
-        # Network strings are parsed here so that a typo fails before anything starts; the
-        # parse is cached, so the loops' network_of(config) does not repeat it.
-        network_model(self.bandwidth, self.latency)
-
-    def _check_types(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            expected = _TYPES.get(f.name)
-            if value is None and f.default is not None and expected is not None:
-                raise TypeError(f"{f.name}=None is invalid: expected {expected.__name__} "
-                                f"(only fields that default to None take None)")
-            if expected is None or value is None:
-                continue
-            if expected is float and isinstance(value, int) and not isinstance(value, bool):
-                setattr(self, f.name, float(value))
-                continue
-            if expected is bool and not isinstance(value, bool):
-                raise TypeError(f"{f.name}={value!r} has type {type(value).__name__}: expected bool")
-            if expected is not bool and (isinstance(value, bool) or not isinstance(value, expected)):
-                raise TypeError(
-                    f"{f.name}={value!r} has type {type(value).__name__}: expected {expected.__name__}"
-                )
-            if expected is float and not math.isfinite(value):
-                raise ValueError(f"{f.name}={value!r} is invalid: expected a finite number")
+        check_values(self)
 
     # ------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -403,31 +308,6 @@ class RunConfig:
         if self.selector is not None:
             return self.selector
         return method.selector if isinstance(method.selector, str) else None
-
-
-_TYPES: dict[str, type] = {
-    "method": str, "algorithm": str, "residual_rule": str, "density": float, "workers": int,
-    "model": str, "dataset": str, "data_split": str, "dirichlet_alpha": float, "train_samples": int,
-    "test_samples": int, "epochs": int,
-    "max_iterations": int, "batch_size": int, "lr": float, "momentum": float,
-    "weight_decay": float, "lr_warmup_epochs": float, "lr_decay": float, "grad_clip": float,
-    "grad_clip_mode": str, "preset": str,
-    "momentum_correction": bool, "seed": int, "bandwidth": str, "latency": str, "throttle": bool,
-    "virtual_merge_cpu": bool,
-    "device": str, "eval_every_epochs": int, "sink_every": int, "checkpoint": bool,
-    "max_restarts": int, "scheduler_timeout_s": float, "run_id": str, "selector": str, "data_dir": str,
-    "collective_options": dict, "method_options": dict, "custom": dict,
-}
-
-
-def _density_schedule(value: Any) -> tuple[float, ...]:
-    """``value`` as a tuple of densities in (0, 1]; ``ValueError`` naming the field otherwise."""
-    ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 < v <= 1.0 for v in value)
-    if not ok:
-        raise _fail("density_schedule", value, "a non-empty list of densities in (0, 1], one per epoch, "
-                    "e.g. (0.015625, 0.004), or None")
-    return tuple(float(v) for v in value)
 
 
 def hashed_fields(data: dict[str, Any]) -> dict[str, Any]:
