@@ -4,10 +4,12 @@ written out here rank by rank, the refusals, and what a simulated run's summary 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from gtopk_lab.comm.inprocess import sim_gtopk_allreduce, sim_topk_allgather
+from gtopk_lab.compression.fast_topk_rows import numba_rows_topk, rows_topk_applies
 from gtopk_lab.config import RunConfig
 from gtopk_lab.methods import get_method
 from gtopk_lab.training.batched_step import BatchedSteps, batched_step_refusal, batched_topk
@@ -35,8 +37,45 @@ def test_batched_topk_selects_what_torch_topk_selects_on_each_row(kind: str, wor
     assert values.shape == indices.shape == (world, k) and indices.dtype == torch.int32
     for r in range(world):  # oracle: one rank's own exact top-k of |x| (k = d: every index)
         own = torch.arange(d) if k == d else torch.topk(x[r].abs(), k, sorted=False).indices
-        assert torch.equal(indices[r].long(), own), (kind, r)  # same set, same order, same ties
-        assert torch.equal(values[r], x[r][own])
+        got = indices[r].long()
+        assert torch.equal(got.sort().values, own.sort().values), (kind, r)  # same set, same ties
+        assert torch.equal(values[r], x[r][got])
+
+
+def _stable_top(row: np.ndarray, k: int) -> tuple[np.ndarray | None, bool]:
+    """Oracle for the row kernel: (the k indices of largest |x|, ascending; None for a NaN) and
+    whether that set is unique (no magnitude equal to the k-th largest is left out)."""
+    mag = np.abs(row.astype(np.float64))
+    if np.isnan(mag).any():
+        return None, False
+    order = np.argsort(-mag, kind="stable")
+    kth = mag[order[k - 1]]
+    unique = k == row.size or mag[order[k]] != kth
+    return np.sort(order[:k]), bool(unique)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("world", "d", "k"), [(6, 1023, 7), (6, 1024, 1), (6, 1025, 1024), (4, 5710, 57),
+                                               (3, 3000, 2999), (3, 40_000, 400)])
+def test_the_row_kernel_returns_each_unique_top_k_set_and_flags_ties_and_nan(world: int, d: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(d)
+    x = torch.randn(world, d, generator=gen) * torch.logspace(-3, 3, world).unsqueeze(1)
+    x[1] = torch.where(x[1] > 0, 1.0, -1.0)  # one magnitude: a tie across any cut (k < d)
+    x[0, ::7] = x[0, 3]  # ties away from the cut (unless one lands on it: the oracle says which)
+    x[2, 5] = float("inf")
+    if world > 3:
+        x[3, d // 2] = float("nan")
+    values, indices, ok = numba_rows_topk(x, k)
+    assert values.shape == indices.shape == (world, k) and indices.dtype == torch.int64
+    flags = [_stable_top(x[r].numpy(), k)[1] for r in range(world)]
+    assert flags[0] and not flags[1]  # both paths are exercised
+    for r in range(world):
+        want, unique = _stable_top(x[r].numpy(), k)
+        assert bool(ok[r]) == unique, r
+        if unique:
+            assert np.array_equal(indices[r].numpy(), want), r
+            assert torch.equal(values[r].view(torch.int32), x[r][indices[r]].view(torch.int32)), r
+    assert rows_topk_applies(x, k) and not rows_topk_applies(x, d) and not rows_topk_applies(x.double(), k)
 
 
 @pytest.mark.timeout(10)
@@ -76,7 +115,9 @@ def test_batched_memory_update_follows_the_residual_rule_on_every_rank(method: s
     for r in range(world):  # oracle: the rules of compression/residual.py, one rank at a time
         acc = grads[r] + start[r]
         own = torch.topk(acc.abs(), k, sorted=False).indices
-        assert torch.equal(round_.contributions[r].values, acc[own])
+        mine = round_.contributions[r].indices.long()  # the same set (its order is the kernel's)
+        assert torch.equal(mine.sort().values, own.sort().values)
+        assert torch.equal(round_.contributions[r].values, acc[mine])
         expected = acc.clone()
         global_set = set(results[r].indices.tolist())
         for i in own.tolist():
