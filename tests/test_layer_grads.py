@@ -94,7 +94,8 @@ def test_each_ranks_gradient_equals_its_own_backward(name: str) -> None:
 def test_conv1d_rank_grads_equal_conv1d_weight_rank_by_rank(
         monkeypatch: pytest.MonkeyPatch, form: str, channels: int, kernel: int, stride: int, padding: int,
         dilation: int, length_in: int) -> None:
-    """Both forms (the kernel windows' einsum, the stride phases' bmms), strides and
+    """Both forms (the kernel windows' einsum, or its transposed bmm below 8 columns C K, as
+    channels 1 and 3 give with short kernels; the stride phases' bmms), strides and
     dilations whose taps land in every phase, padding wider than the kernel's reach and a
     kernel as long as the padded input."""
     monkeypatch.setattr(layer_grads, "_phases_pay", lambda *_: form == "phases")
