@@ -117,6 +117,12 @@ def test_sim_errors() -> None:
         sim_gtopk_allreduce([v], [i], 10, 11)
     with pytest.raises(ValueError, match="rank 1 values/indices"):
         sim_topk_allgather([v, v], [i, i + 10], 10)
+    # from three ranks on the range is checked over all ranks at once: the error still names one
+    bad = r"^rank 3 values/indices: indices range \[-1, 1\] is invalid: expected indices in \[0, 10\)"
+    with pytest.raises(ValueError, match=bad):
+        sim_gtopk_allreduce([v] * 5, [i, i, i + 7, i - 1, i], 10, 2)
+    with pytest.raises(ValueError, match=r"^rank 2 values/indices: indices range \[8, 10\]"):
+        sim_topk_allgather([v] * 4, [i, i, i + 8, i], 10)
     with pytest.raises(ValueError, match="empty"):
         sim_dense_allreduce([])
     with pytest.raises(ValueError, match="exact_k=True is invalid here: virtual rank 1 selected 2"):

