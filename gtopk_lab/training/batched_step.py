@@ -199,8 +199,11 @@ class BatchedSteps:
             drops = [(r, i, v) for r, res in enumerate(results) for v, i in res.stats.drop_pieces()
                      if i.numel() > 0]
             if drops:
-                idx = torch.cat([i.to(device=flat.device, dtype=torch.int64) + r * d for r, i, _ in drops])
-                vals = torch.cat([v.to(device=flat.device, dtype=flat.dtype) for _, _, v in drops])
+                # one cat each and one offset per piece (a tensor op per piece cost 0.3 ms at P = 64)
+                idx = torch.cat([i for _, i, _ in drops]).to(device=flat.device, dtype=torch.int64)
+                idx += torch.repeat_interleave(torch.tensor([r * d for r, _, _ in drops], device=flat.device),
+                                               torch.tensor([i.numel() for _, i, _ in drops], device=flat.device))
+                vals = torch.cat([v for _, _, v in drops]).to(device=flat.device, dtype=flat.dtype)
                 flat.index_add_(0, idx, vals)
         for memory, row in zip(self.memories, residual):
             memory.residual = row
