@@ -28,6 +28,7 @@ from typing import Any
 
 from gtopk_lab.compression.residual import RESIDUAL_RULES
 from gtopk_lab.config import RunConfig
+from gtopk_lab.config_checks import GRAD_CLIP_MODES
 from gtopk_lab.methods import get_collective, get_method
 from gtopk_lab.methods.base import Method
 from gtopk_lab.methods.registry import selector_for
@@ -37,8 +38,6 @@ __all__ = ["StepSettings", "DRIVERS", "GRAD_CLIP_MODES"]
 #: The drivers of the step, as :meth:`StepSettings.check_driver` names them in its refusals.
 DRIVERS: dict[str, str] = {"ranks": "real ranks", "simulator": "the simulator", "ddp_hook": "the DDP hook",
                            "overlap": "wait-free overlap", "calibration": "calibration"}
-#: ``grad_clip_mode``: clip the aggregate G / P (the references) or each rank's g (DGC).
-GRAD_CLIP_MODES: tuple[str, ...] = ("aggregated", "local")
 #: Drivers that synchronise once per backward pass, so they cannot take local steps.
 _PER_STEP_DRIVERS = ("ddp_hook", "overlap")
 
