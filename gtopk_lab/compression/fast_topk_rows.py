@@ -19,14 +19,18 @@ kernels of :mod:`gtopk_lab.compression.fast_topk_kernels`):
    a key above +inf's (NaN) flags the row;
 2. ``compact``: the entries with key >= T, in index order, reading again only the groups
    whose maximum reaches T (about k of d / 16);
-3. among those c candidates, a radix select (11/10/10-bit digits) gives the k-th largest
-   key t and how many of the k largest equal it (``need``); if fewer keys than all those
-   equal to t are needed, the row is flagged (a tie across the cut);
+3. among those c candidates, the k-th largest key t and how many of the k largest equal it
+   (``need``): the candidates' top 11 bits counted, the bin that holds the k-th largest
+   sorted (a few tens of keys at the CNN's k = 57: a radix select's further digits would
+   scan 2 x 1024 bins), or, above 512 keys, selected by two more 10-bit digits;
+   if fewer keys than all those equal to t are needed, the row is flagged (a tie across the
+   cut);
 4. the candidates with key >= t, exactly k, in index order: indices and value bits.
 
 Cost per row: one vectorised read of d entries, the hit groups again (16 k entries), O(c)
-for the select, no sort: 0.49 ms for 64 rows of 5.7k (k = 57) against 1.49 ms for
-``torch.topk`` (AMD EPYC, one thread; ``benchmarks/simulator_batch.py`` times it in place).
+for the select and a sort of one bin's keys; bins are scanned from the largest key's down.
+AMD EPYC, one thread (``benchmarks/rows_topk.py``): 64 rows of 5.7k (k = 57) in 0.57 ms
+against 1.58 ms for ``torch.topk``.
 """
 
 from __future__ import annotations
@@ -43,28 +47,40 @@ __all__ = ["rows_topk_applies", "numba_rows_topk"]
 _BINS = 2048
 _SHIFT = 20  # a 31-bit key's top 11 bits
 _MAX_KEY = 0x7F800000  # +inf's; a NaN's key is above it
+#: a bin of at most this many keys is sorted; a fuller one takes two more radix digits (the
+#: wide CNN's rows, k = 2350 of 235k: sorting its bins was 1.2x slower than the digits)
+_SORT_MAX = 512
 
 
-def _kth_key_small(key: np.ndarray, c: int, k: int) -> tuple[int, int]:
-    """(t, need): the k-th largest of ``key[:c]`` (1 <= k <= c) and how many of the k largest
-    equal it; radix select over digits of 11, 10 and 10 bits, the bin of the k-th largest
-    copied out after the first. Cost: 2 reads of c keys, O(bin size), 3 scans of <= 2048 bins."""
+def _kth_key_small(key: np.ndarray, c: int, k: int, top: int) -> tuple[int, int]:
+    """(t, need): the k-th largest of ``key[:c]`` (1 <= k <= c, every key <= ``top``) and how
+    many of the k largest equal it. The keys' top 11 bits are counted (2048 bins, scanned down
+    from ``top``'s), the bin of the k-th largest is copied out and sorted (up to
+    :data:`_SORT_MAX` keys: a radix select's two further digits would scan 2 x 1024 bins for
+    the few tens of keys such a bin holds at small k), else radix-selected by two 10-bit
+    digits. Cost: 2 reads of c keys, the bins between ``top``'s and t's, one bin's select."""
     hist = np.zeros(_BINS, np.int64)
     for j in range(c):
         hist[key[j] >> _SHIFT] += 1
     above = 0
-    b = _BINS - 1
+    b = np.int64(top) >> _SHIFT
     while above + hist[b] < k:
         above += hist[b]
         b -= 1
-    need = k - above
     cand = np.empty(hist[b], np.uint32)
     m = 0
     for j in range(c):
         if (key[j] >> _SHIFT) == b:
             cand[m] = key[j]
             m += 1
-    prefix = np.int64(b)
+    need = k - above  # the need-th largest of the bin is t
+    if m <= _SORT_MAX:
+        cand.sort()
+        t = cand[m - need]
+        for j in range(m - need + 1, m):  # those of the k largest above t
+            need -= cand[j] > t
+        return t, need
+    prefix = b  # a crowded bin: two more radix digits of 10 bits
     for shift in (10, 0):
         hist[:1024] = 0
         for j in range(m):
@@ -109,12 +125,12 @@ def _rows_kernel(u2: np.ndarray, k: int, out_idx: np.ndarray, out_bits: np.ndarr
             ok[r] = False
             continue
         above = 0
-        b = _BINS - 1
+        b = np.int64(top) >> _SHIFT  # no bin above the largest key's holds anything
         while b > 0 and above + hist[b] < k:
             above += hist[b]
             b -= 1
         c, _ = kern.compact(u, mask, np.int64(b) << _SHIFT, k, idx, key)
-        t, need = _kth_key_small(key, c, k)
+        t, need = _kth_key_small(key, c, k, top)
         equal = 0
         for j in range(c):
             equal += key[j] == t
