@@ -244,7 +244,10 @@ def test_a_whole_reduction_in_one_call_equals_the_torch_path_level_by_level() ->
                 want.append(out)
                 vec[s] = (out[0], out[1])
             half *= 2
-        got = numba_reduce_levels(vectors, k)
+        # the operands as the caller's one concatenation (packed) on every other trial
+        packed = ((torch.cat([v for v, _ in vectors]), torch.cat([i for _, i in vectors]))
+                  if trial % 2 else None)
+        got = numba_reduce_levels(vectors, k, packed=packed)
         assert got is not None and len(got) == n - 1 == len(want)
         assert [len(level) for level in reduction_levels(n)] == [
             len(range(0, n - h, 2 * h)) for h in (2 ** r for r in range((n - 1).bit_length()))]
@@ -255,3 +258,7 @@ def test_a_whole_reduction_in_one_call_equals_the_torch_path_level_by_level() ->
     assert numba_reduce_levels([ok, ok, (v, i)], 1) is None
     assert numba_reduce_levels([ok, (ok[0], ok[1].to(torch.int64))], 1) is None
     assert numba_reduce_levels([ok], 1) is None
+    # a packed pair that is not the vectors' concatenation (its length differs) is not read
+    short = (ok[0][:-1], ok[1][:-1])
+    assert all(_same(g, w) for g, w in zip(numba_reduce_levels([ok, ok, ok], 1, packed=short),
+                                           numba_reduce_levels([ok, ok, ok], 1)))

@@ -176,15 +176,18 @@ def _merge_into(vec: list[_Vec], ledger: _Ledger, merges: list[tuple[int, int, S
             vec[lo] = result
 
 
-def _reduce(vec: list[_Vec], ledger: _Ledger, n: int, butterfly: bool) -> None:
+def _reduce(vec: list[_Vec], ledger: _Ledger, n: int, butterfly: bool,
+            packed: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """``vec[0]`` = the pairwise reduction of ``vec[:n]``, level by level (half = 1, 2, ...:
     ``vec[s] = merge(vec[s], vec[s + half])``, charged to s), every level's rounds recorded:
     a butterfly (n a power of two) exchanges within each block, all its ranks making the
     merge; a tree's upper rank sends, the lower merges. Every level's merges come from one
     compiled call where it applies (``numba_reduce_levels``), each level charged its first
-    merge's CPU as its ranks' own call makes it; else level by level (``merge_level``)."""
+    merge's CPU as its ranks' own call makes it; else level by level (``merge_level``).
+    ``packed``: ``vec[:n]``'s values and indices concatenated (step 1 made them so), or None."""
     levels = reduction_levels(n)
-    compiled = numba_reduce_levels([(v.values, v.indices) for v in vec[:n]], ledger.k) if n > 2 else None
+    compiled = (numba_reduce_levels([(v.values, v.indices) for v in vec[:n]], ledger.k, packed=packed)
+                if n > 2 else None)
     done = 0
     for level in levels:
         half = level[0][1] - level[0][0]
@@ -208,22 +211,22 @@ def _reduce(vec: list[_Vec], ledger: _Ledger, n: int, butterfly: bool) -> None:
             vec[lo] = result
 
 
-def _butterfly(vec: list[_Vec], ledger: _Ledger) -> _Vec:
+def _butterfly(vec: list[_Vec], ledger: _Ledger, packed: tuple[torch.Tensor, torch.Tensor] | None) -> _Vec:
     world = len(vec)
     m = largest_power_of_two(world)
     extra = world - m
     for j in range(extra):  # fold
         ledger.move(m + j, j, vec[m + j])
     _merge_into(vec, ledger, [(j, m + j, (j,)) for j in range(extra)])
-    _reduce(vec, ledger, m, butterfly=True)
+    _reduce(vec, ledger, m, butterfly=True, packed=None if extra else packed)  # a fold changed vec
     for j in range(extra):  # unfold
         ledger.move(j, m + j, vec[0])
     return vec[0]
 
 
-def _tree(vec: list[_Vec], ledger: _Ledger) -> _Vec:
+def _tree(vec: list[_Vec], ledger: _Ledger, packed: tuple[torch.Tensor, torch.Tensor] | None) -> _Vec:
     world = len(vec)
-    _reduce(vec, ledger, world, butterfly=False)
+    _reduce(vec, ledger, world, butterfly=False, packed=packed)
     for level in reversed(reduction_levels(world)):  # broadcast: the reduce's pairs, top level first
         for lo, hi in level:
             ledger.move(lo, hi, vec[0])
@@ -231,31 +234,38 @@ def _tree(vec: list[_Vec], ledger: _Ledger) -> _Vec:
 
 
 def _canonical_all(values_list: Sequence[torch.Tensor], indices_list: Sequence[torch.Tensor], numel: int,
-                   ledger: _Ledger) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                   ledger: _Ledger) -> tuple[list[tuple[torch.Tensor, torch.Tensor]],
+                                             tuple[torch.Tensor, torch.Tensor] | None]:
     """Step 1 for every rank: rank 0's ``canonical_wire`` as its own call makes it (timed,
     charged to every rank, as each real rank makes one such call), the others' rows in one
     stable sort by index where they are alike (one dtype and length, indices in range), which
     is ``canonical_wire``'s result (a stable sort by index, int32 indices); else each rank's
-    own call, timed."""
+    own call, timed. Returns the P pairs and, from the batched sort, their values and indices
+    concatenated in rank order (what the compiled reduction reads; else None)."""
     t0 = merge_cpu_clock()
     out = [canonical_wire(values_list[0], indices_list[0], numel)]
     cpu_s = merge_cpu_clock() - t0
     rest = _sorted_rows(values_list[1:], indices_list[1:], numel)
     if rest is not None:
-        out += rest
+        (sorted_v, sorted_i) = rest
+        out += list(zip(sorted_v.unbind(0), sorted_i.unbind(0)))
         ledger.cpu_s = [cpu_s] * len(values_list)
-        return out
+        packed = None
+        if out[0][0].dtype == sorted_v.dtype and out[0][1].dtype == sorted_i.dtype:
+            packed = (torch.cat([out[0][0], sorted_v.reshape(-1)]), torch.cat([out[0][1], sorted_i.reshape(-1)]))
+        return out, packed
     ledger.cpu_s[0] += cpu_s
     for r in range(1, len(values_list)):
         t0 = merge_cpu_clock()
         out.append(canonical_wire(values_list[r], indices_list[r], numel))
         ledger.cpu_s[r] += merge_cpu_clock() - t0
-    return out
+    return out, None
 
 
 def _sorted_rows(values_list: Sequence[torch.Tensor], indices_list: Sequence[torch.Tensor], numel: int
-                 ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """:func:`_canonical_all`'s batched sort, or None where the ranks' selections differ in
+                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`_canonical_all`'s batched sort (the sorted ``[n, k]`` values and int32 indices,
+    row r rank r's), or None where the ranks' selections differ in
     dtype, device or length, are not CPU float32 with int32/int64 indices, hold indices out of
     [0, numel) (their own calls then raise the error naming them) or numel needs int64."""
     if len(values_list) < 2 or index_dtype(numel) != torch.int32:
@@ -274,7 +284,7 @@ def _sorted_rows(values_list: Sequence[torch.Tensor], indices_list: Sequence[tor
     order = torch.argsort(indices, dim=1, stable=True)
     sorted_i = torch.gather(indices, 1, order).to(torch.int32)
     sorted_v = torch.gather(torch.stack(list(values_list)), 1, order)
-    return list(zip(sorted_v.unbind(0), sorted_i.unbind(0)))
+    return sorted_v, sorted_i
 
 
 def sim_gtopk_shared_merges(values_list: Sequence[torch.Tensor], indices_list: Sequence[torch.Tensor],
@@ -283,12 +293,13 @@ def sim_gtopk_shared_merges(values_list: Sequence[torch.Tensor], indices_list: S
     checks them) in the wire format ``wire`` (``sparse_wire``): one result per rank."""
     world = len(values_list)
     ledger = _Ledger(world, wire, k)
-    vec = [ledger.vec(values, indices) for values, indices in _canonical_all(values_list, indices_list, numel, ledger)]
+    canonical, packed = _canonical_all(values_list, indices_list, numel, ledger)
+    vec = [ledger.vec(values, indices) for values, indices in canonical]
     if world == 1:  # no partner: canonicalise and keep k, the one rank owns the drops
         only = vec[0]
         empty = _Vec(only.values.new_empty(0), only.indices.new_empty(0), 0)  # never sent
         final = ledger.merge(only, empty, charged=0, by=(0,))
     else:
-        final = (_butterfly if algorithm == "butterfly" else _tree)(vec, ledger)
+        final = (_butterfly if algorithm == "butterfly" else _tree)(vec, ledger, packed)
     empty = (final.values.new_empty(0), final.indices.new_empty(0))
     return [ledger.result(r, final, algorithm, empty) for r in range(world)]
