@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -34,27 +32,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gtopk_lab.bench.selection import cpu_model  # noqa: E402
 from gtopk_lab.compression.fast_topk_rows import numba_rows_topk  # noqa: E402
+from gtopk_lab.provenance import git_commit  # noqa: E402
 from gtopk_lab.training.batched_step import batched_topk  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -93,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     torch.set_num_threads(1)
-    print(f"# {cpu_model()}, {os.cpu_count()} cores, commit {commit()}, one torch thread, "
+    print(f"# {cpu_model()}, {os.cpu_count()} cores, commit {(git_commit() or 'unknown')[:7]}, one torch thread, "
           f"median of {args.repeats} interleaved calls")
     print("| P | d | k | torch.topk ms | rows kernel ms | batched_topk ms | torch.topk / batched_topk | rows flagged |")
     print("|---|---|---|---|---|---|---|---|")
