@@ -123,7 +123,14 @@ def _kth_largest_key(keys: np.ndarray, k: int) -> tuple[int, int]:
         hist[keys[j] >> 20] += 1
     b, need = _bin_of_kth(hist, 2047, k)
     cand, c = _copy_bin(keys, hist[b], 20, b)
-    prefix = b
+    return _low_digits(cand, c, b, need, hist)
+
+
+def _low_digits(cand: np.ndarray, c: int, prefix: int, need: int, hist: np.ndarray) -> tuple[int, int]:
+    """The last two digits (10 + 10 bits) of :func:`_kth_largest_key`'s select: (t, r) for
+    the ``need``-th largest of the c keys ``cand[:c]``, all of whose top 11 bits are
+    ``prefix``; ``hist`` is scratch of at least 1024 counters. Cost: 2 reads of c keys and
+    2 scans of 1024 bins."""
     for shift in (10, 0):
         hist[:1024] = 0
         high = np.uint32(prefix)
@@ -310,8 +317,9 @@ def _compiled(name: str) -> Callable[..., Any]:
     calls the select kernels, and they their helpers, through this module's globals, which
     must be jitted first."""
     if not _KERNELS:
-        global _bin_of_kth, _copy_bin, _kth_largest_key, _kth_largest_wide
+        global _bin_of_kth, _copy_bin, _low_digits, _kth_largest_key, _kth_largest_wide
         _bin_of_kth, _copy_bin = _jit(_bin_of_kth), _jit(_copy_bin)
+        _low_digits = _jit(_low_digits)
         _kth_largest_key = _jit(_kth_largest_key)
         _kth_largest_wide = _jit(_kth_largest_wide)
         _KERNELS.update(merge=_jit(_merge_kernel), sort=_jit(_sort_kernel))

@@ -22,7 +22,8 @@ kernels of :mod:`gtopk_lab.compression.fast_topk_kernels`):
 3. among those c candidates, the k-th largest key t and how many of the k largest equal it
    (``need``): the candidates' top 11 bits counted, the bin that holds the k-th largest
    sorted (a few tens of keys at the CNN's k = 57: a radix select's further digits would
-   scan 2 x 1024 bins), or, above 512 keys, selected by two more 10-bit digits;
+   scan 2 x 1024 bins), or, above 512 keys, selected by the merge kernel's two further
+   10-bit digits (:mod:`gtopk_lab.compression.fast_merge`, whose bin helpers step 3 uses);
    if fewer keys than all those equal to t are needed, the row is flagged (a tie across the
    cut);
 4. the candidates with key >= t, exactly k, in index order: indices and value bits.
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gtopk_lab.compression import fast_merge
 from gtopk_lab.compression import fast_topk_kernels as kern
 
 __all__ = ["rows_topk_applies", "numba_rows_topk"]
@@ -56,46 +58,23 @@ _SORT_MAX = 512
 def _kth_key_small(key: np.ndarray, c: int, k: int, top: int) -> tuple[int, int]:
     """(t, need): the k-th largest of ``key[:c]`` (1 <= k <= c, every key <= ``top``) and how
     many of the k largest equal it. The keys' top 11 bits are counted (2048 bins, scanned down
-    from ``top``'s), the bin of the k-th largest is copied out and sorted (up to
-    :data:`_SORT_MAX` keys: a radix select's two further digits would scan 2 x 1024 bins for
-    the few tens of keys such a bin holds at small k), else radix-selected by two 10-bit
-    digits. Cost: 2 reads of c keys, the bins between ``top``'s and t's, one bin's select."""
+    from ``top``'s) and the bin of the k-th largest copied out, as the merge's select does
+    (:mod:`gtopk_lab.compression.fast_merge`); that bin is then sorted (up to
+    :data:`_SORT_MAX` keys: the merge's two further 10-bit digits would scan 2 x 1024 bins for
+    the few tens of keys such a bin holds at small k), else finished by those digits.
+    Cost: 2 reads of c keys, the bins between ``top``'s and t's, one bin's select."""
     hist = np.zeros(_BINS, np.int64)
     for j in range(c):
         hist[key[j] >> _SHIFT] += 1
-    above = 0
-    b = np.int64(top) >> _SHIFT
-    while above + hist[b] < k:
-        above += hist[b]
-        b -= 1
-    cand = np.empty(hist[b], np.uint32)
-    m = 0
-    for j in range(c):
-        if (key[j] >> _SHIFT) == b:
-            cand[m] = key[j]
-            m += 1
-    need = k - above  # the need-th largest of the bin is t
-    if m <= _SORT_MAX:
-        cand.sort()
-        t = cand[m - need]
-        for j in range(m - need + 1, m):  # those of the k largest above t
-            need -= cand[j] > t
-        return t, need
-    prefix = b  # a crowded bin: two more radix digits of 10 bits
-    for shift in (10, 0):
-        hist[:1024] = 0
-        for j in range(m):
-            v = np.int64(cand[j])
-            if (v >> (shift + 10)) == prefix:
-                hist[(v >> shift) & 1023] += 1
-        above = 0
-        b = 1023
-        while above + hist[b] < need:
-            above += hist[b]
-            b -= 1
-        need -= above
-        prefix = (prefix << 10) | b
-    return prefix, need
+    b, need = fast_merge._bin_of_kth(hist, np.int64(top) >> _SHIFT, k)
+    cand, m = fast_merge._copy_bin(key[:c], hist[b], _SHIFT, b)
+    if m > _SORT_MAX:
+        return fast_merge._low_digits(cand, m, b, need, hist)
+    cand = np.sort(cand[:m])
+    t = cand[m - need]  # the need-th largest of the bin
+    for j in range(m - need + 1, m):  # those of the k largest above t
+        need -= cand[j] > t
+    return t, need
 
 
 def _rows_kernel(u2: np.ndarray, k: int, out_idx: np.ndarray, out_bits: np.ndarray, ok: np.ndarray) -> None:
@@ -153,6 +132,7 @@ def _compiled() -> Any:
     """The jitted row kernel, made on first use (numba's disk cache afterwards)."""
     if not _KERNEL:
         global _kth_key_small
+        fast_merge._compiled("merge")  # jits the select helpers the row kernel calls
         _kth_key_small = kern.jit(_kth_key_small)
         _KERNEL.append(kern.jit(_rows_kernel))
     return _KERNEL[0]
