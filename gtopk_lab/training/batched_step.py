@@ -122,9 +122,10 @@ def batched_topk(acc: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     values, idx, ok = numba_rows_topk(acc, k)
     if not bool(ok.all()):
         tied = torch.nonzero(~ok).flatten()
-        own = torch.topk(acc[tied].abs(), k, dim=1, sorted=False).indices
+        rows = acc[tied]
+        own = torch.topk(rows.abs(), k, dim=1, sorted=False).indices
         idx[tied] = own
-        values[tied] = acc[tied].gather(1, own)
+        values[tied] = rows.gather(1, own)
     return values, idx.to(index_dtype(d))
 
 
