@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 
 from gtopk_lab.comm.dist_transport import comm_device, global_rank, rank_world
+from gtopk_lab.comm.gtopk_links import applies as over_links_applies
+from gtopk_lab.comm.gtopk_links import gtopk_over_links
 from gtopk_lab.comm.profiling import active_profile
 from gtopk_lab.comm.programs import allgather_assemble, allgather_steps, dense_stats, gtopk_program
 from gtopk_lab.comm.recorder import Recorder
@@ -169,6 +171,9 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: 
     check_exact_k(exact_k, {"this rank": values.numel()}, k)  # before anything is posted
     messages = sparse_wire(values.dtype, index_dtype(numel), k, exact_k)
     transport = transport_for(group, device, messages, profile=prof)
+    if over_links_applies(transport, values, indices, numel, exact_k, world):
+        # the same rounds and kernels without the program's layers: half a 1M call's time
+        return gtopk_over_links(transport, rank, world, values, indices, numel, k, algorithm, name)
     if exact_k and world > 1 and transport.posts_ahead:
         # every receive's buffer waits for its message (DistTransport.plan), the first posted
         # before the local sort. A receive posted ahead cannot be taken back, so a bad index

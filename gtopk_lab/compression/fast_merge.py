@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 __all__ = ["HAVE_NUMBA", "FAST_MERGE_ENV", "enabled", "numba_merge", "merge_applies", "numba_sort_by_index",
-           "numba_wire_sort", "warm_up"]
+           "numba_wire_sort", "warm_up", "compiled_kernel"]
 
 #: numba is installed (optional: the torch paths compute the same). It is imported, and
 #: the kernels compiled, on the first merge (importing numba costs ~0.5 s; merge.py is
@@ -312,7 +312,7 @@ def _sort_kernel(values: np.ndarray, indices: np.ndarray) -> tuple:
 _KERNELS: dict[str, Callable[..., Any]] = {}
 
 
-def _compiled(name: str) -> Callable[..., Any]:
+def compiled_kernel(name: str) -> Callable[..., Any]:
     """The jitted kernel ``name`` ("merge" | "sort"), made on first use. The merge kernel
     calls the select kernels, and they their helpers, through this module's globals, which
     must be jitted first."""
@@ -331,9 +331,9 @@ def warm_up() -> None:
     session or a benchmark does this once, before ranks that would each compile at once."""
     if HAVE_NUMBA:
         v, i = np.ones(3, dtype=np.float32), np.arange(3, dtype=np.int32)
-        _compiled("merge")(v, i, v, i, 2)
-        _compiled("sort")(v, i[::-1].copy())
-        _compiled("sort")(v, i[::-1].astype(np.int64))
+        compiled_kernel("merge")(v, i, v, i, 2)
+        compiled_kernel("sort")(v, i[::-1].copy())
+        compiled_kernel("sort")(v, i[::-1].astype(np.int64))
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -359,7 +359,7 @@ def numba_merge(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, i_b: to
     """``merge_sparse``'s result (kept values, indices, dropped values, indices) from the
     compiled kernel, or None when it declines (an operand not strictly ascending, a NaN
     sum). Callers check :func:`merge_applies` first."""
-    ok, kv, ki, dv, di = _compiled("merge")(_np(v_a), _np(i_a), _np(v_b), _np(i_b), k)
+    ok, kv, ki, dv, di = compiled_kernel("merge")(_np(v_a), _np(i_a), _np(v_b), _np(i_b), k)
     if not ok:
         return None
     return torch.from_numpy(kv), torch.from_numpy(ki), torch.from_numpy(dv), torch.from_numpy(di)
@@ -373,7 +373,7 @@ def _sort(values: torch.Tensor, indices: torch.Tensor, index_dtypes: tuple[torch
             and values.dtype == torch.float32 and indices.dtype in index_dtypes
             and indices.numel() > 0):
         return None
-    lo, hi, ascending, v, i = _compiled("sort")(_np(values), _np(indices))
+    lo, hi, ascending, v, i = compiled_kernel("sort")(_np(values), _np(indices))
     return int(lo), int(hi), bool(ascending), v, i
 
 

@@ -130,7 +130,7 @@ _KERNEL: dict[str, Any] = {}
 def _kernel(name: str = "many") -> Any:
     global _merge
     if not _KERNEL:
-        _merge = fast_merge._compiled("merge")
+        _merge = fast_merge.compiled_kernel("merge")
     if name not in _KERNEL:
         _KERNEL[name] = _jit(_merge_many_kernel if name == "many" else _reduce_levels_kernel)
     return _KERNEL[name]

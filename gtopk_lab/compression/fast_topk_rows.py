@@ -132,7 +132,7 @@ def _compiled() -> Any:
     """The jitted row kernel, made on first use (numba's disk cache afterwards)."""
     if not _KERNEL:
         global _kth_key_small
-        fast_merge._compiled("merge")  # jits the select helpers the row kernel calls
+        fast_merge.compiled_kernel("merge")  # jits the select helpers the row kernel calls
         _kth_key_small = kern.jit(_kth_key_small)
         _KERNEL.append(kern.jit(_rows_kernel))
     return _KERNEL[0]

@@ -26,7 +26,7 @@ import torch
 from gtopk_lab.compression.fast_merge import merge_applies, numba_merge, numba_sort_by_index, numba_wire_sort
 
 __all__ = ["index_dtype", "coalesce_sparse", "merge_sparse", "check_sparse", "canonical_wire", "top_magnitude_mask",
-           "stable_argsort", "kth_largest", "sort_by_index", "merge_sparse_torch"]
+           "stable_argsort", "kth_largest", "sort_by_index", "merge_sparse_torch", "check_range"]
 
 _INT32_LIMIT = 2**31
 
@@ -62,10 +62,11 @@ def check_sparse(values: torch.Tensor, indices: torch.Tensor, numel: int | None 
         raise TypeError(f"{name}: values dtype {values.dtype} is invalid: expected a floating dtype")
     if numel is not None and indices.numel() > 0:
         lo_t, hi_t = torch.aminmax(indices)
-        _check_range(int(lo_t), int(hi_t), numel, name)
+        check_range(int(lo_t), int(hi_t), numel, name)
 
 
-def _check_range(lo: int, hi: int, numel: int, name: str) -> None:
+def check_range(lo: int, hi: int, numel: int, name: str) -> None:
+    """``ValueError`` naming ``name`` unless a selection's indices ``[lo, hi]`` lie in ``[0, numel)``."""
     if lo < 0 or hi >= numel:
         raise ValueError(f"{name}: indices range [{lo}, {hi}] is invalid: expected indices in "
                          f"[0, {numel}) (numel={numel})")
@@ -86,7 +87,7 @@ def canonical_wire(values: torch.Tensor, indices: torch.Tensor, numel: int,
         fast = numba_wire_sort(values, indices)
         if fast is not None:
             lo, hi, sorted_values, sorted_indices = fast
-            _check_range(lo, hi, numel, name)
+            check_range(lo, hi, numel, name)
             return sorted_values, sorted_indices
     check_sparse(values, indices, numel, name)
     return sort_by_index(values.contiguous(), indices.to(index_dtype(numel)).contiguous())
