@@ -113,12 +113,62 @@ def test_compiled_merge_of_large_unions_equals_torch_path_bitwise() -> None:
     assert fast_merge.numba_merge(v, i, torch.ones(9000), i + 0, 100) is not None  # inf + 1
 
 
+@pytest.mark.timeout(120)
+def test_the_small_select_is_the_kth_largest_key_and_its_ties() -> None:
+    """The select of unions below _WIDE_MIN (11-bit digits over the candidates' own range,
+    the last <= 512 sorted) against a sort: keys crowded in one exponent, two exponents, a
+    few values, all equal, spread over every magnitude (0 to +inf's key), n across the sort
+    threshold and up to _WIDE_MIN, k from 1 to n."""
+    fast_merge.compiled_kernel("merge")  # jits the select
+    rng = np.random.default_rng(77)
+    draws = [lambda n: rng.standard_normal(n) * 4.0,
+             lambda n: 3.3 + rng.random(n) * 1.5,                    # two exponents, crowded
+             lambda n: 1.0 + rng.integers(0, 2**12, n) * 2.0**-23,   # one exponent, low bits decide
+             lambda n: rng.integers(0, 4, n).astype(float),           # few values: ties at the cut
+             lambda n: np.full(n, 2.5),                               # all equal
+             lambda n: rng.choice([0.0, 1e-38, 1e-3, 1.0, 1e30, np.inf], n)]
+    for trial in range(240):
+        n = int(rng.choice([1, 2, 511, 512, 513, 700, 2000, 4097, fast_merge._WIDE_MIN - 1]))
+        keys = np.abs(draws[trial % len(draws)](n)).astype(np.float32).view(np.uint32)
+        k = min(n, int(rng.choice([1, 2, max(1, n // 3), max(1, n // 2), n])))
+        ordered = np.sort(keys)[::-1]
+        t = ordered[k - 1]
+        got = fast_merge._kth_largest_key(keys, k, keys.max(), keys.min())
+        assert (int(got[0]), int(got[1])) == (int(t), int(np.sum(ordered[:k] == t))), (trial, n, k)
+
+
+@pytest.mark.timeout(120)
+def test_compiled_merge_of_mid_size_unions_equals_torch_path_bitwise() -> None:
+    """Unions of 600 to 8,000 entries (the small select's radix digits, not only its sort):
+    top-k-like operands (magnitudes crowding one or two exponents), few values, all equal."""
+    rng = np.random.default_rng(606)
+    for trial in range(40):
+        n_a, n_b = (int(rng.integers(300, 4000)) for _ in range(2))
+        i_a = np.sort(rng.choice(1_000_000, size=n_a, replace=False))
+        i_b = np.sort(np.unique(np.concatenate([rng.choice(1_000_000, size=n_b, replace=False),
+                                                rng.choice(i_a, size=n_a // 3)])))
+        draw = [lambda n: (3.3 + rng.random(n) * 1.5) * rng.choice([-1.0, 1.0], n),
+                lambda n: rng.standard_normal(n),
+                lambda n: rng.integers(-3, 4, n).astype(float),
+                lambda n: np.full(n, -1.5)][trial % 4]
+        ops = (torch.tensor(draw(n_a), dtype=torch.float32), torch.tensor(i_a, dtype=torch.int32),
+               torch.tensor(draw(len(i_b)), dtype=torch.float32), torch.tensor(i_b, dtype=torch.int32))
+        union = len(np.union1d(i_a, i_b))
+        assert 512 < union < fast_merge._WIDE_MIN
+        k = int(rng.choice([1, union // 4, union // 2, union - 1]))
+        got = fast_merge.numba_merge(*ops, k)
+        assert got is not None and _same(got, merge_sparse_torch(*ops, k)), (trial, union, k)
+
+
 @pytest.mark.timeout(60)
 def test_declines_non_canonical_operands_and_falls_back(monkeypatch) -> None:
     v = torch.tensor([3.0, -1.0, 2.0])
     i = torch.tensor([5, 1, 9], dtype=torch.int32)  # not ascending
     w, j = torch.tensor([1.0, 4.0]), torch.tensor([1, 7], dtype=torch.int32)
     assert fast_merge.numba_merge(v, i, w, j, 2) is None
+    repeated = torch.tensor([1, 1], dtype=torch.int32)  # ascending, not strictly
+    assert fast_merge.numba_merge(w, repeated, w, j, 2) is None
+    assert fast_merge.numba_merge(w, j, w, repeated, 2) is None
     assert _same(merge_sparse(v, i, w, j, 2), merge_sparse_torch(v, i, w, j, 2))
     nan = torch.tensor([float("nan"), 1.0])
     assert fast_merge.numba_merge(nan, j, w, j, 1) is None

@@ -49,9 +49,9 @@ def applies(transport: Transport, values: torch.Tensor, indices: torch.Tensor, n
     ``transport`` a :class:`LinksTransport` with no pacer and no profile (those hook the
     general path's rounds). O(1)."""
     return (exact_k and world > 1 and isinstance(transport, LinksTransport) and transport.pacer is None
-            and transport.profile is None and numel <= 2**31 - 1 and enabled()
+            and transport.profile is None and numel <= 2**31 - 1
             and values.dtype == torch.float32 and indices.dtype in (torch.int32, torch.int64)
-            and values.device.type == "cpu" and indices.device.type == "cpu" and indices.numel() > 0)
+            and values.is_cpu and indices.is_cpu and indices.numel() > 0 and enabled())
 
 
 def _array(t: torch.Tensor) -> np.ndarray:

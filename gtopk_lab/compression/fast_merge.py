@@ -12,13 +12,14 @@ runs. Its result, bitwise:
 
 Algorithm (n = |union| entries):
   1. one two-pointer merge of the two ascending operands into the union (values summed at
-     shared indices), checking first that each operand is strictly ascending (unique
-     indices in canonical order);
+     shared indices), then a check that the union is strictly ascending (it is exactly when
+     each operand is: unique indices in canonical order);
   2. the magnitudes' IEEE bits without the sign as keys (NaN is a key above +inf's: the
      largest key declines a NaN sum); if n > k: t = the k-th largest key and g = the count
      above t, by a radix select: from n >= 8192 (:data:`_WIDE_MIN`) in two digits, 16 + 15
-     bits, the first histogrammed in the same pass that makes the keys; below it in three
-     (11/10/10 bits). The candidates in the bin of the k-th largest are copied out without
+     bits, the first histogrammed in the same pass that makes the keys; below it in 11-bit
+     digits just below the bits all candidates share (their own range, not the fixed top
+     bits), sorting the last <= 512 candidates. The candidates in the bin of the k-th largest are copied out without
      a branch: top-k operands crowd a narrow band of magnitudes (most of 50k keys from a
      25M gradient at density 0.001 share the top 11 bits), and a branch on "in the bin"
      mispredicted on every other key (numba's ``np.partition`` took 1.8 ms at 50k
@@ -111,23 +112,48 @@ def _copy_bin(keys: np.ndarray, size: int, shift: int, b: int) -> tuple[np.ndarr
     return cand, c
 
 
-def _kth_largest_key(keys: np.ndarray, k: int) -> tuple[int, int]:
+def _kth_largest_key(keys: np.ndarray, k: int, top_key: int, low_key: int) -> tuple[int, int]:
     """(t, r): t = the k-th largest of the 31-bit ``keys`` (1 <= k <= n), r = how many of
-    the k largest equal t, for small inputs (below :data:`_WIDE_MIN` entries). Radix select
-    over digits of 11, 10 and 10 bits, most significant first: the first pass histograms all
-    keys (2048 bins) and copies out those in the bin that holds the k-th largest; the next
-    two histogram only those. Cost: 2 reads of n keys plus O(bin size) and 3 scans of the
-    bins; exact, integer only."""
-    hist = np.zeros(2048, dtype=np.int64)
-    for j in range(keys.size):
-        hist[keys[j] >> 20] += 1
-    b, need = _bin_of_kth(hist, 2047, k)
-    cand, c = _copy_bin(keys, hist[b], 20, b)
-    return _low_digits(cand, c, b, need, hist)
+    the k largest equal t, for small inputs (below :data:`_WIDE_MIN` entries), every key in
+    ``[low_key, top_key]``. Radix select whose digit is the 11 bits just below those all
+    candidates share, so that 2048 bins span the candidates' own range (top-k operands crowd
+    one or two exponents: a fixed top-11-bit digit put 1,079 of 1,999 keys in one bin), most
+    significant first: count, find the bin of the k-th largest scanning down from the top
+    key's, copy that bin out, and go on in its range; at most :data:`_SORT_MAX` candidates
+    are sorted instead. Cost: 2 reads of n keys, then the same for each (far smaller) bin,
+    and the bins between the top key's and the k-th largest's; exact, integer only."""
+    hist = np.zeros(2048, dtype=np.int32)
+    cand, c = keys, keys.size
+    top, low = np.int64(top_key), np.int64(low_key)
+    while True:
+        if c <= _SORT_MAX:
+            ordered = np.sort(cand[:c])
+            t = ordered[c - k]
+            need = k
+            for j in range(c - k + 1, c):  # those of the k largest above t
+                need -= ordered[j] > t
+            return t, need
+        span = 0
+        while (top ^ low) >> span:
+            span += 1
+        if span == 0:  # every candidate is the same key
+            return top, k
+        shift = max(span - 11, 0)
+        hist[:] = 0
+        for j in range(c):
+            hist[(np.int64(cand[j]) >> shift) & 2047] += 1
+        b, k = _bin_of_kth(hist, (top >> shift) & 2047, k)
+        prefix = ((top >> shift) & ~np.int64(2047)) | b
+        cand, c = _copy_bin(cand[:c], hist[b], shift, prefix)
+        if shift == 0:
+            return prefix, k
+        low = prefix << shift
+        top = low | ((np.int64(1) << shift) - 1)
 
 
 def _low_digits(cand: np.ndarray, c: int, prefix: int, need: int, hist: np.ndarray) -> tuple[int, int]:
-    """The last two digits (10 + 10 bits) of :func:`_kth_largest_key`'s select: (t, r) for
+    """The last two digits (10 + 10 bits) of a select whose first digit is a 31-bit key's top
+    11 bits (:mod:`gtopk_lab.compression.fast_topk_rows`' crowded bins): (t, r) for
     the ``need``-th largest of the c keys ``cand[:c]``, all of whose top 11 bits are
     ``prefix``; ``hist`` is scratch of at least 1024 counters. Cost: 2 reads of c keys and
     2 scans of 1024 bins."""
@@ -141,6 +167,9 @@ def _low_digits(cand: np.ndarray, c: int, prefix: int, need: int, hist: np.ndarr
         prefix = (prefix << 10) | b
     return prefix, need
 
+
+#: a select's candidates are sorted from this many down (a 2048-bin pass costs more)
+_SORT_MAX = 512
 
 #: from this many union entries on, the merge histograms the magnitudes' top 16 bits while
 #: it merges (65536 counters: their zeroing costs what ~8k entries do) and selects in two
@@ -169,12 +198,6 @@ def _merge_kernel(va: np.ndarray, ia: np.ndarray, vb: np.ndarray, ib: np.ndarray
     uv = np.empty(na + nb, dtype=va.dtype)
     ui = np.empty(na + nb, dtype=ia.dtype)
     empty_v, empty_i = uv[:0], ui[:0]
-    for j in range(1, na):
-        if ia[j] <= ia[j - 1]:
-            return False, empty_v, empty_i, empty_v, empty_i
-    for j in range(1, nb):
-        if ib[j] <= ib[j - 1]:
-            return False, empty_v, empty_i, empty_v, empty_i
     p = q = n = 0
     # branch-free steps (selects, not jumps): which operand comes next is random
     while p < na and q < nb:
@@ -195,6 +218,11 @@ def _merge_kernel(va: np.ndarray, ia: np.ndarray, vb: np.ndarray, ib: np.ndarray
         uv[n], ui[n] = vb[q], ib[q]
         q += 1
         n += 1
+    # each operand's entries come out in their own order, so the union is strictly ascending
+    # exactly when both operands are: one check of it declines a non-canonical operand
+    for j in range(1, n):
+        if ui[j] <= ui[j - 1]:
+            return False, empty_v, empty_i, empty_v, empty_i
     # |v| as its IEEE bits without the sign: monotone in |v| for non-NaN floats, -0.0 == 0.0;
     # NaN is exactly a key above +inf's, so the largest key tells whether a sum is NaN
     sign_off = np.uint32(0x7FFFFFFF)
@@ -212,6 +240,7 @@ def _merge_kernel(va: np.ndarray, ia: np.ndarray, vb: np.ndarray, ib: np.ndarray
     else:  # vectorised
         mag = uv[:n].view(np.uint32) & sign_off
         top_key = mag.max() if n > 0 else np.uint32(0)
+        low_key = mag.min() if n > 0 else np.uint32(0)
     if top_key > np.uint32(0x7F800000):
         return False, empty_v, empty_i, empty_v, empty_i
     if n <= k:
@@ -219,7 +248,7 @@ def _merge_kernel(va: np.ndarray, ia: np.ndarray, vb: np.ndarray, ib: np.ndarray
     if wide:
         t, ties = _kth_largest_wide(mag[:n], hist, top_key, k)
     else:
-        t, ties = _kth_largest_key(mag[:n], k)
+        t, ties = _kth_largest_key(mag[:n], k, top_key, low_key)
     # one slot more each: both outputs are written every step and one cursor advances,
     # so the loop has no branch on the (random) keep decision
     kv = np.empty(k + 1, dtype=uv.dtype)
