@@ -202,6 +202,28 @@ def test_compiled_sort_by_index_is_the_stable_sort() -> None:
     assert fast_merge.numba_sort_by_index(torch.ones(2), torch.tensor([2, 1])) is None  # int64: torch path
 
 
+@pytest.mark.timeout(60)
+def test_the_sort_kernel_with_a_bits_hint_is_the_stable_sort_whatever_the_hint() -> None:
+    """The hint (the indices' bit count, from the vector's length) picks the digit width
+    only: right, too small (an index beyond it) or too large, the result is the stable sort."""
+    sort = fast_merge.compiled_kernel("sort")
+    rng = np.random.default_rng(70)
+    for trial in range(200):
+        n = int(rng.integers(2, 9000))
+        high = int(rng.choice([3, 1000, 2**13 + 1, 2**20, 2**25, 2**31 - 1]))
+        i = rng.integers(0, high, n).astype(rng.choice([np.int32, np.int64]))
+        v = rng.standard_normal(n).astype(np.float32)
+        true_bits = fast_merge.index_bits(high)
+        hint = int(rng.choice([true_bits, 1, max(1, true_bits - 3), true_bits + 5, 31]))
+        lo, hi, ascending, sv, si = sort(v, i, hint)
+        perm = np.argsort(i, kind="stable")
+        assert (lo, hi) == (i.min(), i.max()) and ascending == bool(np.all(np.diff(i) > 0))
+        if ascending:  # left where it is (n = 2 draws may come ascending)
+            continue
+        assert np.array_equal(si, i[perm].astype(np.int32)) and np.array_equal(sv.view(np.int32),
+                                                                                 v[perm].view(np.int32)), (trial, hint)
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_canonical_wire_is_the_range_check_conversion_and_stable_sort(index_dtype, monkeypatch) -> None:
     from gtopk_lab.compression.merge import canonical_wire

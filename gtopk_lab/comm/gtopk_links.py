@@ -35,7 +35,7 @@ from gtopk_lab.comm.links_transport import LinksTransport
 from gtopk_lab.comm.schedules import cached_schedule
 from gtopk_lab.comm.stats import CollectiveResult, CommStats, merge_cpu_clock
 from gtopk_lab.comm.transport import Transport
-from gtopk_lab.compression.fast_merge import compiled_kernel, enabled
+from gtopk_lab.compression.fast_merge import compiled_kernel, enabled, index_bits
 from gtopk_lab.compression.merge import check_range, merge_sparse
 
 __all__ = ["applies", "gtopk_over_links"]
@@ -68,7 +68,7 @@ def gtopk_over_links(transport: LinksTransport, rank: int, world: int, values: t
     links, nbytes = transport.links, 8 * k
     v_np, i_np = _array(values), _array(indices)
     t0 = merge_cpu_clock()
-    lo, hi, ascending, sorted_v, sorted_i = compiled_kernel("sort")(v_np, i_np)
+    lo, hi, ascending, sorted_v, sorted_i = compiled_kernel("sort")(v_np, i_np, index_bits(numel))
     merge_cpu_s = merge_cpu_clock() - t0
     check_range(int(lo), int(hi), numel, name)
     if ascending:  # the kernel leaves an ascending selection where it is
@@ -78,7 +78,7 @@ def gtopk_over_links(transport: LinksTransport, rank: int, world: int, values: t
     merged_elements, dropped = 0, []
     steps: list[tuple[int, int]] = []
     peers: list[tuple[int | None, int | None]] = []
-    messages = 0
+    messages = received = 0
     for step in cached_schedule(algorithm, rank, world):
         peer = step.peer
         if step.op != "recv":
@@ -93,6 +93,7 @@ def gtopk_over_links(transport: LinksTransport, rank: int, world: int, values: t
         arr = links.receive_array(peer)
         if arr.size != nbytes:
             raise RuntimeError(f"a message from rank {peer} has {arr.size} bytes: expected {nbytes}")
+        received += 1
         steps.append((nbytes if step.op == "exchange" else 0, nbytes))
         peers.append((peer if step.op == "exchange" else None, peer))
         their_v, their_i = arr[:4 * k].view(np.float32), arr[4 * k:].view(np.int32)
@@ -113,8 +114,8 @@ def gtopk_over_links(transport: LinksTransport, rank: int, world: int, values: t
     out_v, out_i = torch.from_numpy(mine_v), torch.from_numpy(mine_i)
     drop_v, drop_i = dropped[0] if len(dropped) == 1 else (out_v.new_empty(0), out_i.new_empty(0))
     stats = CommStats(
-        collective="gtopk_allreduce", algorithm=algorithm, bytes_sent=sum(s for s, _ in steps),
-        bytes_recv=sum(r for _, r in steps), messages=messages, rounds=len(steps), steps=steps, peers=peers,
+        collective="gtopk_allreduce", algorithm=algorithm, bytes_sent=nbytes * messages,
+        bytes_recv=nbytes * received, messages=messages, rounds=len(steps), steps=steps, peers=peers,
         merge_cpu_s=merge_cpu_s, merged_elements=merged_elements, dropped_values=drop_v, dropped_indices=drop_i,
         library_estimate=False, dropped_parts=dropped if len(dropped) > 1 else None)
     return CollectiveResult(out_v, out_i, stats)

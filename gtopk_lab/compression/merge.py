@@ -84,7 +84,7 @@ def canonical_wire(values: torch.Tensor, indices: torch.Tensor, numel: int,
     :func:`sort_by_index`. Same result either way."""
     check_sparse(values, indices, None, name)
     if index_dtype(numel) == torch.int32:
-        fast = numba_wire_sort(values, indices)
+        fast = numba_wire_sort(values, indices, numel)
         if fast is not None:
             lo, hi, sorted_values, sorted_indices = fast
             check_range(lo, hi, numel, name)
