@@ -19,11 +19,11 @@ Algorithm (n = |union| entries):
      above t, by a radix select: from n >= 8192 (:data:`_WIDE_MIN`) in two digits, 16 + 15
      bits, the first histogrammed in the same pass that makes the keys; below it in 11-bit
      digits just below the bits all candidates share (their own range, not the fixed top
-     bits), sorting the last <= 512 candidates. The candidates in the bin of the k-th largest are copied out without
-     a branch: top-k operands crowd a narrow band of magnitudes (most of 50k keys from a
-     25M gradient at density 0.001 share the top 11 bits), and a branch on "in the bin"
-     mispredicted on every other key (numba's ``np.partition`` took 1.8 ms at 50k
-     entries, numpy's 0.27 ms);
+     bits), sorting the last <= 512 candidates. The candidates in the bin of the k-th
+     largest are copied out without a branch: top-k operands crowd a narrow band of
+     magnitudes (most of 50k keys from a 25M gradient at density 0.001 share the top 11
+     bits), and a branch on "in the bin" mispredicted on every other key (numba's
+     ``np.partition`` took 1.8 ms at 50k entries, numpy's 0.27 ms);
   3. one pass over the union in index order writes every entry with |v| > t, and the first
      k - g entries with |v| == t, to kept, the others to dropped.
 It declines (returns None) when an operand is not strictly ascending or a sum is NaN
@@ -173,7 +173,7 @@ _SORT_MAX = 512
 
 #: from this many union entries on, the merge histograms the magnitudes' top 16 bits while
 #: it merges (65536 counters: their zeroing costs what ~8k entries do) and selects in two
-#: digits (16 + 15 bits), instead of the three-digit :func:`_kth_largest_key` afterwards
+#: digits (16 + 15 bits), instead of :func:`_kth_largest_key`'s passes afterwards
 _WIDE_MIN = 8192
 
 
