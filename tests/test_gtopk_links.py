@@ -46,8 +46,17 @@ def _call(case: str, algorithm: str, lean: bool) -> tuple:
     from gtopk_lab.comm import torch_dist
     from gtopk_lab.comm.gtopk_links import applies
 
+    from gtopk_lab.comm.gtopk_links import gtopk_over_links
+
     rank = torch.distributed.get_rank()
+    taken: list[int] = []
+
+    def counted(*args):
+        taken.append(1)
+        return gtopk_over_links(*args)
+
     torch_dist.over_links_applies = applies if lean else (lambda *a: False)  # type: ignore[assignment]
+    torch_dist.gtopk_over_links = counted  # type: ignore[assignment]
     values, indices = _selection(rank, case)
     try:
         r = torch_dist.gtopk_allreduce(values, indices, NUMEL, K, algorithm=algorithm, exact_k=True)
@@ -55,7 +64,7 @@ def _call(case: str, algorithm: str, lean: bool) -> tuple:
         return ("error", str(exc))
     st = r.stats
     return (r.values, r.indices, st.dropped_values, st.dropped_indices,
-            {f: getattr(st, f) for f in FIELDS}, st.merge_cpu_s)
+            {f: getattr(st, f) for f in FIELDS}, st.merge_cpu_s, len(taken))
 
 
 def _job(rank: int, world: int, cases: list[str]) -> dict:
@@ -121,7 +130,7 @@ def test_the_hot_path_is_the_general_path_bitwise_with_the_same_stats(
                 assert lean[0] != "error" and general[0] != "error", (what, lean, general)
                 for a, b in zip(lean[:5], general[:5]):
                     _same(a, b, what)
-                assert lean[5] >= 0.0
+                assert lean[5] >= 0.0 and (lean[6], general[6]) == (1, 0), what  # which path ran
         assert out["bad"] is not None and f"[0, {NUMEL})" in out["bad"], out["bad"]
     # the oracle: kept + dropped over all ranks = the sum of the inputs, per index
     for case in ("plain", "overlap", "int64", "ascending"):
