@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gtopk_lab.compression.merge import coalesce_sparse, index_dtype, merge_sparse
+from gtopk_lab.compression.merge import coalesce_sparse, index_dtype, merge_sparse, merge_sparse_torch
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -223,3 +223,20 @@ def test_sort_by_index_reorders_only_unsorted_selections() -> None:
     assert si.tolist() == [2, 5, 7] and sv.tolist() == [-1.0, 2.0, 3.0]
     same_v, same_i = sort_by_index(sv, si)
     assert same_v is sv and same_i is si  # already canonical: no copy
+
+
+@pytest.mark.timeout(30)
+def test_a_nan_sum_ranks_with_inf_so_a_merge_of_two_k_sets_keeps_k() -> None:
+    """torch.topk's rule (NaN above every number), the selectors' own: the NaN is kept, ties
+    with +inf to the lower index, and exactly k are kept (an exact-k rank that sent fewer
+    would leave its peers waiting)."""
+    v_a = torch.tensor([1.0, float("nan"), 3.0, 0.5])
+    i_a = torch.tensor([0, 2, 4, 6], dtype=torch.int32)
+    v_b = torch.tensor([2.0, 1.0, float("inf"), 0.25])
+    i_b = torch.tensor([1, 2, 5, 7], dtype=torch.int32)
+    for kept_v, kept_i, drop_v, drop_i in (merge_sparse(v_a, i_a, v_b, i_b, 4),
+                                           merge_sparse_torch(v_a, i_a, v_b, i_b, 4)):
+        assert kept_i.tolist() == [1, 2, 4, 5] and torch.isnan(kept_v[1]) and kept_v[3] == float("inf")
+        assert drop_i.tolist() == [0, 6, 7]
+    kept_v, kept_i, _, _ = merge_sparse(v_a, i_a, v_b, i_b, 1)  # NaN and +inf tie: the lower index
+    assert kept_i.tolist() == [2] and torch.isnan(kept_v[0])

@@ -259,7 +259,9 @@ def merge_sparse(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, i_b: t
       2. add each pair's second value into its first (``a + b``) and mark the seconds;
       3. among the firsts (the union) keep the ``min(k, |union|)`` entries of largest
          |value|, ties to the lower index: one order statistic (:func:`kth_largest`), not a
-         sort, with the seconds' magnitudes set to -1 so that they never count;
+         sort, with the seconds' magnitudes set to -1 so that they never count; a NaN ranks
+         with +inf (above every number, as in ``torch.topk``, the selectors' rule), so a
+         merge of two k-sets keeps k even when a sum is NaN;
       4. one stable sort of a 1-byte class (0 kept, 1 dropped, 2 second) lists the kept
          and the dropped positions, each in ascending index order.
 
@@ -312,7 +314,9 @@ def merge_sparse_torch(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, 
         keep = ~second
         n_keep = n_union
     else:
-        magnitude = sorted_vals.abs()
+        # NaN as +inf: kept, never silently parked in a residual, and exactly k kept (an
+        # exact-k rank that sent fewer would leave its peers waiting for its message)
+        magnitude = torch.nan_to_num(sorted_vals.abs(), nan=float("inf"), posinf=float("inf"))
         if n_second:
             magnitude.masked_fill_(second, -1.0)
         threshold = kth_largest(magnitude, k)
@@ -322,7 +326,7 @@ def merge_sparse_torch(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, 
             keep = magnitude > threshold
             tied = magnitude == threshold
             keep |= tied & (torch.cumsum(tied, 0) <= k - int(keep.sum()))
-            n_keep = int(keep.sum())  # k, unless NaN magnitudes left the ties short
+            n_keep = int(keep.sum())
     cls = (~keep).to(torch.uint8)
     if n_second:
         cls.masked_fill_(second, 2)
