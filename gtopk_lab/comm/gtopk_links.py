@@ -35,7 +35,7 @@ from gtopk_lab.comm.links_transport import LinksTransport
 from gtopk_lab.comm.schedules import cached_schedule
 from gtopk_lab.comm.stats import CollectiveResult, CommStats, merge_cpu_clock
 from gtopk_lab.comm.transport import Transport
-from gtopk_lab.compression.fast_merge import compiled_kernel, enabled, index_bits
+from gtopk_lab.compression.fast_merge import compiled_kernel, enabled, index_bits, numpy_view
 from gtopk_lab.compression.merge import check_range, merge_sparse
 
 __all__ = ["applies", "gtopk_over_links"]
@@ -54,19 +54,13 @@ def applies(transport: Transport, values: torch.Tensor, indices: torch.Tensor, n
             and values.is_cpu and indices.is_cpu and indices.numel() > 0 and enabled())
 
 
-def _array(t: torch.Tensor) -> np.ndarray:
-    if t.requires_grad or not t.is_contiguous():
-        t = t.detach().contiguous()
-    return t.numpy()
-
-
 def gtopk_over_links(transport: LinksTransport, rank: int, world: int, values: torch.Tensor,
                      indices: torch.Tensor, numel: int, k: int, algorithm: str,
                      name: str) -> CollectiveResult:
     """Steps 1-3 of the module docstring for this rank (the caller checked the arguments
     and :func:`applies`); returns what ``gtopk_allreduce`` returns, bitwise."""
     links, nbytes = transport.links, 8 * k
-    v_np, i_np = _array(values), _array(indices)
+    v_np, i_np = numpy_view(values), numpy_view(indices)
     t0 = merge_cpu_clock()
     lo, hi, ascending, sorted_v, sorted_i = compiled_kernel("sort")(v_np, i_np, index_bits(numel))
     merge_cpu_s = merge_cpu_clock() - t0

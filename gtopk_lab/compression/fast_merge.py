@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 __all__ = ["HAVE_NUMBA", "FAST_MERGE_ENV", "enabled", "numba_merge", "merge_applies", "numba_sort_by_index",
-           "numba_wire_sort", "warm_up", "compiled_kernel", "index_bits"]
+           "numba_wire_sort", "warm_up", "compiled_kernel", "index_bits", "numpy_view"]
 
 #: numba is installed (optional: the torch paths compute the same). It is imported, and
 #: the kernels compiled, on the first merge (importing numba costs ~0.5 s; merge.py is
@@ -300,7 +300,7 @@ def _sort_kernel(values: np.ndarray, indices: np.ndarray, bits_hint: int) -> tup
             if w <= 13:
                 cost = p * (4 * n + (1 << w))
                 if best < 0 or cost < best:
-                    best, width = cost, max(w, 1)
+                    best, width = cost, w
     mask = (1 << width) - 1
     count = np.zeros(1 << width, dtype=np.int64)
     lo = np.int64(indices[0]) if n > 0 else np.int64(0)
@@ -379,7 +379,7 @@ def warm_up() -> None:
         compiled_kernel("sort")(v, i[::-1].astype(np.int64), 0)
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
+def numpy_view(t: torch.Tensor) -> np.ndarray:
     """``t``'s memory as a numpy array: a view when it is contiguous and needs no grad (a
     detach or contiguous that does nothing still costs a dispatch, on every merge)."""
     if t.requires_grad or not t.is_contiguous():
@@ -402,7 +402,7 @@ def numba_merge(v_a: torch.Tensor, i_a: torch.Tensor, v_b: torch.Tensor, i_b: to
     """``merge_sparse``'s result (kept values, indices, dropped values, indices) from the
     compiled kernel, or None when it declines (an operand not strictly ascending, a NaN
     sum). Callers check :func:`merge_applies` first."""
-    ok, kv, ki, dv, di = compiled_kernel("merge")(_np(v_a), _np(i_a), _np(v_b), _np(i_b), k)
+    ok, kv, ki, dv, di = compiled_kernel("merge")(numpy_view(v_a), numpy_view(i_a), numpy_view(v_b), numpy_view(i_b), k)
     if not ok:
         return None
     return torch.from_numpy(kv), torch.from_numpy(ki), torch.from_numpy(dv), torch.from_numpy(di)
@@ -421,7 +421,7 @@ def _sort(values: torch.Tensor, indices: torch.Tensor, index_dtypes: tuple[torch
             and values.dtype == torch.float32 and indices.dtype in index_dtypes
             and indices.numel() > 0):
         return None
-    lo, hi, ascending, v, i = compiled_kernel("sort")(_np(values), _np(indices), bits_hint)
+    lo, hi, ascending, v, i = compiled_kernel("sort")(numpy_view(values), numpy_view(indices), bits_hint)
     return int(lo), int(hi), bool(ascending), v, i
 
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from gtopk_lab.compression import fast_merge
-from gtopk_lab.compression.fast_merge import _jit, _np
+from gtopk_lab.compression.fast_merge import _jit, numpy_view
 
 __all__ = ["numba_merge_many", "numba_reduce_levels", "reduction_levels"]
 
@@ -136,11 +136,16 @@ def _kernel(name: str = "many") -> Any:
     return _KERNEL[name]
 
 
+def _offsets(sizes: Sequence[int]) -> np.ndarray:
+    """Where each of the concatenated vectors starts, and the total last (int64)."""
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    return offsets
+
+
 def _packed(tensors: Sequence[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
-    arrays = [_np(t) for t in tensors]
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-    np.cumsum([a.size for a in arrays], out=offsets[1:])
-    return np.concatenate(arrays), offsets
+    arrays = [numpy_view(t) for t in tensors]
+    return np.concatenate(arrays), _offsets([a.size for a in arrays])
 
 
 def _cut(kv: np.ndarray, ki: np.ndarray, ko: np.ndarray, dv: np.ndarray, di: np.ndarray, do: np.ndarray
@@ -202,10 +207,8 @@ def numba_reduce_levels(vectors: Sequence[tuple[torch.Tensor, torch.Tensor]], k:
     if packed is not None:
         sizes = [v.numel() for v, _ in vectors]
         if packed[0].numel() == sum(sizes) and _applies([packed[0]], [packed[1]]):
-            oa = np.zeros(len(sizes) + 1, dtype=np.int64)
-            np.cumsum(sizes, out=oa[1:])
-            va, ia = _np(packed[0]), _np(packed[1])
-            ok, kv, ki, ko, dv, di, do = _kernel("levels")(va, ia, oa, k)
+            va, ia = numpy_view(packed[0]), numpy_view(packed[1])
+            ok, kv, ki, ko, dv, di, do = _kernel("levels")(va, ia, _offsets(sizes), k)
             return _cut(kv[ko[0]:], ki[ko[0]:], ko - ko[0], dv, di, do) if ok else None
     if not _applies([v for v, _ in vectors], [i for _, i in vectors]):
         return None
