@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 
 import pytest
 import torch
 
 from gtopk_lab.comm.launch import run_gloo
-from gtopk_lab.comm.tcp_links import TcpLinks, listen_address, tcp_wanted
+from gtopk_lab.comm.tcp_links import TcpLinks, io_cpu_s, listen_address, tcp_wanted
 from gtopk_lab.worker.faults import PEER_LOST, PEER_TIMEOUT, failure_cause
 from thread_ranks import run_both, swap_messages
 
@@ -67,6 +68,45 @@ def test_messages_of_several_parts_and_of_no_bytes_arrive_whole_and_in_order() -
     for n, (got, parts) in enumerate(zip(results, messages)):
         assert torch.equal(got, torch.cat(parts)), n
     assert not any(a.pending.values())
+
+
+@pytest.mark.timeout(60)
+def test_io_cpu_counts_the_links_socket_work_but_not_their_waits_nor_other_work() -> None:
+    """``io_cpu_s`` (the TCP links' I/O CPU the network model leaves to the calibrated wire):
+    a receive that waits 0.3 s for a late 1 kB message adds almost nothing; a 64 MB receive
+    adds at least the CPU this thread spent in it (all of it I/O: the oracle, read around the
+    call here); 50 ms of arithmetic outside the links adds nothing."""
+    a, b = _pair()
+
+    def late_send(nbytes: int, delay_s: float) -> threading.Thread:
+        def go() -> None:
+            time.sleep(delay_s)
+            b.send(0, torch.ones(nbytes, dtype=torch.uint8))
+            b.flush()
+        t = threading.Thread(target=go)
+        t.start()
+        return t
+
+    sender = late_send(1024, 0.3)
+    io0, t0 = io_cpu_s(), time.monotonic()
+    assert a.receive(1).numel() == 1024
+    waited_s, io_s = time.monotonic() - t0, io_cpu_s() - io0
+    sender.join()
+    assert waited_s >= 0.29 and io_s < 0.05, (waited_s, io_s)
+
+    sender = late_send(64 << 20, 0.0)
+    io0, cpu0 = io_cpu_s(), time.thread_time()
+    got = a.receive(1)
+    receive_cpu_s, io_s = time.thread_time() - cpu0, io_cpu_s() - io0
+    sender.join()
+    assert got.numel() == 64 << 20 and bool((got == 1).all())
+    assert receive_cpu_s > 0 and io_s >= 0.99 * receive_cpu_s, (receive_cpu_s, io_s)
+
+    io0, cpu0 = io_cpu_s(), time.thread_time()
+    x = 0
+    while time.thread_time() - cpu0 < 0.05:
+        x += 1
+    assert io_cpu_s() == io0
 
 
 @pytest.mark.timeout(60)

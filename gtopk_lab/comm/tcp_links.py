@@ -58,7 +58,8 @@ import torch.distributed as dist
 from gtopk_lab.comm.dist_transport import group_timeout_s
 from gtopk_lab.comm.group_links import GroupLinks, Links, links_wanted
 
-__all__ = ["TCP_ENV", "TcpLinks", "tcp_links", "tcp_decided", "tcp_wanted", "listen_address", "forget_tcp_links"]
+__all__ = ["TCP_ENV", "TcpLinks", "tcp_links", "tcp_decided", "tcp_wanted", "listen_address", "forget_tcp_links",
+           "io_cpu_s"]
 
 #: "0" turns the TCP transport off (gloo's point-to-point between hosts); "1" (default): used
 TCP_ENV = "GTOPK_LAB_TCP"
@@ -68,6 +69,19 @@ _LENGTH = struct.Struct("<q")
 #: the handshake's connect / accept give up after this long (then gloo carries the messages)
 _HANDSHAKE_S = 30.0
 _POLL_MS = 50  # a wait wakes this often to check the group's timeout
+#: thread CPU seconds this process spent inside the links' sends, receives and flushes (all groups)
+_IO_CPU_S = [0.0]
+
+
+def io_cpu_s() -> float:
+    """Thread CPU seconds this process has spent so far inside :class:`TcpLinks`' ``send_arrays``,
+    ``receive_array`` and ``flush`` (the socket calls, the kernel's network stack they run, and
+    the waits that move queued bytes; a sleep in ``poll`` costs none). A model that prices the
+    wire with a link calibrated over these same calls (``gtopk-lab calibrate``'s ping-pong)
+    already holds this work: :mod:`gtopk_lab.network.cpu_contention`'s off-wire CPU is a call's
+    thread CPU less the difference of two readings of this. Cost of keeping it: two
+    ``time.thread_time()`` reads (about 1 us) per send, receive and flush."""
+    return _IO_CPU_S[0]
 
 
 def tcp_wanted() -> bool:
@@ -114,6 +128,13 @@ class TcpLinks(Links):
         """:meth:`send` of uint8 numpy arrays: one ``sendmsg`` when the kernel takes it whole
         and nothing is queued before it, else the unsent rest is queued (a copy: the arrays
         may be views of tensors the caller reuses once this returns) and pumped."""
+        cpu0 = time.thread_time()
+        try:
+            self._send_arrays(dst, arrays)
+        finally:
+            _IO_CPU_S[0] += time.thread_time() - cpu0
+
+    def _send_arrays(self, dst: int, arrays: list[np.ndarray]) -> None:
         total = sum(a.size for a in arrays)
         pieces = [_LENGTH.pack(total), *arrays]
         queue = self.pending[dst]
@@ -156,6 +177,21 @@ class TcpLinks(Links):
     # ------------------------------------------------------------------ receiving
     def receive_array(self, src: int) -> np.ndarray:
         """:meth:`receive` as a fresh uint8 numpy array (this rank owns it)."""
+        cpu0 = time.thread_time()
+        try:
+            return self._receive_array(src)
+        finally:
+            _IO_CPU_S[0] += time.thread_time() - cpu0
+
+    def flush(self) -> None:
+        """:meth:`Links.flush`, its thread CPU counted in :func:`io_cpu_s`."""
+        cpu0 = time.thread_time()
+        try:
+            super().flush()
+        finally:
+            _IO_CPU_S[0] += time.thread_time() - cpu0
+
+    def _receive_array(self, src: int) -> np.ndarray:
         sock, head = self.socks[src], self._length
         state: dict[str, object] = {"got": 0, "out": None}
 

@@ -159,7 +159,8 @@ def fit_tcp_constants(points: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 def merge_rank_reports(per_rank: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per case from every rank's timed cases (``gtopk_lab.worker.tcp_calls``):
-    the slowest rank's median, the fewest cores any rank saw, every rank's rounds and CPU."""
+    the slowest rank's median, the fewest cores any rank saw, every rank's rounds, off-wire CPU
+    and (for the log) CPU in the TCP links' I/O."""
     rows = []
     for j, case in enumerate(per_rank[0]):
         per = [r[j] for r in per_rank]
@@ -167,6 +168,7 @@ def merge_rank_reports(per_rank: Sequence[Sequence[dict[str, Any]]]) -> list[dic
                      "median_s": case["median_s"], "slowest_s": case["slowest_s"],
                      "cores": min(p["available_cores"] for p in per),
                      "steps": [p["steps"] for p in per], "cpu_s": [p["cpu_s"] for p in per],
+                     "io_cpu_s": [p.get("io_cpu_s", 0.0) for p in per],
                      "peers": [p.get("peers", []) for p in per]})
     return rows
 

@@ -10,7 +10,10 @@
 3. one warm-up call (connections, allocations), then ``repeats`` calls, each timed from an
    instant all ranks agreed on (``common_start_s``: one monotonic clock, which namespaces
    on one kernel share) to this rank's return (wall), with this thread's CPU over the call
-   (``time.thread_time``: the off-wire CPU, since gloo's own I/O threads are not counted);
+   (``time.thread_time``) less the part spent in the project's TCP links' I/O
+   (:func:`~gtopk_lab.comm.tcp_links.io_cpu_s`: socket calls and the network stack they run,
+   which the calibrated link already prices): the off-wire CPU, as gloo's own I/O threads are
+   not counted either (both parts are kept: ``thread_cpu_s``, ``io_cpu_s``);
 4. one MAX all-reduce of the times: a call ends when its slowest rank returns.
 
 Cases (``collective``): ``ring_allreduce`` (dense), ``topk_allgather`` (exact count),
@@ -30,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from gtopk_lab.comm.oktopk import OkTopkFaithfulState, oktopk_faithful_allreduce
+from gtopk_lab.comm.tcp_links import io_cpu_s
 from gtopk_lab.comm.timing import available_cores, common_start_s
 from gtopk_lab.comm.torch_dist import dense_allreduce, gtopk_allreduce, topk_allgather
 from gtopk_lab.compression.selection import get_selector
@@ -119,20 +123,23 @@ def time_case(case: dict[str, Any], rank: int, world: int, data: dict) -> dict[s
         raise ValueError(f"repeats={repeats!r} is invalid: expected an integer >= 1")
     call = _call(case, rank, world, data)
     cores = available_cores()
-    times, cpus, procs, result = [], [], [], None
+    times, cpus, ios, procs, result = [], [], [], [], None
     for rep in range(repeats + 1):
         start, _late = common_start_s()
-        cpu0, proc0 = time.thread_time(), time.process_time()
+        cpu0, io0, proc0 = time.thread_time(), io_cpu_s(), time.process_time()
         result = call()
         elapsed = time.monotonic() - start
         if rep > 0:
             times.append(elapsed)
             cpus.append(time.thread_time() - cpu0)
+            ios.append(io_cpu_s() - io0)
             procs.append(time.process_time() - proc0)  # with gloo's own threads, for the log
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return {**case, "workers": world, "times_s": times, "slowest_s": slowest.tolist(),
-            "median_s": statistics.median(slowest.tolist()), "cpu_s": statistics.median(cpus),
+            "median_s": statistics.median(slowest.tolist()),
+            "cpu_s": statistics.median(max(0.0, c - io) for c, io in zip(cpus, ios)),
+            "thread_cpu_s": statistics.median(cpus), "io_cpu_s": statistics.median(ios),
             "process_cpu_s": statistics.median(procs), "available_cores": cores,
             "steps": [[int(a), int(b)] for a, b in result.stats.steps],
             "peers": [list(p) for p in result.stats.peers]}
