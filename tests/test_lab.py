@@ -41,9 +41,9 @@ def test_run_end_to_end(lab, method, workers):
     assert summary["iterations"] == 4
     assert len(set(handle.workers)) == workers  # P distinct Dask workers
     assert summary["backend"] == "gloo"
-    # co-located ranks: gTop-k's point-to-point rounds through shared memory; the library
-    # collectives (dense's ring, Top-k's allgather) and a lone rank on gloo
-    assert summary["transport"] == ("shm" if method == "gtopk" and workers > 1 else "gloo"), summary["transport"]
+    # co-located ranks: gTop-k's rounds and Top-k's allgather ring through shared memory; the
+    # library collective (dense's ring) and a lone rank on gloo
+    assert summary["transport"] == ("shm" if method != "dense" and workers > 1 else "gloo"), summary["transport"]
     it = metrics[metrics["kind"] == "iter"]
     assert sorted(it["rank"].unique()) == list(range(workers))
     assert (it.groupby("rank")["iteration"].max() == 3).all()

@@ -54,7 +54,7 @@ def _big(rank: int) -> torch.Tensor:
 def _collectives_job(rank: int, world: int, pid_file: str) -> dict:
     from gtopk_lab.comm.oktopk import oktopk_allreduce, oktopk_faithful_allreduce
     from gtopk_lab.comm.tensor_programs import run_tensor_program
-    from gtopk_lab.comm.torch_dist import gtopk_allreduce
+    from gtopk_lab.comm.torch_dist import gtopk_allreduce, topk_allgather
     from gtopk_lab.comm.transport_choice import transport_kind
 
     Path(pid_file + f".{rank}").write_text(str(os.getpid()))
@@ -72,6 +72,13 @@ def _collectives_job(rank: int, world: int, pid_file: str) -> dict:
     out["oktopk-exact"] = (r.values, r.indices, r.stats.steps)
     r = run_tensor_program(lambda rk, w: _ring_sum_program(rk, w, _big(rk)), "ring-sum")
     out["ring"] = r.values if hasattr(r, "values") else r
+    # Top-k's allgather: exact count; counted with a different count per rank; and every
+    # entry (160 kB a block, more than a 64 kB ring, all ranks sending at once)
+    for key, (vals, idx, exact) in {"allgather/exact": (v, i, K), "allgather/counted": (v[rank:], i[rank:], None),
+                                    "allgather/all": (acc, torch.arange(NUMEL), None)}.items():
+        r = topk_allgather(vals, idx, NUMEL, exact_count=exact)
+        out[key] = (r.values, r.indices, r.stats.steps)
+        out[key + "/peers"] = r.stats.peers
     return out
 
 
@@ -105,7 +112,7 @@ MODES = {"gloo": ("0", "0"), "tcp": ("0", "1"), "shm": ("1", "1")}
 def test_every_point_to_point_collective_is_bitwise_the_gloo_paths_and_the_oracles(
         world: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """gTop-k (butterfly, tree; counted and exact-k), Ok-Topk (warm-up, re-evaluation, reuse),
-    Ok-Topk exact and a tensor program whose 1.2 MB messages stream through 64 kB rings (and
+    Ok-Topk exact, Top-k's allgather (exact, counted, 160 kB blocks) and a tensor program whose 1.2 MB messages stream through 64 kB rings (and
     fill the TCP sockets' buffers while both ends send): the shm run and the run over the
     project's own TCP links equal the gloo run bitwise (values, indices, recorded rounds) and
     the oracles (the in-process drivers; the dense sum; at P = 2 the top-k of the two inputs'
@@ -121,8 +128,12 @@ def test_every_point_to_point_collective_is_bitwise_the_gloo_paths_and_the_oracl
         assert [r["kind"] for r in runs[mode]] == [mode] * world
     for mode in ("tcp", "shm"):
         for rank in range(world):
+            # the links carry the allgather as a ring (right out, left in); gloo's peers are unknown
+            assert runs["gloo"][rank]["allgather/all/peers"] == []
+            assert runs[mode][rank]["allgather/all/peers"] == [((rank + 1) % world, (rank - 1) % world)] * (
+                2 * (world - 1))
             for key, gloo in runs["gloo"][rank].items():
-                if key != "kind":
+                if key != "kind" and not key.endswith("/peers"):
                     _assert_same(gloo if isinstance(gloo, tuple) else (gloo,),
                                  runs[mode][rank][key] if isinstance(gloo, tuple) else (runs[mode][rank][key],),
                                  f"{mode}: rank {rank} {key}")
@@ -145,6 +156,17 @@ def test_every_point_to_point_collective_is_bitwise_the_gloo_paths_and_the_oracl
     sims = sim_oktopk_allreduce([v for _, v, _ in inputs], [i for _, _, i in inputs], NUMEL, K)
     for rank, sim in enumerate(sims):
         _assert_same((sim.values, sim.indices, sim.stats.steps), runs["1"][rank]["oktopk-exact"], "oktopk-exact")
+    for key, take in {"allgather/exact": 0, "allgather/counted": 1}.items():  # the sum of every selection
+        total = torch.zeros(NUMEL)
+        for r, (_, v, i) in enumerate(inputs):
+            total.index_add_(0, i[r * take:], v[r * take:])
+        for rank in range(world):
+            values, indices, _ = runs["1"][rank][key]
+            assert torch.equal(torch.zeros(NUMEL).index_add_(0, indices.long(), values), total), (key, rank)
+    dense = sum(acc for acc, _, _ in inputs)
+    for rank in range(world):
+        values, indices, _ = runs["1"][rank]["allgather/all"]
+        assert torch.equal(indices.long(), torch.arange(NUMEL)) and torch.allclose(values, dense, atol=1e-5)
     expected = [_big(rank).clone() for rank in range(world)]  # the ring's order of additions
     for rank in range(world):
         for step in range(1, world):

@@ -153,6 +153,11 @@ def ring_allreduce_steps(nbytes: int, world_size: int) -> list[tuple[int, int]]:
     return [(chunk, chunk)] * (2 * (world_size - 1))
 
 
+def ring_peers(rank: int, world_size: int) -> tuple[int, int]:
+    """(right, left) of a ring: the ranks ``rank`` sends to and receives from in every round."""
+    return (rank + 1) % world_size, (rank - 1) % world_size
+
+
 def ring_allgather_steps(nbytes_per_rank: int, world_size: int) -> list[tuple[int, int]]:
     """(bytes_sent, bytes_recv) per round of a ring allgather of ``nbytes_per_rank`` per rank.
 

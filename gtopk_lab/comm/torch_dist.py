@@ -32,19 +32,21 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from gtopk_lab.comm.allgather_links import ring_allgather
 from gtopk_lab.comm.dist_transport import comm_device, global_rank, rank_world
 from gtopk_lab.comm.gtopk_links import applies as over_links_applies
 from gtopk_lab.comm.gtopk_links import gtopk_over_links
 from gtopk_lab.comm.profiling import active_profile
 from gtopk_lab.comm.programs import allgather_assemble, allgather_steps, dense_stats, gtopk_program
 from gtopk_lab.comm.recorder import Recorder
-from gtopk_lab.comm.schedules import cached_schedule
+from gtopk_lab.comm.schedules import cached_schedule, ring_peers
 from gtopk_lab.comm.stats import CollectiveResult, Payload, check_algorithm, check_exact_k, check_k, check_numel, wire
 from gtopk_lab.comm.transport import drive
-from gtopk_lab.comm.transport_choice import transport_for
+from gtopk_lab.comm.transport_choice import cpu_links, transport_for
 from gtopk_lab.comm.wire import PartsWire, sparse_wire
 from gtopk_lab.compression.merge import check_sparse, index_dtype
 from gtopk_lab.network.pacing import active_pacer
@@ -89,6 +91,9 @@ def topk_allgather(values: torch.Tensor, indices: torch.Tensor, numel: int,
     GaussianK), then allgather of the (value, index) pairs padded to the largest count.
     Exact (nothing dropped): the result is the sparse sum of all selections, canonical.
     Cost (ring): 2(P-1) alpha + (P-1) * n_max * 8 beta per rank, growing linearly with P.
+    A CPU rank whose group has links (shared memory, own TCP) gathers over them
+    (:func:`~gtopk_lab.comm.allgather_links.ring_allgather`: the same bytes and rounds, their
+    peers recorded); otherwise the backend's ``all_gather`` (``stats.library_estimate``).
 
     ``exact_count=k`` (every rank selected exactly k entries, e.g. the ``topk`` selector;
     all ranks pass the same value): the count allgather is skipped, one allgather of the
@@ -109,8 +114,13 @@ def topk_allgather(values: torch.Tensor, indices: torch.Tensor, numel: int,
         result = allgather_assemble([values.numel()], [(values, indices)], vdt, idt, 1, counted)
         return result
     device = comm_device(values, group)
+    # on a CPU rank the pairs take the group's links (shared memory or own TCP), as gTop-k's
+    links = cpu_links(group) if device.type == "cpu" else None
     t0 = time.perf_counter()
-    if counted:
+    if counted and links is not None:
+        mine_count = np.array([values.numel()], dtype=np.int64).view(np.uint8)
+        counts = [int(b.view(np.int64)[0]) for b in ring_allgather(links, rank, world, mine_count)]
+    elif counted:
         count = torch.tensor([values.numel()], dtype=torch.int64, device=device)
         counts_t = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(world)]
         dist.all_gather(counts_t, count, group=group)
@@ -125,13 +135,19 @@ def topk_allgather(values: torch.Tensor, indices: torch.Tensor, numel: int,
         buf = torch.zeros(n_max * pair, dtype=torch.uint8, device=device)
         mine = pairs.encode((values, indices), device)
         buf[: mine.numel()] = mine
-        bufs = [torch.empty_like(buf) for _ in range(world)]
-        dist.all_gather(bufs, buf, group=group)
+        if links is not None:
+            bufs = [torch.from_numpy(b) for b in ring_allgather(links, rank, world, buf.numpy())]
+        else:
+            bufs = [torch.empty_like(buf) for _ in range(world)]
+            dist.all_gather(bufs, buf, group=group)
         gathered = [PartsWire((vdt, idt), count=c).decode(b, b[: c * pair]) for b, c in zip(bufs, counts)]
     pacer = active_pacer()
     if pacer is not None:  # the wire time comes before the local assembly that needs it
         pacer.pace_steps(t0, allgather_steps(counts, vdt, idt, world, counted))
     result = allgather_assemble(counts, gathered, vdt, idt, world, counted)
+    if links is not None:  # the rounds really sent, with their peers (the ring's)
+        result.stats.library_estimate = False
+        result.stats.peers = [ring_peers(rank, world)] * len(result.stats.steps)
     return CollectiveResult(result.values.to(out_device), result.indices.to(out_device), result.stats)
 
 

@@ -15,7 +15,8 @@ links between hosts, else gloo/NCCL.
    NCCL on GPUs).
 
 All send the same wire-format bytes, so results are the same bitwise whichever carries them.
-The library collectives (dense allreduce, Top-k's allgather) stay on the backend.
+Top-k's allgather takes the same links on a CPU rank (:func:`cpu_links`,
+:mod:`gtopk_lab.comm.allgather_links`); the dense allreduce stays on the backend.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from gtopk_lab.comm.tcp_links import TcpLinks, tcp_decided, tcp_links
 from gtopk_lab.comm.transport import Transport
 from gtopk_lab.comm.wire import BYTES, WireFormat
 
-__all__ = ["transport_for", "transport_kind", "transport_used", "round_trip_over", "links_max_reduce"]
+__all__ = ["transport_for", "cpu_links", "transport_kind", "transport_used", "round_trip_over", "links_max_reduce"]
 
 
 def transport_for(group: dist.ProcessGroup | None, device: torch.device, wire: WireFormat, *,
@@ -47,11 +48,14 @@ def transport_for(group: dist.ProcessGroup | None, device: torch.device, wire: W
     return DistTransport(group, device, wire, profile=profile)
 
 
-def _links(group: dist.ProcessGroup | None) -> ShmLinks | TcpLinks | None:
+def cpu_links(group: dist.ProcessGroup | None) -> ShmLinks | TcpLinks | None:
     """Steps 1-2: the group's shared-memory links, else its TCP links, else None (each
     handshake once per group, every rank asking together the first time)."""
     shm = shm_links(group)
     return shm if shm is not None else tcp_links(group)
+
+
+_links = cpu_links
 
 
 def transport_kind(group: dist.ProcessGroup | None = None, device: torch.device | None = None) -> str:

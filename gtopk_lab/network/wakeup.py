@@ -20,8 +20,9 @@ Algorithm:
    unfold rounds of a P that is not a power of two), each needing both peers running; the
    tree's ``2 ceil(log2 P)`` one-way rounds of rank 0's path (reduce up, broadcast down),
    each needing its receiver running; the library collectives (dense ring allreduce, the
-   Top-k allgather) are paced as a whole, once, and their own rounds run inside gloo during
-   that paced wait, so one wake-up follows it;
+   Top-k allgather) are paced as a whole, once, and their own rounds run (inside gloo, or
+   the allgather's ring over the ranks' links) before that paced wait ends, so one wake-up
+   follows it;
 3. the term is ``n * d`` seconds (:func:`wakeup_time_s`), added to the alpha-beta-gamma
    time (and to the off-wire CPU term: each returns seconds to add).
 
