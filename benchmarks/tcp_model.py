@@ -4,8 +4,8 @@ Root only (``gtopk_lab.testbed``; without it one line says why, exit 2). On N ne
 namespaces on one bridge, every host's veth shaped to ``--rate`` both ways (no Dask: the
 ranks are plain gloo processes inside the hosts, ``benchmarks/tcp_model_rank.py``):
 
-1. **Calibrate** alpha and beta by ping-pong between hosts 0 and 1 (``pingpong_medians``,
-   the fit of ``gtopk-lab calibrate``).
+1. **Calibrate** alpha, beta and the shaper's burst by ping-pong between hosts 0 and 1
+   (``pingpong_medians``, the fit of ``gtopk-lab calibrate``: ``alpha + beta * max(0, n - B)``).
 2. **Sweep**: dense ring allreduce, Top-k allgather, gTop-k butterfly and tree, Ok-Topk at
    P = ``--workers`` hosts, ``--numels`` x ``--densities`` (dense: once per size); plus the
    **incast** case (every rank sends its k pairs to rank 0 at once). Median over calls of the
@@ -16,7 +16,7 @@ ranks are plain gloo processes inside the hosts, ``benchmarks/tcp_model_rank.py`
    (``Testbed(rate_per_host=...)``).
 5. **Model**, per call (``gtopk_lab.network.tcp_fit.predict_call``): calibrated alpha-beta of the
    rounds really sent (``ab``), + off-wire CPU x max(1, P / cores) (``+cpu``; the ranks of all
-   hosts share this box's cores), + the TCP terms (``+tcp``: per-message CPU, incast; the
+   hosts share this box's cores), + the TCP terms (``+tcp``: the burst, per-message CPU, incast; the
    straggler's rounds at the slowest link's beta, two jobs' contention over both jobs' ranks).
    The constants are fitted on the P <= 4 sweep and incast calls only; P = 8, the two jobs and
    the straggler are held out.
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tcp_model_report import environment, error_table, write_figure  # noqa: E402
 
 from gtopk_lab.counts import parse_count_list, split_list  # noqa: E402
-from gtopk_lab.network.calibrate import fit_alpha_beta  # noqa: E402
+from gtopk_lab.network.calibrate import fit_alpha_beta_burst  # noqa: E402
 from gtopk_lab.network.model import NetworkModel  # noqa: E402
 from gtopk_lab.network.tcp_fit import fit_terms, merge_rank_reports, predict_row  # noqa: E402
 from gtopk_lab.network.tcp_terms import TcpTerms  # noqa: E402
@@ -56,21 +56,26 @@ from gtopk_lab.testbed import Testbed, parse_rate_bps, testbed_problem  # noqa: 
 PY = sys.executable
 RANK = str(Path(__file__).resolve().parent / "tcp_model_rank.py")
 SPARSE = ("topk_allgather", "gtopk_butterfly", "gtopk_tree", "oktopk_allreduce")
-PINGPONG_SIZES = [1 << 10, 64 << 10, 1 << 20, 4 << 20]
+#: two sizes or more on each side of a shaper's bucket (a few kB at 200 Mbit/s), so its burst can be fitted
+PINGPONG_SIZES = [1 << 10, 2 << 10, 4 << 10, 8 << 10, 16 << 10, 64 << 10, 1 << 20, 4 << 20]
 
 
 def sweep_cases(numels: list[int], densities: list[float], repeats: int, big_repeats: int,
-                incast: bool = True) -> list[dict[str, Any]]:
-    """Step 2's cases, grouped by (numel, density) so a rank holds one size at a time."""
+                incast: bool = True, small_repeats: int | None = None) -> list[dict[str, Any]]:
+    """Step 2's cases, grouped by (numel, density) so a rank holds one size at a time.
+    ``small_repeats`` (default ``repeats``): timed calls of the sparse cases below 10M elements,
+    whose milliseconds vary most from call to call; dense from 10M on takes ``big_repeats``."""
     cases = []
     for numel in numels:
-        reps = big_repeats if numel >= 10_000_000 else repeats
-        cases.append({"collective": "ring_allreduce", "numel": numel, "density": densities[0], "repeats": reps})
+        big = numel >= 10_000_000
+        reps = repeats if big or small_repeats is None else small_repeats
+        cases.append({"collective": "ring_allreduce", "numel": numel, "density": densities[0],
+                      "repeats": big_repeats if big else repeats})
         for density in densities:
             for name in SPARSE:
-                cases.append({"collective": name, "numel": numel, "density": density, "repeats": repeats})
+                cases.append({"collective": name, "numel": numel, "density": density, "repeats": reps})
             if incast and density == max(densities):
-                cases.append({"collective": "incast", "numel": numel, "density": density, "repeats": repeats})
+                cases.append({"collective": "incast", "numel": numel, "density": density, "repeats": reps})
     return cases
 
 
@@ -103,12 +108,14 @@ def merge_ranks(ranks: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def calibrate(tb: Testbed) -> NetworkModel:
-    """Step 1: ping-pong hosts 0 and 1, fit alpha and beta."""
+    """Step 1: ping-pong hosts 0 and 1, fit alpha, beta and the shaper's burst (the model's
+    ``tcp.burst_bytes``; ``fit_alpha_beta_burst``: sizes on both sides of the bucket)."""
     procs = run_group(tb, [0, 1], [], "calib", 29600,
                       {"pingpong_sizes": PINGPONG_SIZES, "pingpong_repeats": 5})
     ranks = wait_group(tb, procs, "calib")
-    alpha, beta = fit_alpha_beta(PINGPONG_SIZES, ranks[0]["pingpong_s"])
-    return NetworkModel.from_alpha_beta(alpha, beta, name="calibrated:testbed")
+    alpha, beta, burst = fit_alpha_beta_burst(PINGPONG_SIZES, ranks[0]["pingpong_s"])
+    plain = NetworkModel.from_alpha_beta(alpha, beta, name="calibrated:testbed")
+    return NetworkModel(plain.latency_s, plain.bandwidth_bps, plain.name, tcp=TcpTerms(burst_bytes=burst))
 
 
 def predict(rows: list[dict[str, Any]], net: NetworkModel, tcp: TcpTerms, cores_total: int,
@@ -132,6 +139,8 @@ def main() -> int:
     parser.add_argument("--densities", default="0.001,0.01")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per case (default 3)")
     parser.add_argument("--big-repeats", type=int, default=2, help="timed calls of 25M dense (default 2)")
+    parser.add_argument("--small-repeats", type=int, default=9,
+                        help="timed calls of each sparse case below 10M elements (default 9)")
     parser.add_argument("--quick", action="store_true", help="P = 2, 4 and 1M only (a smoke run)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "logs"))
     args = parser.parse_args()
@@ -152,13 +161,15 @@ def main() -> int:
         net = calibrate(tb)
         print(f"calibrated: {net} ({time.monotonic() - t0:.0f} s)", flush=True)
         for p in workers:
-            cases = sweep_cases(numels, densities, args.repeats, args.big_repeats)
+            cases = sweep_cases(numels, densities, args.repeats, args.big_repeats,
+                                small_repeats=args.small_repeats)
             rows += merge_ranks(wait_group(tb, run_group(tb, list(range(p)), cases, f"p{p}", 29601), f"p{p}"),
                                 "sweep")
             print(f"P = {p} done ({time.monotonic() - t0:.0f} s)", flush=True)
         if hosts >= 4:
             half = hosts // 2
-            cases = [{"collective": c, "numel": min(numels), "density": max(densities), "repeats": args.repeats}
+            cases = [{"collective": c, "numel": min(numels), "density": max(densities),
+                      "repeats": args.repeats if c == "ring_allreduce" else args.small_repeats}
                      for c in ("ring_allreduce", *SPARSE)]
             base = {"slot_s": 4.0, "base_monotonic_s": time.monotonic() + 25.0}
             jobs = [run_group(tb, list(range(half)), cases, "jobA", 29602, base),
@@ -168,7 +179,8 @@ def main() -> int:
             print(f"two jobs done ({time.monotonic() - t0:.0f} s)", flush=True)
     rates = [args.rate] * 3 + [args.straggler_rate]
     with Testbed(hosts=4, rate=args.rate, rate_per_host=rates, name="tcps", dask=False) as tb:
-        cases = [{"collective": c, "numel": min(numels), "density": max(densities), "repeats": args.repeats}
+        cases = [{"collective": c, "numel": min(numels), "density": max(densities),
+                  "repeats": args.repeats if c == "ring_allreduce" else args.small_repeats}
                  for c in ("ring_allreduce", *SPARSE)]
         rows += merge_ranks(wait_group(tb, run_group(tb, [0, 1, 2, 3], cases, "strag", 29604), "strag"),
                             "straggler")
@@ -188,7 +200,8 @@ def main() -> int:
             f"commit {env['commit']}, load before {env['load']}, after {environment()['load']}\n"
             f"# testbed: {max(hosts, 2)} hosts at {args.rate} (straggler {args.straggler_rate}), "
             f"wall {wall_s:.0f} s\n# calibrated: alpha {net.latency_s * 1e6:.1f} us, beta "
-            f"{net.beta_s_per_byte:.4g} s/B ({net.bandwidth_bps / 1e6:.1f} Mbit/s)\n"
+            f"{net.beta_s_per_byte:.4g} s/B ({net.bandwidth_bps / 1e6:.1f} Mbit/s), shaper's burst "
+            f"{net.tcp.burst_bytes if net.tcp else 0:.0f} B\n"
             f"# fitted on P <= 4 sweep: {tcp}\n")
     text = head + table
     print(text)

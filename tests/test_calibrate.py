@@ -8,8 +8,10 @@ import time
 import pytest
 
 from gtopk_lab.network.calibrate import (
-    calibrate, fit_alpha_beta, measure_gamma_s_per_element, parse_sizes_bytes,
+    CalibrationResult, calibrate, fit_alpha_beta, fit_alpha_beta_burst, measure_gamma_s_per_element,
+    parse_sizes_bytes,
 )
+from gtopk_lab.network.tcp_terms import TcpTerms
 from gtopk_lab.network.model import NetworkModel
 
 
@@ -32,6 +34,43 @@ def test_fit_keeps_constants_non_negative() -> None:
         fit_alpha_beta([1, 2], [0.0, 1.0])
     with pytest.raises(ValueError, match="sizes"):
         fit_alpha_beta([5, 5], [1.0, 2.0])
+
+
+BURST_SIZES = [1 << 10, 2 << 10, 4 << 10, 8 << 10, 16 << 10, 64 << 10, 1 << 20, 4 << 20]
+
+
+def test_burst_fit_finds_a_shapers_kink_and_nothing_in_a_line() -> None:
+    """A token bucket of 3,800 B on a 160 Mbit/s link (the testbed's shape, 2026-12-07): the
+    three-constant fit gives alpha, beta and B back (B within the grid's 64-per-decade step);
+    a straight line, noisy or not, and the default four sizes keep B = 0 and the line's fit."""
+    alpha, beta, burst = 147e-6, 5e-8, 3800.0
+    times = [alpha + beta * max(0.0, n - burst) for n in BURST_SIZES]
+    a, b, got = fit_alpha_beta_burst(BURST_SIZES, times)
+    assert got == pytest.approx(burst, rel=0.04)
+    assert a == pytest.approx(alpha, rel=0.02) and b == pytest.approx(beta, rel=0.01)
+    assert max(abs(a + b * max(0.0, n - got) - t) / t for n, t in zip(BURST_SIZES, times)) < 0.02
+    line = [1e-4 + 5e-8 * n for n in BURST_SIZES]
+    assert fit_alpha_beta_burst(BURST_SIZES, line) == (*fit_alpha_beta(BURST_SIZES, line), 0.0)
+    wobble = [1.06, 0.95, 1.04, 0.97, 1.05, 0.96, 1.03, 0.98]  # +-6%, no kink
+    noisy = [t * w for t, w in zip(line, wobble)]
+    assert fit_alpha_beta_burst(BURST_SIZES, noisy)[2] == 0.0
+    four = [1 << 10, 64 << 10, 1 << 20, 16 << 20]  # one size below any kink: a burst is never fitted
+    assert fit_alpha_beta_burst(four, [alpha + beta * max(0.0, n - burst) for n in four])[2] == 0.0
+
+
+def test_a_calibrations_burst_goes_with_its_own_alpha_into_the_model() -> None:
+    """The burst found by the fit is the model's; TCP terms stored from elsewhere (``--tcp-terms
+    FILE``) keep their other constants but never bring a burst fitted with another alpha."""
+    common = dict(backend="gloo", workers=2, sizes_bytes=BURST_SIZES, times_s=[1e-3] * 8, pair_times_s=[],
+                  repeats=1, alpha_s=1.5e-4, beta_s_per_byte=5e-8, wall_s=1.0)
+    kinked = CalibrationResult(**common, burst_bytes=3800.0)
+    assert kinked.model.tcp == TcpTerms(burst_bytes=3800.0)
+    assert kinked.fitted_s(8192) == pytest.approx(1.5e-4 + 5e-8 * (8192 - 3800))
+    foreign = TcpTerms(cpu_s_per_message=1e-5, burst_bytes=9999.0)
+    assert CalibrationResult(**common, tcp=foreign).model.tcp == TcpTerms(cpu_s_per_message=1e-5)
+    assert CalibrationResult(**common, tcp=foreign, burst_bytes=3800.0).model.tcp == TcpTerms(
+        cpu_s_per_message=1e-5, burst_bytes=3800.0)
+    assert CalibrationResult(**common).model.tcp is None
 
 
 def test_parse_sizes() -> None:

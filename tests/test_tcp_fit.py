@@ -18,7 +18,7 @@ from gtopk_lab.analysis.predict import collective_time_s
 from gtopk_lab.cli.main import main as cli_main
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.network.model import NetworkModel
-from gtopk_lab.network.tcp_fit import fit_tcp_constants, predict_call
+from gtopk_lab.network.tcp_fit import fit_tcp_constants, fit_terms, predict_call
 from gtopk_lab.network.tcp_terms import TcpTerms
 from peer_pairs import sends_and_receives
 
@@ -40,6 +40,23 @@ def test_fit_recovers_known_constants_from_synthetic_calls() -> None:
     assert fit["cpu_s_per_message"] == pytest.approx(2e-4, rel=1e-6)
     assert fit["duplex_beta_fraction"] == pytest.approx(0.25, rel=1e-6)
     assert fit["incast_s_per_sender"] == pytest.approx(1e-3, rel=1e-6)
+
+
+def test_fit_terms_keeps_the_links_burst_and_fits_on_top_of_it() -> None:
+    """Calls built here from a link with a 3,000 B burst plus 150 us of CPU per message: fitted
+    on a model that carries the burst (``net.tcp``), the per-message CPU comes back and the
+    burst is kept; the other two constants stay 0."""
+    net = NetworkModel(latency_s=ALPHA, bandwidth_bps=RATE, tcp=TcpTerms(burst_bytes=3000.0))
+    rows = []
+    for n_bytes, rounds in ((1000, 1), (8000, 2), (40_000, 3), (4000, 1), (200_000, 2)):
+        steps = [[n_bytes, 0]] * rounds  # one-way rounds: no duplex
+        wire = sum(ALPHA + BETA * max(0, n_bytes - 3000) for _ in range(rounds))
+        rows.append({"collective": "gtopk_tree", "workers": 2, "cores": 2.0, "steps": [steps, steps],
+                     "cpu_s": [1e-4, 1e-4], "median_s": wire + 1e-4 + 1.5e-4 * rounds})
+    terms = fit_terms(net, rows, host_cores=2.0)
+    assert terms.burst_bytes == 3000.0
+    assert terms.cpu_s_per_message == pytest.approx(1.5e-4, rel=1e-6)
+    assert terms.duplex_beta_fraction == 0 and terms.incast_s_per_sender == 0
 
 
 def test_fit_is_never_negative_and_refuses_bad_points() -> None:

@@ -53,6 +53,20 @@ def test_terms_add_by_hand() -> None:
     assert with_rtt.steps_time_s(net, [(3000, 0)]) == pytest.approx(1e-4 + 1.2e-4 + 2e-3 - 1.2e-4)
 
 
+def test_a_shapers_burst_takes_its_bytes_off_each_round_by_hand() -> None:
+    net = NetworkModel(latency_s=1e-4, bandwidth_bps=RATE)  # beta 4e-8 s/B
+    burst = TcpTerms(burst_bytes=3000.0)
+    assert not burst.is_zero and TcpTerms().is_zero
+    # 8000 B: alpha + (8000 - 3000) * 4e-8; 1000 B, below the bucket: alpha alone
+    assert burst.steps_time_s(net, [(8000, 0)]) == pytest.approx(1e-4 + 5000 * 4e-8)
+    assert burst.steps_time_s(net, [(1000, 1000)]) == pytest.approx(1e-4)
+    # the larger direction of a round sets it, as the plain model's max(sent, recv)
+    assert burst.steps_time_s(net, [(500, 10_000)]) == pytest.approx(1e-4 + 7000 * 4e-8)
+    assert TcpTerms.from_dict(burst.to_dict()) == burst
+    with pytest.raises(ValueError, match="burst_bytes"):
+        TcpTerms(burst_bytes=-1.0)
+
+
 def test_bottleneck_beta_is_the_slowest_link() -> None:
     assert bottleneck_beta([1e9, 200e6, math.inf]) == pytest.approx(4e-8)
     assert bottleneck_beta([math.inf]) == 0.0

@@ -113,11 +113,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"backend {result.backend}, {where}, {result.repeats} repeats, {result.wall_s:.1f} s")
     print(f"{'bytes':>12} {'one-way (us)':>14} {'fit (us)':>10} {'error':>8}")
     for n, t, e in zip(result.sizes_bytes, result.times_s, result.relative_residuals):
-        fit = result.alpha_s + result.beta_s_per_byte * n
+        fit = result.fitted_s(n)
         print(f"{n:>12d} {t * 1e6:>14.1f} {fit * 1e6:>10.1f} {e:>+8.1%}")
     model = result.model
+    burst = f", a shaper's burst of {result.burst_bytes:.0f} B" if result.burst_bytes > 0 else ""
     print(f"alpha = {format_latency(model.latency_s)}, beta = {model.beta_s_per_byte:.3e} s/B "
-          f"({format_bandwidth(model.bandwidth_bps)})")
+          f"({format_bandwidth(model.bandwidth_bps)}){burst}")
     if result.tcp is not None:
         t = result.tcp
         print(f"TCP terms: {t.cpu_s_per_message * 1e6:.1f} us per message, duplex +{t.duplex_beta_fraction:.1%} "

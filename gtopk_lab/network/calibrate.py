@@ -14,7 +14,9 @@ Method (the classic Hockney fit):
    round trip / 2, the median over repeats is kept (robust to OS jitter);
 3. weighted least squares ``t(n) = alpha + beta * n`` with weights ``1 / t`` so that the
    fit minimises *relative* error and the small sizes still pin down alpha
-   (:func:`fit_alpha_beta`; exact on noiseless data);
+   (:func:`fit_alpha_beta`; exact on noiseless data); where the sizes show a clear kink (a
+   token-bucket shaper's burst B: two sizes or more on each side of it, :func:`fit_alpha_beta_burst`)
+   ``t(n) = alpha + beta * max(0, n - B)`` instead, B kept as the model's ``TcpTerms.burst_bytes``;
 4. the result is a :class:`NetworkModel` saved as JSON; ``NetworkModel.from_strings(path)``
    loads it as a network preset.
 
@@ -29,6 +31,7 @@ Worker-side module (torch, numpy); no plotting.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -50,6 +53,7 @@ __all__ = [
     "DEFAULT_SIZES_BYTES",
     "calibrate",
     "fit_alpha_beta",
+    "fit_alpha_beta_burst",
     "measure_gamma_s_per_element",
     "parse_sizes_bytes",
     "pingpong_medians",
@@ -81,6 +85,53 @@ def parse_sizes_bytes(text: str) -> list[int]:
     if len(set(sizes)) < 2:
         raise ValueError(f"sizes={text!r} is invalid: need at least two distinct sizes to fit alpha and beta")
     return sizes
+
+
+#: a burst must cut the weighted squared residual of the straight-line fit by this factor
+BURST_GAIN = 4.0
+#: and have at least this many of the (distinct) sizes on each side of it
+BURST_SIDE_POINTS = 2
+
+
+def _weighted_sse(sizes: Sequence[float], times: Sequence[float], alpha: float, beta: float) -> float:
+    return sum(((alpha + beta * n - t) / t) ** 2 for n, t in zip(sizes, times))
+
+
+def fit_alpha_beta_burst(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float, float]:
+    """``(alpha_s, beta_s_per_byte, burst_bytes)`` of ``t = alpha + beta * max(0, n - B)``: a link
+    whose shaper lets the first B bytes of a message out at line rate (``TcpTerms.burst_bytes``).
+
+    1. The straight line (:func:`fit_alpha_beta`, relative weights) and its weighted squared
+       residual S0.
+    2. For candidate kinks B on a geometric grid (64 per decade) between the sizes, with at
+       least :data:`BURST_SIDE_POINTS` distinct sizes at or below B and as many above: the same
+       fit of ``t`` on ``max(0, n - B)``, its residual S(B).
+    3. The B of the smallest S(B) if ``S(B) * BURST_GAIN <= S0`` (a clear kink, not noise that a
+       third constant always absorbs), else B = 0 and step 1's line. Exact on noiseless data of
+       either shape up to the grid's step. Cost: O(sizes x grid).
+    """
+    alpha, beta = fit_alpha_beta(sizes_bytes, times_s)
+    n = [float(x) for x in sizes_bytes]
+    t = [float(y) for y in times_s]
+    best = (_weighted_sse(n, t, alpha, beta), alpha, beta, 0.0)
+    distinct = sorted(set(n))
+    if len(distinct) < 2 * BURST_SIDE_POINTS:
+        return alpha, beta, 0.0
+    low, high = distinct[BURST_SIDE_POINTS - 1], distinct[-BURST_SIDE_POINTS]
+    steps = int(64 * math.log10(high / low)) if high > low else 0
+    threshold = best[0] / BURST_GAIN
+    for i in range(steps + 1):
+        b = low * (high / low) ** (i / max(steps, 1))
+        if b >= high:
+            break
+        shifted = [max(0.0, x - b) for x in n]
+        if len(set(shifted)) < 2:
+            continue
+        a_b, beta_b = fit_alpha_beta(shifted, t)
+        sse = _weighted_sse(shifted, t, a_b, beta_b)
+        if sse <= threshold and sse < best[0]:
+            best = (sse, a_b, beta_b, b)
+    return best[1], best[2], best[3]
 
 
 def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float],
@@ -139,6 +190,9 @@ class CalibrationResult:
     #: what carried the ping-pong: the backend's send/recv (None) or the point-to-point
     #: transport of the runs between those workers ("tcp", "shm", "gloo")
     transport: str | None = None
+    #: a shaper's burst the fit found (:func:`fit_alpha_beta_burst`; 0: a straight line); it
+    #: goes with ``alpha_s`` into the model's TCP terms, whatever ``tcp`` holds
+    burst_bytes: float = 0.0
     host: str = field(default_factory=platform.node)
     created: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat())
 
@@ -146,14 +200,21 @@ class CalibrationResult:
     def model(self) -> NetworkModel:
         """The fitted link as a :class:`NetworkModel` named ``calibrated:<backend>`` (with its TCP terms)."""
         plain = NetworkModel.from_alpha_beta(self.alpha_s, self.beta_s_per_byte, name=f"calibrated:{self.backend}")
-        if self.tcp is None:
+        tcp = self.tcp
+        if tcp is not None or self.burst_bytes > 0:  # the burst of this fit, never one fitted with another alpha
+            tcp = dataclasses.replace(tcp or TcpTerms(), burst_bytes=float(self.burst_bytes))
+        if tcp is None:
             return plain
-        return NetworkModel(plain.latency_s, plain.bandwidth_bps, plain.name, tcp=self.tcp)
+        return NetworkModel(plain.latency_s, plain.bandwidth_bps, plain.name, tcp=tcp)
+
+    def fitted_s(self, nbytes: float) -> float:
+        """The fit's one-way time of an ``nbytes`` message: ``alpha + beta * max(0, n - burst)``."""
+        return self.alpha_s + self.beta_s_per_byte * max(0.0, nbytes - self.burst_bytes)
 
     @property
     def relative_residuals(self) -> list[float]:
         """(fit - measured) / measured per size."""
-        return [(self.alpha_s + self.beta_s_per_byte * n - t) / t for n, t in zip(self.sizes_bytes, self.times_s)]
+        return [(self.fitted_s(n) - t) / t for n, t in zip(self.sizes_bytes, self.times_s)]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form: the model's keys (so ``NetworkModel.from_json`` reads it) + the data."""
@@ -244,10 +305,10 @@ def result_from_medians(reports: dict[int, list[float]], sizes: Sequence[int], *
     sizes = [int(n) for n in sizes]
     pair_times = [[reports[r][i] for r in range(0, workers - 1, 2)] for i in range(len(sizes))]
     times = [statistics.median(col) for col in pair_times]
-    alpha, beta = fit_alpha_beta(sizes, times)
+    alpha, beta, burst = fit_alpha_beta_burst(sizes, times)
     return CalibrationResult(backend=backend, workers=workers, sizes_bytes=sizes, times_s=times,
                              pair_times_s=pair_times, repeats=repeats, alpha_s=alpha,
-                             beta_s_per_byte=beta, wall_s=wall_s, endpoints=endpoints)
+                             beta_s_per_byte=beta, wall_s=wall_s, endpoints=endpoints, burst_bytes=burst)
 
 
 def _pingpong_rank(rank: int, world: int, port: int, backend: str, sizes: list[int], repeats: int,

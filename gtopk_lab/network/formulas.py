@@ -32,9 +32,10 @@ def exchange_alpha_beta(net: NetworkModel) -> tuple[float, float]:
     """``(a, b)`` such that an exchange round of ``n`` bytes each way costs ``a + b n`` on ``net``.
 
     Plain model (``net.tcp`` None): ``(alpha, beta)``, bitwise. With TCP terms: alpha plus the
-    per-message CPU, beta times ``1 + duplex_beta_fraction`` (one sender a round; slow start,
-    which depends on each message's size, is left to the formulas that price rounds with
-    ``NetworkModel.round_time_s``). Closed forms whose rounds all send and receive alike use it.
+    per-message CPU, beta times ``1 + duplex_beta_fraction`` (one sender a round; slow start and
+    a shaper's burst, which depend on each message's size, are left to the formulas that price
+    rounds with ``NetworkModel.round_time_s``). Closed forms whose rounds all send and receive
+    alike use it.
     """
     if net.tcp is None:
         return net.latency_s, net.beta_s_per_byte

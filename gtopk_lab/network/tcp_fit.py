@@ -197,7 +197,13 @@ def predict_row(net: NetworkModel, tcp: TcpTerms, row: dict[str, Any], host_core
 
 
 def fit_terms(net: NetworkModel, rows: Sequence[dict[str, Any]], host_cores: float) -> TcpTerms:
-    """The :class:`TcpTerms` of :func:`fit_tcp_constants` on merged rows (each priced by
-    :func:`predict_row` with the terms zero); the unfitted fields keep their defaults."""
-    points = [{**predict_row(net, TcpTerms(), r, host_cores), "measured_s": r["median_s"]} for r in rows]
-    return TcpTerms(**fit_tcp_constants(points))
+    """The :class:`TcpTerms` of :func:`fit_tcp_constants` on merged rows, each priced by
+    :func:`predict_row` with the fitted constants zero and the others as ``net.tcp`` has them
+    (a shaper's burst from the link's calibration, slow start's constants; defaults without
+    ``net.tcp``), which the result keeps."""
+    fixed = dataclasses.replace(net.tcp or TcpTerms(), **{name: 0.0 for name, _ in FITTED})
+    points = []
+    for r in rows:
+        point = predict_row(net, fixed, r, host_cores)
+        points.append({**point, "base_s": point["all_s"], "measured_s": r["median_s"]})
+    return dataclasses.replace(fixed, **fit_tcp_constants(points))

@@ -23,6 +23,13 @@ default, so ``TcpTerms()`` reproduces the plain model exactly):
    costs ``f * beta * min(sent, recv)`` more: each direction's ACKs ride the other
    direction's shaped link, and two TCP streams through one shaper lose some of its rate.
    Cost: O(1) per round.
+6. **A shaper's burst** ``burst_bytes`` (B): a token-bucket shaper (``tbf``, a rate-limited
+   port) lets the first B bytes of a message out at line rate, refilling its bucket while
+   the link idles (at 200 Mbit/s the testbed's bucket of 100 us of rate refills within
+   one alpha), so a round costs ``alpha + beta * max(0, n - B)``: ``beta * min(n, B)``
+   *less* than the plain model, with ``n = max(sent, recv)``. B comes with the alpha it was
+   fitted with (:func:`gtopk_lab.network.calibrate.fit_alpha_beta_burst`, the ping-pong's
+   three-constant fit), never added to a linear fit's alpha. Cost: O(1) per round.
 
 Another helper's per-message CPU/contention term for in-process pacing (issue 27) is
 separate; these terms compose with it by addition, as each returns seconds to add.
@@ -102,10 +109,11 @@ class TcpTerms:
     init_window_bytes: float = 10 * 1448.0  # Linux's initial window: 10 segments of 1448 B
     incast_s_per_sender: float = 0.0
     duplex_beta_fraction: float = 0.0
+    burst_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         for fname in ("cpu_s_per_message", "rtt_s", "init_window_bytes", "incast_s_per_sender",
-                      "duplex_beta_fraction"):
+                      "duplex_beta_fraction", "burst_bytes"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{fname}={value!r} has type {type(value).__name__}: expected float")
@@ -118,16 +126,19 @@ class TcpTerms:
     def is_zero(self) -> bool:
         """True when no term adds anything (the plain alpha-beta model)."""
         return (self.cpu_s_per_message == 0 and self.rtt_s == 0 and self.incast_s_per_sender == 0
-                and self.duplex_beta_fraction == 0)
+                and self.duplex_beta_fraction == 0 and self.burst_bytes == 0)
 
     def extra_round_s(self, net: Link, sent: int, recv: int, senders: int = 1) -> float:
-        """Seconds these terms add to one alpha-beta round (steps 1-3 and 5)."""
+        """Seconds these terms add to one alpha-beta round (steps 1-3, 5 and 6; the burst's
+        is negative, never below the round's alpha: ``beta * min(n, B) <= beta * n``)."""
         if senders < 1:
             raise ValueError(f"senders={senders!r} is invalid: expected >= 1")
+        n = max(sent, recv)
         return (self.cpu_s_per_message
-                + slow_start_extra_s(max(sent, recv), net.bandwidth_bps, self.rtt_s, self.init_window_bytes)
+                + slow_start_extra_s(n, net.bandwidth_bps, self.rtt_s, self.init_window_bytes)
                 + self.incast_s_per_sender * (senders - 1)
-                + self.duplex_beta_fraction * net.beta_s_per_byte * min(sent, recv))
+                + self.duplex_beta_fraction * net.beta_s_per_byte * min(sent, recv)
+                - net.beta_s_per_byte * min(n, self.burst_bytes))
 
     def to_dict(self) -> dict[str, float]:
         """JSON form (every field); :meth:`from_dict` reads it back."""
