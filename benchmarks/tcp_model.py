@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tcp_model_report import environment, error_table, write_figure  # noqa: E402
 
 from gtopk_lab.counts import parse_count_list, split_list  # noqa: E402
-from gtopk_lab.network.calibrate import fit_alpha_beta_burst  # noqa: E402
+from gtopk_lab.network.link_fit import fit_alpha_beta_burst  # noqa: E402
 from gtopk_lab.network.model import NetworkModel  # noqa: E402
 from gtopk_lab.network.tcp_fit import fit_terms, merge_rank_reports, predict_row  # noqa: E402
 from gtopk_lab.network.tcp_terms import TcpTerms  # noqa: E402

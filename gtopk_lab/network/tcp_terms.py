@@ -28,7 +28,7 @@ default, so ``TcpTerms()`` reproduces the plain model exactly):
    the link idles (at 200 Mbit/s the testbed's bucket of 100 us of rate refills within
    one alpha), so a round costs ``alpha + beta * max(0, n - B)``: ``beta * min(n, B)``
    *less* than the plain model, with ``n = max(sent, recv)``. B comes with the alpha it was
-   fitted with (:func:`gtopk_lab.network.calibrate.fit_alpha_beta_burst`, the ping-pong's
+   fitted with (:func:`gtopk_lab.network.link_fit.fit_alpha_beta_burst`, the ping-pong's
    three-constant fit), never added to a linear fit's alpha. Cost: O(1) per round.
 
 Another helper's per-message CPU/contention term for in-process pacing (issue 27) is
