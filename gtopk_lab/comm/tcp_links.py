@@ -46,10 +46,12 @@ import os
 import secrets
 import select
 import socket
+import functools
 import struct
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import psutil
@@ -82,6 +84,21 @@ def io_cpu_s() -> float:
     thread CPU less the difference of two readings of this. Cost of keeping it: two
     ``time.thread_time()`` reads (about 1 us) per send, receive and flush."""
     return _IO_CPU_S[0]
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _counts_io_cpu(method: _F) -> _F:
+    """``method`` with the thread CPU of each call added to :func:`io_cpu_s`."""
+    @functools.wraps(method)
+    def timed(*args: Any) -> Any:
+        cpu0 = time.thread_time()
+        try:
+            return method(*args)
+        finally:
+            _IO_CPU_S[0] += time.thread_time() - cpu0
+    return timed  # type: ignore[return-value]
 
 
 def tcp_wanted() -> bool:
@@ -124,17 +141,11 @@ class TcpLinks(Links):
         self._length = bytearray(_LENGTH.size)
 
     # ------------------------------------------------------------------ sending
+    @_counts_io_cpu
     def send_arrays(self, dst: int, arrays: list[np.ndarray]) -> None:
         """:meth:`send` of uint8 numpy arrays: one ``sendmsg`` when the kernel takes it whole
         and nothing is queued before it, else the unsent rest is queued (a copy: the arrays
         may be views of tensors the caller reuses once this returns) and pumped."""
-        cpu0 = time.thread_time()
-        try:
-            self._send_arrays(dst, arrays)
-        finally:
-            _IO_CPU_S[0] += time.thread_time() - cpu0
-
-    def _send_arrays(self, dst: int, arrays: list[np.ndarray]) -> None:
         total = sum(a.size for a in arrays)
         pieces = [_LENGTH.pack(total), *arrays]
         queue = self.pending[dst]
@@ -175,23 +186,9 @@ class TcpLinks(Links):
         return moved
 
     # ------------------------------------------------------------------ receiving
+    @_counts_io_cpu
     def receive_array(self, src: int) -> np.ndarray:
         """:meth:`receive` as a fresh uint8 numpy array (this rank owns it)."""
-        cpu0 = time.thread_time()
-        try:
-            return self._receive_array(src)
-        finally:
-            _IO_CPU_S[0] += time.thread_time() - cpu0
-
-    def flush(self) -> None:
-        """:meth:`Links.flush`, its thread CPU counted in :func:`io_cpu_s`."""
-        cpu0 = time.thread_time()
-        try:
-            super().flush()
-        finally:
-            _IO_CPU_S[0] += time.thread_time() - cpu0
-
-    def _receive_array(self, src: int) -> np.ndarray:
         sock, head = self.socks[src], self._length
         state: dict[str, object] = {"got": 0, "out": None}
 
@@ -227,6 +224,8 @@ class TcpLinks(Links):
         return got
 
     # ------------------------------------------------------------------ waiting
+    flush = _counts_io_cpu(Links.flush)
+
     def _wait_until(self, ready: Callable[[], bool], peer: int | None, what: str) -> None:
         """Sleep in poll until ``ready()``; queued sends keep moving; the group's timeout."""
         start = time.monotonic()

@@ -42,7 +42,7 @@ def transport_for(group: dist.ProcessGroup | None, device: torch.device, wire: W
                   profile: RoundProfile | None = None) -> Transport:
     """This rank's transport for one call on ``group`` whose messages leave from ``device``."""
     if device.type == "cpu":
-        links = _links(group)
+        links = cpu_links(group)
         if links is not None:
             return LinksTransport(links, wire, profile=profile)
     return DistTransport(group, device, wire, profile=profile)
@@ -55,15 +55,13 @@ def cpu_links(group: dist.ProcessGroup | None) -> ShmLinks | TcpLinks | None:
     return shm if shm is not None else tcp_links(group)
 
 
-_links = cpu_links
-
 
 def transport_kind(group: dist.ProcessGroup | None = None, device: torch.device | None = None) -> str:
     """"shm", "tcp" or the backend's name ("gloo", "nccl"): what :func:`transport_for` picks
     for ``group`` (a collective call: every rank of the group must ask together the first time)."""
     device = device or torch.device("cpu")
     if device.type == "cpu":
-        links = _links(group)
+        links = cpu_links(group)
         if links is not None:
             return "shm" if isinstance(links, ShmLinks) else "tcp"
     return str(dist.get_backend(group)).lower()
@@ -114,7 +112,7 @@ def links_max_reduce(group: dist.ProcessGroup | None = None) -> Callable[[list[f
     def reduce_max(values: list[float]) -> list[float] | None:
         if not (links_decided(group) or tcp_decided(group)):
             return None
-        links = _links(group)  # cached: no communication
+        links = cpu_links(group)  # cached: no communication
         if links is None:
             return None
         rank, world = rank_world(group)

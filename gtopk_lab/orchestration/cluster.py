@@ -139,21 +139,18 @@ def _local_cluster(factory: Any, **kwargs: Any) -> Any:
     """``factory(**kwargs)`` (a ``LocalCluster``), started again when its event-loop thread
     missed its 10 s: once in a whole suite on a 2-core box at load 5 (test_failures' Lab,
     which passes alone in 13 s); the last miss is a ``RuntimeError`` in one line."""
-    for _ in range(LOOP_START_TRIES - 1):
+    for attempt in range(1, LOOP_START_TRIES + 1):
         try:
             return factory(**kwargs)
         except AssertionError as exc:
             if not _loop_start_missed(exc):
                 raise
+            if attempt == LOOP_START_TRIES:
+                raise RuntimeError(f"the embedded Dask cluster's event loop did not start within 10 s, "
+                                   f"{LOOP_START_TRIES} times: this machine is overloaded") from None
             logging.getLogger(__name__).warning("the embedded Dask cluster's event loop did not start "
                                                 "within 10 s; starting it again")
-    try:
-        return factory(**kwargs)
-    except AssertionError as exc:
-        if not _loop_start_missed(exc):
-            raise
-        raise RuntimeError(f"the embedded Dask cluster's event loop did not start within 10 s, "
-                           f"{LOOP_START_TRIES} times: this machine is overloaded") from None
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def install_method_plugins(client: Any) -> None:
