@@ -24,9 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
-from gtopk_lab.comm.programs import allgather_assemble, dense_stats, gtopk_program
+from gtopk_lab.comm.programs import allgather_assemble, allgather_ring_stats, dense_stats, gtopk_program
 from gtopk_lab.comm.recorder import Recorder
-from gtopk_lab.comm.schedules import ring_peers
 from gtopk_lab.comm.sim_gtopk import sim_gtopk_shared_merges
 from gtopk_lab.comm.stats import CollectiveResult, check_algorithm, check_exact_k, check_k, check_numel, wire
 from gtopk_lab.comm.transport import run_programs
@@ -106,13 +105,11 @@ def sim_topk_allgather(values_list: list[torch.Tensor], indices_list: list[torch
     counts = [w[0].numel() for w in wired]
     vdt, idt = wired[0][0].dtype, wired[0][1].dtype
     res = allgather_assemble(counts, wired, vdt, idt, world, counted=exact_count is None)
-    # one sum, one private copy per virtual rank (callers may modify their result in place);
-    # the rounds a CPU rank's links carry (torch_dist.topk_allgather): the ring's, peers known
-    ring = world > 1
+    # one sum, one private copy per virtual rank (callers may modify their result in place),
+    # with the rounds a CPU rank's links carry (torch_dist.topk_allgather): the ring's
     return [CollectiveResult(res.values.clone(), res.indices.clone(),
-                             dataclasses.replace(res.stats, steps=list(res.stats.steps),
-                                                 peers=[ring_peers(r, world)] * len(res.stats.steps) if ring else [],
-                                                 library_estimate=not ring))
+                             allgather_ring_stats(res.stats, r, world) if world > 1
+                             else dataclasses.replace(res.stats, steps=list(res.stats.steps), peers=list(res.stats.peers)))
             for r in range(world)]
 
 

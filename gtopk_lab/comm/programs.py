@@ -11,18 +11,19 @@ results and byte counts agree by construction.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Generator
 
 import torch
 
 from gtopk_lab.comm.profiling import RoundProfile
-from gtopk_lab.comm.schedules import cached_schedule, ring_allgather_steps, ring_allreduce_steps
+from gtopk_lab.comm.schedules import cached_schedule, ring_allgather_steps, ring_allreduce_steps, ring_peers
 from gtopk_lab.comm.stats import CollectiveResult, CommStats, Payload, merge_cpu_clock
 from gtopk_lab.comm.wire import HEADER_BYTES, sparse_message_bytes
 from gtopk_lab.compression.fast_merge import merge_applies, numba_merge
 from gtopk_lab.compression.merge import canonical_wire, coalesce_sparse, merge_sparse
 
-__all__ = ["gtopk_program", "dense_stats", "allgather_steps", "allgather_assemble"]
+__all__ = ["gtopk_program", "dense_stats", "allgather_steps", "allgather_assemble", "allgather_ring_stats"]
 
 Request = tuple[str, int, "Payload | None"]
 
@@ -165,3 +166,11 @@ def allgather_assemble(counts: list[int], gathered: list[Payload], value_dtype: 
                       messages=len(steps), rounds=len(steps), steps=steps, merge_cpu_s=merge_cpu_s,
                       merged_elements=sum(g[0].numel() for g in gathered), library_estimate=True)
     return CollectiveResult(values, indices, stats)
+
+
+def allgather_ring_stats(stats: CommStats, rank: int, world: int) -> CommStats:
+    """``allgather_assemble``'s stats as the rounds a CPU rank's links carry them
+    (``comm.allgather_links.ring_allgather``): each round's peers the ring's (right, left),
+    not a library's estimate; a fresh copy (its own lists)."""
+    return dataclasses.replace(stats, steps=list(stats.steps), peers=[ring_peers(rank, world)] * len(stats.steps),
+                               library_estimate=False)

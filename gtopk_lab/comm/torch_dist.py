@@ -41,9 +41,11 @@ from gtopk_lab.comm.dist_transport import comm_device, global_rank, rank_world
 from gtopk_lab.comm.gtopk_links import applies as over_links_applies
 from gtopk_lab.comm.gtopk_links import gtopk_over_links
 from gtopk_lab.comm.profiling import active_profile
-from gtopk_lab.comm.programs import allgather_assemble, allgather_steps, dense_stats, gtopk_program
+from gtopk_lab.comm.programs import (
+    allgather_assemble, allgather_ring_stats, allgather_steps, dense_stats, gtopk_program,
+)
 from gtopk_lab.comm.recorder import Recorder
-from gtopk_lab.comm.schedules import cached_schedule, ring_peers
+from gtopk_lab.comm.schedules import cached_schedule
 from gtopk_lab.comm.stats import CollectiveResult, Payload, check_algorithm, check_exact_k, check_k, check_numel, wire
 from gtopk_lab.comm.transport import drive
 from gtopk_lab.comm.transport_choice import cpu_links, transport_for
@@ -145,10 +147,8 @@ def topk_allgather(values: torch.Tensor, indices: torch.Tensor, numel: int,
     if pacer is not None:  # the wire time comes before the local assembly that needs it
         pacer.pace_steps(t0, allgather_steps(counts, vdt, idt, world, counted))
     result = allgather_assemble(counts, gathered, vdt, idt, world, counted)
-    if links is not None:  # the rounds really sent, with their peers (the ring's)
-        result.stats.library_estimate = False
-        result.stats.peers = [ring_peers(rank, world)] * len(result.stats.steps)
-    return CollectiveResult(result.values.to(out_device), result.indices.to(out_device), result.stats)
+    stats = allgather_ring_stats(result.stats, rank, world) if links is not None else result.stats
+    return CollectiveResult(result.values.to(out_device), result.indices.to(out_device), stats)
 
 
 def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, k: int,
