@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tcp_model_report import environment, error_table, write_figure  # noqa: E402
 
 from gtopk_lab.counts import parse_count_list, split_list  # noqa: E402
-from gtopk_lab.network.link_fit import fit_alpha_beta_burst  # noqa: E402
+from gtopk_lab.network.calibrate import result_from_medians  # noqa: E402
 from gtopk_lab.network.model import NetworkModel  # noqa: E402
 from gtopk_lab.network.tcp_fit import fit_terms, merge_rank_reports, predict_row  # noqa: E402
 from gtopk_lab.network.tcp_terms import TcpTerms  # noqa: E402
@@ -77,6 +77,14 @@ def sweep_cases(numels: list[int], densities: list[float], repeats: int, big_rep
             if incast and density == max(densities):
                 cases.append({"collective": "incast", "numel": numel, "density": density, "repeats": reps})
     return cases
+
+
+def held_out_cases(numel: int, density: float, repeats: int, small_repeats: int) -> list[dict[str, Any]]:
+    """Steps 3-4's cases (two jobs, the straggler): each collective once at one size, the
+    sparse ones timed ``small_repeats`` times, dense ``repeats``."""
+    return [{"collective": c, "numel": numel, "density": density,
+             "repeats": repeats if c == "ring_allreduce" else small_repeats}
+            for c in ("ring_allreduce", *SPARSE)]
 
 
 def run_group(tb: Testbed, hosts: list[int], cases: list[dict[str, Any]], tag: str, port: int,
@@ -109,13 +117,14 @@ def merge_ranks(ranks: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def calibrate(tb: Testbed) -> NetworkModel:
     """Step 1: ping-pong hosts 0 and 1, fit alpha, beta and the shaper's burst (the model's
-    ``tcp.burst_bytes``; ``fit_alpha_beta_burst``: sizes on both sides of the bucket)."""
+    ``tcp.burst_bytes``; ``gtopk-lab calibrate``'s fit, ``result_from_medians``: sizes on both
+    sides of the bucket)."""
+    start = time.monotonic()
     procs = run_group(tb, [0, 1], [], "calib", 29600,
                       {"pingpong_sizes": PINGPONG_SIZES, "pingpong_repeats": 5})
     ranks = wait_group(tb, procs, "calib")
-    alpha, beta, burst = fit_alpha_beta_burst(PINGPONG_SIZES, ranks[0]["pingpong_s"])
-    plain = NetworkModel.from_alpha_beta(alpha, beta, name="calibrated:testbed")
-    return NetworkModel(plain.latency_s, plain.bandwidth_bps, plain.name, tcp=TcpTerms(burst_bytes=burst))
+    return result_from_medians({r: ranks[r]["pingpong_s"] for r in (0, 1)}, PINGPONG_SIZES, backend="testbed",
+                               repeats=5, wall_s=time.monotonic() - start).model
 
 
 def predict(rows: list[dict[str, Any]], net: NetworkModel, tcp: TcpTerms, cores_total: int,
@@ -168,9 +177,7 @@ def main() -> int:
             print(f"P = {p} done ({time.monotonic() - t0:.0f} s)", flush=True)
         if hosts >= 4:
             half = hosts // 2
-            cases = [{"collective": c, "numel": min(numels), "density": max(densities),
-                      "repeats": args.repeats if c == "ring_allreduce" else args.small_repeats}
-                     for c in ("ring_allreduce", *SPARSE)]
+            cases = held_out_cases(min(numels), max(densities), args.repeats, args.small_repeats)
             base = {"slot_s": 4.0, "base_monotonic_s": time.monotonic() + 25.0}
             jobs = [run_group(tb, list(range(half)), cases, "jobA", 29602, base),
                     run_group(tb, list(range(half, hosts)), cases, "jobB", 29603, base)]
@@ -179,9 +186,7 @@ def main() -> int:
             print(f"two jobs done ({time.monotonic() - t0:.0f} s)", flush=True)
     rates = [args.rate] * 3 + [args.straggler_rate]
     with Testbed(hosts=4, rate=args.rate, rate_per_host=rates, name="tcps", dask=False) as tb:
-        cases = [{"collective": c, "numel": min(numels), "density": max(densities),
-                  "repeats": args.repeats if c == "ring_allreduce" else args.small_repeats}
-                 for c in ("ring_allreduce", *SPARSE)]
+        cases = held_out_cases(min(numels), max(densities), args.repeats, args.small_repeats)
         rows += merge_ranks(wait_group(tb, run_group(tb, [0, 1, 2, 3], cases, "strag", 29604), "strag"),
                             "straggler")
     print(f"straggler done ({time.monotonic() - t0:.0f} s)", flush=True)
