@@ -8,8 +8,9 @@ LocalCluster: dense, Top-k and gTop-k at P = 1, 2, 4 on real Dask-launched ranks
 16 simulated on the workers. Compute modes (``Lab.study(compute=...)``):
 
 1. ``calibrated`` (the default of ``Lab.study`` and ``gtopk-lab study``): every rank, real
-   or simulated, charged its workload's compute and merge gamma, measured once on a worker
-   (:mod:`gtopk_lab.orchestration.calibration`); selection measured, communication modelled;
+   or simulated, charged its workload's compute, merge gamma and (since 2026-12-07) each
+   sparse method's selection, measured once on a worker
+   (:mod:`gtopk_lab.orchestration.calibration`); communication modelled;
 2. ``measured``: every rank's own CPU time (what the study did before issue 27).
 
 Prints one line per run: the load, the calibrated compute, the points flagged "do not trust",

@@ -162,6 +162,8 @@ class _FakeLab:  # calibration measures on lab.client: fixed answers here
         def submit(task, *args, **kwargs):
             if task is calibration.merge_calibration_task:
                 return _Measured({"merge_gamma_s_per_element": 2e-9})
+            if task is calibration.selection_calibration_task:
+                return _Measured({"selection_time_s": 3e-4, "k": 10, "host": "here"})
             return _Measured({"compute_time_s": 0.0125, "numel": 1000, "host": "here"})
 
 
@@ -175,7 +177,8 @@ def test_a_damaged_calibration_json_is_moved_aside_with_one_warning_and_measured
                "time-text": good.replace(b"0.5", b'"fast"'),
                "time-negative": good.replace(b"0.5", b"-1"),
                "no-workload": b'{"entries": [{"compute_time_s": 0.5}]}',
-               "gamma-text": b'{"entries": [{"merge_workload": {}, "merge_gamma_s_per_element": "x"}]}'}
+               "gamma-text": b'{"entries": [{"merge_workload": {}, "merge_gamma_s_per_element": "x"}]}',
+               "selection-negative": b'{"entries": [{"selection_workload": {}, "selection_time_s": -1}]}'}
     for label, damage in damages.items():
         out = tmp_path / label
         out.mkdir()

@@ -197,17 +197,20 @@ def test_target_cnn_on_10gbe_every_real_and_simulated_point_within_10_points_of_
     """Issue 15's target: on 10GbE with the CNN, dense, Top-k and gTop-k at P = 1, 2 on real
     ranks and P = 16 simulated within 10 points of the alpha-beta prediction, none above 100%.
 
-    Every rank, real or virtual, is charged the workload's calibrated compute and merge gamma
-    (``Lab.study``'s default, measured once on a worker: a loaded 2-core box, and this
-    suite's other process, would otherwise decide the figure); selection stays measured and
-    the collectives modelled, so what is checked is the whole pipeline from rows to
-    steady-state throughput to the efficiency table, for both sources."""
+    Every rank, real or virtual, is charged the workload's calibrated compute, merge gamma
+    and each method's calibrated selection (``Lab.study``'s default, measured once on a
+    worker: a loaded 2-core box, and this suite's other process, would otherwise decide the
+    figure; a measured selection put gTop-k's P = 16 point 10-13 points over beside two busy
+    loops) and the collectives modelled, so what is checked is the whole pipeline from rows
+    to steady-state throughput to the efficiency table, for both sources."""
     base = dict(model="cnn", max_iterations=24, train_samples=1024, test_samples=64, batch_size=16,
                 sink_every=8, epochs=50, bandwidth="10GbE")
     study = lab.study(methods=["dense", "topk", "gtopk"], workers=[1, 2, 16], density=0.01, base=base,
                       skip_completed=False)
     charged = {p.config.extra["compute_time_s"] for p in study.points_list}
     assert len(charged) == 1 and charged.pop() > 0  # one calibration for every point, both sources
+    selections = {p.config.method: p.config.compute_charge.selection_time_s for p in study.points_list}
+    assert selections["dense"] is None and selections["topk"] > 0 and selections["gtopk"] > 0
     assert study.wait(170)
     checked = study.check(tolerance=0.10)
     assert set(zip(checked.workers, checked.source)) == {(1, "real"), (2, "real"), (16, "simulated"),
@@ -227,8 +230,10 @@ def test_target_cnn_on_10gbe_every_real_and_simulated_point_within_10_points_of_
 @pytest.mark.timeout(120)
 def test_calibrated_costs_are_measured_once_per_workload_on_a_worker_and_kept(lab, tmp_path) -> None:
     """orchestration.calibration: one compute task per workload (not per density, method, P
-    or network), one merge-gamma task per density; the stored values are reused (a resumed
-    study keeps its points' identity); a damaged file is moved aside, not lost."""
+    or network), one merge-gamma task per density, one selection task per sparse method and
+    density (none for dense, a local-steps method or a density schedule); the stored values
+    are reused (a resumed study keeps its points' identity); a damaged file is moved aside,
+    not lost."""
     import json
 
     from gtopk_lab.config import RunConfig
@@ -240,20 +245,31 @@ def test_calibrated_costs_are_measured_once_per_workload_on_a_worker_and_kept(la
     config = RunConfig(method="gtopk", workers=4, model="mlp", batch_size=8, density=0.01)
     first = calibrated_costs(lab, config, tmp_path, repeats=3)
     assert first["compute_time_s"] > 0 and first["merge_gamma_s_per_element"] > 0
+    assert first["selection_time_s"] > 0
     stored = entries()
-    assert "compute_time_s" in stored[0] and "merge_gamma_s_per_element" in stored[1]
+    assert [next(k for k in ("workload", "merge_workload", "selection_workload") if k in e) for e in stored] \
+        == ["workload", "merge_workload", "selection_workload"]
     assert stored[0]["compute_time_s"] == first["compute_time_s"] and stored[0]["threads"] == 1
     assert stored[0]["compute_time_s"] <= stored[0]["compute_median_s"]  # the lower quartile
-    assert stored[1]["k"] == int(0.01 * stored[0]["numel"])
-    # the method, P and the network do not change one rank's compute: the stored values
-    same_workload = config.replace(method="dense", workers=16, bandwidth="10GbE")
-    assert calibrated_costs(lab, same_workload, tmp_path, repeats=3) == first
-    assert len(entries()) == 2
-    # another density: the same compute, a gamma of its own (k changes)
+    assert stored[1]["k"] == int(0.01 * stored[0]["numel"]) == stored[2]["k"]
+    assert stored[2]["selection_time_s"] == first["selection_time_s"] <= stored[2]["selection_median_s"]
+    assert stored[2]["selection_workload"]["method"] == "gtopk" and stored[2]["threads"] == 1
+    # P and the network change neither one rank's compute nor its selection: the stored values
+    assert calibrated_costs(lab, config.replace(workers=16, bandwidth="10GbE"), tmp_path, repeats=3) == first
+    assert len(entries()) == 3
+    # dense: the same compute, no selection to charge
+    dense = calibrated_costs(lab, config.replace(method="dense"), tmp_path, repeats=3)
+    assert dense == {**first, "selection_time_s": None} and len(entries()) == 3
+    # Top-k: a selection entry of its own; a density schedule keeps the selection measured
+    assert calibrated_costs(lab, config.replace(method="topk"), tmp_path, repeats=3)["selection_time_s"] > 0
+    assert len(entries()) == 4
+    warm = calibrated_costs(lab, config.replace(density_warmup=(0.1, 1)), tmp_path, repeats=3)
+    assert warm["selection_time_s"] is None and len(entries()) == 4
+    # another density: the same compute, a gamma and a selection of its own (k changes)
     other = calibrated_costs(lab, config.replace(density=0.1), tmp_path, repeats=3)
-    assert other["compute_time_s"] == first["compute_time_s"] and len(entries()) == 3
+    assert other["compute_time_s"] == first["compute_time_s"] and len(entries()) == 6
     calibrated_costs(lab, config.replace(batch_size=16), tmp_path, repeats=3)
-    assert len(entries()) == 5
+    assert len(entries()) == 9
     (tmp_path / CALIBRATION_FILE).write_text("{trunc")
     assert calibrated_costs(lab, config, tmp_path, repeats=3)["compute_time_s"] > 0
     assert [p.name.split(".damaged-")[0] for p in tmp_path.glob("*.damaged-*")] == [CALIBRATION_FILE]

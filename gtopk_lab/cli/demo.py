@@ -167,8 +167,8 @@ def run(args: argparse.Namespace) -> int:
             scaling = with_calibrated_costs(lab, scaling, out)
             compute_s = scaling[0].config.compute_charge.compute_time_s
             print(f"compute: {compute_s * 1e3:.2f} ms per iteration charged to every rank (calibrated on a "
-                  f"worker, one thread; {out / CALIBRATION_FILE}); selection measured, communication "
-                  "modelled", file=sys.stderr)
+                  f"worker, one thread; {out / CALIBRATION_FILE}), each sparse method's selection calibrated "
+                  "too; communication modelled", file=sys.stderr)
         study = Study(lab, scaling, progress=progress)
         study.wait(cancel_on_interrupt=True)
         table = study.efficiency()

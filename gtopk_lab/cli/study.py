@@ -155,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
             if not args.json:
                 shown = sorted({p.config.compute_charge.compute_time_s * 1e3 for p in points})
                 print(f"compute: {', '.join(f'{ms:.2f}' for ms in shown)} ms per iteration charged to every rank, "
-                      f"merges at a calibrated gamma ({os.path.join(str(args.out), CALIBRATION_FILE)}); "
-                      "selection measured, communication modelled", file=sys.stderr)
+                      f"merges at a calibrated gamma and each sparse method's calibrated selection "
+                      f"({os.path.join(str(args.out), CALIBRATION_FILE)}); communication modelled", file=sys.stderr)
         study = Study(lab, points, skip_completed=not args.no_skip, progress=progress,
                       study_id=study_id, tags=tags)
         if not args.json:

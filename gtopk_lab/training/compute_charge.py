@@ -27,10 +27,12 @@ passes) and the merges' gamma measured there too, at the workload's k
 (:func:`merge_calibration_task`), both written into every point's ``config.compute_charge``
 (``compute_time_s``, ``merge_gamma_s_per_element``, and ``calibration`` saying where and
 when). Every rank, real or simulated, is then charged the same compute, and each
-collective's merges ``gamma * merged_elements`` (:func:`clock_merge_options`), so neither
-the 2-core box's time-sharing nor another job's load moves virtual time; the selection stays
-measured and the communication modelled. :func:`compute_time_fields` states it in the
-summary (``compute_time_source: "calibrated"``).
+collective's merges ``gamma * merged_elements`` (:func:`clock_merge_options`), and each
+sparse method's selection (its step before the collective) measured once per method and
+density (:func:`selection_calibration_task`) as ``selection_time_s``. Neither the 2-core
+box's time-sharing nor another job's load then moves virtual time; the communication is
+modelled. :func:`compute_time_fields` states it in the summary (``compute_time_source:
+"calibrated"``, ``fixed_selection_time_s``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from gtopk_lab.training.compute_time import measure_iteration_times
 
 __all__ = ["COMPUTE_CHARGES", "DEFAULT_COMPUTE_CHARGE", "ComputeCharge", "fixed_times", "charged_selection_s",
            "merge_gamma", "clock_merge_options", "compute_time_fields", "merge_calibration_task",
-           "compute_calibration_task", "CALIBRATION_QUANTILE"]
+           "compute_calibration_task", "selection_calibration_task", "CALIBRATION_QUANTILE"]
 
 #: Which of a calibration's passes is charged: the lower quartile. Contention (other ranks,
 #: other jobs, a cold cache) only ever adds CPU time to a pass, so the low end of the passes
@@ -190,8 +192,26 @@ def compute_calibration_task(config_dict: dict[str, Any], repeats: int = 15) -> 
     from gtopk_lab.config import RunConfig
 
     times = measure_iteration_times(RunConfig.from_dict(config_dict), repeats=repeats)
-    samples = sorted(times["compute_samples_s"])
-    low = samples[min(len(samples) - 1, int(CALIBRATION_QUANTILE * len(samples)))]
-    return {"compute_time_s": low, "compute_median_s": times["compute_time_s"],
+    return {"compute_time_s": _lower_quartile(times["compute_samples_s"]), "compute_median_s": times["compute_time_s"],
             "selection_time_s": times["selection_time_s"], "numel": times["numel"],
+            "host": socket.gethostname(), "threads": times["threads"]}
+
+
+def _lower_quartile(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(CALIBRATION_QUANTILE * len(ordered)))]
+
+
+def selection_calibration_task(config_dict: dict[str, Any], repeats: int = 15) -> dict[str, Any]:
+    """A Dask task: one rank's selection (the method's step before its collective:
+    compensation, clip, selector, at the config's density) on this worker, one torch thread,
+    ``repeats`` passes on real gradients of the workload, charged at their
+    :data:`CALIBRATION_QUANTILE`; ``{"selection_time_s", "selection_median_s", "k", "host",
+    "threads"}``. Work a method does only every few calls (Ok-Topk's exact threshold every 32)
+    falls above the quartile and is not charged: at most a few per cent of its selection."""
+    from gtopk_lab.config import RunConfig
+
+    times = measure_iteration_times(RunConfig.from_dict(config_dict), repeats=repeats)
+    return {"selection_time_s": _lower_quartile(times["selection_samples_s"]),
+            "selection_median_s": times["selection_time_s"], "k": times["k"],
             "host": socket.gethostname(), "threads": times["threads"]}
