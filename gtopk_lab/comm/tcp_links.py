@@ -16,7 +16,8 @@ messages). Decided once per group, on its first point-to-point call (every rank 
 1. each rank reads ``GTOPK_LAB_TCP`` (unless "0": willing) and listens on the address gloo
    binds to: the interface named by ``GLOO_SOCKET_IFNAME`` (which
    :func:`~gtopk_lab.comm.launch.bind_to_interface` sets to the one carrying the worker's
-   address), else the address the hostname resolves to; port 0 (the OS picks);
+   address), else the address the hostname resolves to; port 0 (the OS picks)
+   (:mod:`~gtopk_lab.comm.tcp_connect`, as step 3);
 2. ``all_gather_object`` of (willing, address, port, token, settings error): an invalid
    setting is the same one-line ``ValueError`` on every rank; TCP only if every rank is willing;
 3. each rank connects to every higher rank (the listeners' backlogs take the connections
@@ -31,8 +32,10 @@ Messages: an 8-byte little-endian length, then the bytes. Sockets are non-blocki
 goes out in one ``sendmsg`` (the length and the parts, no copy) when the kernel takes it
 whole, else the rest is queued (copied) and moves whenever this rank waits, so a rank never
 waits for its own send before its receive (a ring of ranks that all send right, then receive
-left, cannot deadlock). A wait sleeps in ``poll`` on the peer it receives from and the peers
-it still sends to, so a message wakes it at once. A peer whose connection closes is a
+left, cannot deadlock). Queued messages leave in posting order, one peer at a time
+(:mod:`~gtopk_lab.comm.send_order`: a tree's relay gets its whole message first). A wait
+sleeps in ``poll`` on the peer it receives from and the peer it sends to, so a message wakes
+it at once. A peer whose connection closes is a
 ``RuntimeError`` ("Connection closed by peer", as gloo's own, which
 :func:`~gtopk_lab.worker.faults.failure_cause` reads as "peer lost"); a wait past the group's
 timeout is one saying "Timed out waiting" (a peer timeout).
@@ -41,8 +44,6 @@ timeout is one saying "Timed out waiting" (a peer timeout).
 from __future__ import annotations
 
 import errno
-import ipaddress
-import os
 import secrets
 import select
 import socket
@@ -54,22 +55,19 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
-import psutil
 import torch.distributed as dist
 
 from gtopk_lab.comm.dist_transport import group_timeout_s
 from gtopk_lab.comm.group_links import GroupLinks, Links, links_wanted
+from gtopk_lab.comm.send_order import SendOrder
+from gtopk_lab.comm.tcp_connect import connect_mesh, listen, listen_address
 
 __all__ = ["TCP_ENV", "TcpLinks", "tcp_links", "tcp_decided", "tcp_wanted", "listen_address", "forget_tcp_links",
            "io_cpu_s"]
 
 #: "0" turns the TCP transport off (gloo's point-to-point between hosts); "1" (default): used
 TCP_ENV = "GTOPK_LAB_TCP"
-_MAGIC = b"GTLK"
-_HELLO = struct.Struct("<4sII8s")  # magic, the connecting rank, the world size, the listener's token
 _LENGTH = struct.Struct("<q")
-#: the handshake's connect / accept give up after this long (then gloo carries the messages)
-_HANDSHAKE_S = 30.0
 _POLL_MS = 50  # a wait wakes this often to check the group's timeout
 #: thread CPU seconds this process spent inside the links' sends, receives and flushes (all groups)
 _IO_CPU_S = [0.0]
@@ -106,23 +104,6 @@ def tcp_wanted() -> bool:
     return links_wanted(TCP_ENV, "own TCP links where possible")
 
 
-def listen_address() -> str:
-    """The address this rank's peers reach it at: that of the interface gloo binds to
-    (``GLOO_SOCKET_IFNAME``, the first one named; IPv4 first), else the hostname's address
-    (what gloo binds without the variable), else 127.0.0.1."""
-    names = [n.strip() for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n.strip()]
-    if names:
-        addrs = psutil.net_if_addrs().get(names[0], [])
-        for family in (socket.AF_INET, socket.AF_INET6):
-            for addr in addrs:
-                if addr.family == family:
-                    return addr.address.split("%")[0]
-    try:
-        return socket.getaddrinfo(socket.gethostname(), None, proto=socket.IPPROTO_TCP)[0][4][0]
-    except (socket.gaierror, IndexError):
-        return "127.0.0.1"
-
-
 def _peer_lost(rank: int, peer: int, world: int, why: str) -> RuntimeError:
     return RuntimeError(f"tcp transport: Connection closed by peer: rank {peer} of {world} ({why}), "
                         f"seen by rank {rank}")
@@ -134,8 +115,10 @@ class TcpLinks(Links):
     def __init__(self, rank: int, world: int, socks: dict[int, socket.socket], timeout_s: float) -> None:
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
         self.socks = socks
-        #: per destination: queued memoryviews of bytes still to send
+        #: per destination: queued memoryviews of bytes still to send, one per message
         self.pending: dict[int, deque[memoryview]] = {d: deque() for d in socks}
+        self._fifo: deque[int] = deque()  # the destination of every queued message, oldest first
+        self._order = SendOrder(socks)
         self._poll = select.poll()
         self._masks: dict[int, int] = {}
         self._length = bytearray(_LENGTH.size)
@@ -143,46 +126,63 @@ class TcpLinks(Links):
     # ------------------------------------------------------------------ sending
     @_counts_io_cpu
     def send_arrays(self, dst: int, arrays: list[np.ndarray]) -> None:
-        """:meth:`send` of uint8 numpy arrays: one ``sendmsg`` when the kernel takes it whole
-        and nothing is queued before it, else the unsent rest is queued (a copy: the arrays
-        may be views of tensors the caller reuses once this returns) and pumped."""
+        """:meth:`send` of uint8 numpy arrays: one ``sendmsg`` when the kernel takes it whole,
+        nothing is queued before it and :mod:`~gtopk_lab.comm.send_order` lets it start, else
+        the unsent rest is queued (a copy: the arrays may be views of tensors the caller reuses
+        once this returns) and pumped in posting order."""
         total = sum(a.size for a in arrays)
         pieces = [_LENGTH.pack(total), *arrays]
-        queue = self.pending[dst]
         sent = 0
-        if not queue:
+        if not self._fifo and self._order.may_start(dst):
             try:
                 sent = self.socks[dst].sendmsg(pieces)
             except BlockingIOError:
                 sent = 0
             except OSError as exc:
                 raise self._broken(dst, exc) from exc
+            if sent:
+                self._order.wrote(dst)
             if sent == total + _LENGTH.size:
                 return
         # one copy of the message (ascontiguousarray copies only a strided view), queued from
         # where the kernel stopped taking it
-        queue.append(memoryview(b"".join(p if isinstance(p, bytes) else np.ascontiguousarray(p)
-                                         for p in pieces))[sent:])
+        self.pending[dst].append(memoryview(b"".join(p if isinstance(p, bytes) else np.ascontiguousarray(p)
+                                                     for p in pieces))[sent:])
+        self._fifo.append(dst)
         self.pump()
 
     def pump(self) -> bool:
-        """Send queued bytes as far as the sockets take them now; True if any moved."""
+        """Send queued messages, oldest first, as far as the sockets and the send order take
+        them now (a peer's later message never before its earlier one); True if any bytes
+        moved. A message that cannot move lets a later one to another peer past only when the
+        send order's stall rule opens its gate."""
         moved = False
-        for dst, queue in self.pending.items():
-            sock = self.socks[dst]
-            while queue:
-                view = queue[0]
-                try:
-                    n = sock.send(view)
-                except BlockingIOError:
-                    break
-                except OSError as exc:
-                    raise self._broken(dst, exc) from exc
-                moved = moved or n > 0
-                if n < len(view):
-                    queue[0] = view[n:]
-                    break
-                queue.popleft()
+        held: set[int] = set()  # peers whose oldest message cannot move now
+        i = 0
+        while i < len(self._fifo):
+            dst = self._fifo[i]
+            if dst in held:
+                i += 1
+                continue
+            if not self._order.may_start(dst):
+                break
+            queue = self.pending[dst]
+            try:
+                n = self.socks[dst].send(queue[0])
+            except BlockingIOError:
+                n = 0
+            except OSError as exc:
+                raise self._broken(dst, exc) from exc
+            if n:
+                moved = True
+                self._order.wrote(dst)
+            if n < len(queue[0]):
+                queue[0] = queue[0][n:]
+                held.add(dst)
+                i += 1
+                continue
+            queue.popleft()
+            del self._fifo[i]
         return moved
 
     # ------------------------------------------------------------------ receiving
@@ -238,17 +238,23 @@ class TcpLinks(Links):
                 raise RuntimeError(f"tcp transport: Timed out waiting {waited:.0f}s (the group's timeout) for "
                                    f"rank {peer if peer is not None else 'a peer'} to {what}, rank {self.rank} "
                                    f"of {self.world}")
-            self._arm(peer)
+            gated = bool(self._fifo) and not self._order.may_start(self._fifo[0])
+            self._arm(peer, gated)
             try:
-                self._poll.poll(_POLL_MS)  # a closed or failed socket wakes it too: the I/O says how
+                if gated:  # no socket event says when the last peer's queue drains: a short sleep
+                    select.select([self.socks[peer]] if peer is not None else [], [], [], self._order.wait_s())
+                else:
+                    self._poll.poll(_POLL_MS)  # a closed or failed socket wakes it too: the I/O says how
             except InterruptedError:
                 continue
 
-    def _arm(self, peer: int | None) -> None:
-        """Poll the socket received from for input and those with queued bytes for output;
-        no other (a peer that finished and closed its end is no concern of this wait)."""
+    def _arm(self, peer: int | None, gated: bool) -> None:
+        """Poll the socket received from for input and, unless the send order holds it, the
+        oldest queued message's for output; no other (a peer that finished and closed its end
+        is no concern of this wait)."""
+        head = self._fifo[0] if self._fifo and not gated else None
         for dst, sock in self.socks.items():
-            mask = (select.POLLIN if dst == peer else 0) | (select.POLLOUT if self.pending[dst] else 0)
+            mask = (select.POLLIN if dst == peer else 0) | (select.POLLOUT if dst == head else 0)
             fd = sock.fileno()
             if self._masks.get(fd, 0) == mask:
                 continue
@@ -277,66 +283,6 @@ class TcpLinks(Links):
 
 
 # ---------------------------------------------------------------------- the handshake
-def _listen() -> socket.socket:
-    address = listen_address()
-    family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        listener.bind((address, 0))
-        listener.listen(128)
-    except OSError:
-        listener.close()
-        raise
-    return listener
-
-
-def _tuned(sock: socket.socket) -> socket.socket:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setblocking(False)
-    return sock
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed during the hello")
-        data += chunk
-    return data
-
-
-def _connect(rank: int, world: int, infos: list, listener: socket.socket) -> dict[int, socket.socket]:
-    """Step 3: connections to the higher ranks, then from the lower ones (OSError if any fails)."""
-    socks: dict[int, socket.socket] = {}
-    deadline = time.monotonic() + _HANDSHAKE_S
-    try:
-        for peer in range(rank + 1, world):
-            address, port, token = infos[peer][1], infos[peer][2], infos[peer][3]
-            sock = socket.create_connection((address, port), timeout=max(0.1, deadline - time.monotonic()))
-            socks[peer] = sock
-            sock.sendall(_HELLO.pack(_MAGIC, rank, world, token))
-        own_token = infos[rank][3]
-        while len(socks) < world - 1:
-            listener.settimeout(max(0.1, deadline - time.monotonic()))
-            sock, _ = listener.accept()
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            try:
-                magic, peer, size, token = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
-            except (OSError, struct.error):
-                sock.close()
-                continue
-            if magic != _MAGIC or size != world or token != own_token or not 0 <= peer < rank or peer in socks:
-                sock.close()  # not one of this group's ranks: ignored
-                continue
-            socks[peer] = sock
-        return {peer: _tuned(sock) for peer, sock in socks.items()}
-    except BaseException:
-        for sock in socks.values():
-            sock.close()
-        raise
-
-
 def _handshake(group: dist.ProcessGroup | None, rank: int, world: int) -> TcpLinks | None:
     """Steps 1-4 of the module docstring; the same answer on every rank."""
     error = ""
@@ -347,7 +293,7 @@ def _handshake(group: dist.ProcessGroup | None, rank: int, world: int) -> TcpLin
     listener: socket.socket | None = None
     if willing:
         try:
-            listener = _listen()
+            listener = listen()
         except (OSError, ValueError):  # no address to listen on: gloo
             willing = False
     try:
@@ -362,7 +308,7 @@ def _handshake(group: dist.ProcessGroup | None, rank: int, world: int) -> TcpLin
         socks: dict[int, socket.socket] | None
         try:
             assert listener is not None
-            socks = _connect(rank, world, infos, listener)
+            socks = connect_mesh(rank, world, infos, listener)
         except OSError:
             socks = None
         answers: list = [None] * world
