@@ -129,12 +129,13 @@ def calibrate(tb: Testbed) -> NetworkModel:
 
 def predict(rows: list[dict[str, Any]], net: NetworkModel, tcp: TcpTerms, cores_total: int,
             straggler_ratio: float) -> None:
-    """Step 5 for every row, in place (``gtopk_lab.network.tcp_fit.predict_row``): the two
-    jobs' ranks share the box's cores; the straggler's rounds run at the slowest link."""
+    """Step 5 for every row, in place (``gtopk_lab.network.tcp_fit.predict_row``): the other
+    job's ranks share the box's cores by the share of a call they spend on one
+    (``cpu_contention.shared_contention``); the straggler's rounds run at the slowest link."""
     slow = NetworkModel.from_alpha_beta(net.latency_s, net.beta_s_per_byte * straggler_ratio)
     for row in rows:
         p = row["workers"]
-        row.update(predict_row(net, tcp, row, cores_total, ranks_on_box=2 * p if row["kind"] == "two jobs" else p,
+        row.update(predict_row(net, tcp, row, cores_total, other_ranks=p if row["kind"] == "two jobs" else 0,
                                link=slow if row["kind"] == "straggler" else None,
                                slow_ranks=(p - 1,) if row["kind"] == "straggler" else ()))
 

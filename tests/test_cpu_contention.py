@@ -7,7 +7,8 @@ import math
 import pytest
 
 from gtopk_lab.bench.collective_calls import _add_off_wire_term
-from gtopk_lab.network.cpu_contention import OFF_WIRE_PHASES, cpu_contention, off_wire_cpu_s, off_wire_time_s
+from gtopk_lab.network.cpu_contention import (OFF_WIRE_PHASES, cpu_contention, off_wire_cpu_s, off_wire_time_s,
+                                              shared_contention)
 
 
 def test_contention_is_ranks_over_cores_and_never_below_one():
@@ -16,6 +17,21 @@ def test_contention_is_ranks_over_cores_and_never_below_one():
     assert cpu_contention(2, 2) == 1.0
     assert cpu_contention(1, 16) == 1.0  # more cores than ranks: no slow-down
     assert cpu_contention(8, None) == 1.0  # a core per rank
+
+
+def test_another_jobs_ranks_contend_by_the_share_of_the_call_they_spend_on_a_core():
+    """4 ranks of this call and 4 of another job on 2 cores, 2 ms of CPU and 7.73 ms of wire a
+    call: s = 2 + 2u with u = 2s / (7.73 + 2s), i.e. 2 s**2 - 0.27 s - 15.46 = 0, solved here."""
+    root = (0.27 + math.sqrt(0.27 ** 2 + 8 * 15.46)) / 4
+    assert shared_contention(4, 2, 4, 2e-3, 7.73e-3) == pytest.approx(root, rel=1e-6)
+    assert 2.0 < root < 4.0  # between this job alone and every rank counted in full
+    assert shared_contention(4, 2, 0, 2e-3, 7.73e-3) == cpu_contention(4, 2)  # no other job
+    assert shared_contention(4, 2, 4, 2e-3, 0.0) == pytest.approx(4.0)  # all CPU: all contend
+    assert shared_contention(4, 2, 4, 0.0, 7.73e-3) == 2.0  # the other job never on a core
+    assert shared_contention(1, 2, 1, 1e-3, 1e-3) == 1.0  # cores to spare
+    for bad in ({"other_ranks": -1}, {"other_ranks": 1.5}, {"cpu_s": -1.0}, {"wire_s": math.inf}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            shared_contention(4, 2, **{"other_ranks": 4, "cpu_s": 1e-3, "wire_s": 1e-3, **bad})
 
 
 def test_off_wire_cpu_sums_prep_pack_unpack_finish_only():

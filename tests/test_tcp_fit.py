@@ -83,6 +83,21 @@ def test_predict_call_by_hand() -> None:
     assert (pred.rounds, pred.senders) == (2, 1)
 
 
+def test_another_job_on_the_cores_slows_the_off_wire_cpu_by_its_share_of_a_core() -> None:
+    """Two P = 2 jobs on 2 cores: one round of 8 kB (wire w = alpha + 8000 beta) and 1 ms of CPU
+    per rank. Alone s = 1; with the other job's 2 ranks, s = (2 + 2u) / 2 = 1 + u, u = s c /
+    (w + s c), so c s**2 + (w - 2c) s - w = 0, whose positive root is the oracle."""
+    net = NetworkModel(ALPHA, RATE)
+    steps, cpu = [[(8000, 8000)], [(8000, 8000)]], 1e-3
+    wire = ALPHA + BETA * 8000
+    alone = predict_call(net, TcpTerms(), steps, [cpu, cpu], ranks=2, cores=2.0)
+    assert alone.ab_cpu_s == pytest.approx(wire + cpu)
+    shared = predict_call(net, TcpTerms(), steps, [cpu, cpu], ranks=2, cores=2.0, other_ranks=2)
+    s = (2 * cpu - wire + ((wire - 2 * cpu) ** 2 + 4 * cpu * wire) ** 0.5) / (2 * cpu)
+    assert 1.0 < s < 2.0
+    assert shared.ab_cpu_s == pytest.approx(wire + cpu * s)
+
+
 def test_network_model_carries_terms_and_plain_models_are_unchanged() -> None:
     plain = NetworkModel(ALPHA, RATE, "link")
     assert "tcp" not in plain.to_dict() and plain.tcp is None

@@ -6,7 +6,9 @@ A call's prediction on one rank, from the rounds it really sent (``CommStats.ste
    virtual clock charges);
 2. ``cpu``: the rank's off-wire CPU per call times ``s = max(1, P / cores)``
    (:func:`~gtopk_lab.network.cpu_contention.off_wire_time_s`: ranks that outnumber the cores
-   they get wait for one);
+   they get wait for one); with another job's ranks on the same cores, those count by the
+   share of the call they spend on a core
+   (:func:`~gtopk_lab.network.cpu_contention.shared_contention`);
 3. ``tcp``: :class:`~gtopk_lab.network.tcp_terms.TcpTerms` per round, its per-message CPU also
    times ``s`` (posting and completing a message is CPU work too), plus incast when ``senders``
    hit one receiver in a round.
@@ -30,7 +32,7 @@ import dataclasses
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from gtopk_lab.network.cpu_contention import cpu_contention, off_wire_time_s
+from gtopk_lab.network.cpu_contention import shared_contention
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.tcp_terms import TcpTerms
 
@@ -63,7 +65,8 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
                  cpu_s_per_rank: Sequence[float], ranks: int, cores: float | None,
                  senders_per_rank: Sequence[int] | None = None, *, slow_net: NetworkModel | None = None,
                  slow_ranks: Collection[int] = (),
-                 peers_per_rank: Sequence[Sequence[Sequence[int | None]]] | None = None) -> CallPrediction:
+                 peers_per_rank: Sequence[Sequence[Sequence[int | None]]] | None = None,
+                 other_ranks: int = 0) -> CallPrediction:
     """Steps 1-3 of the module docstring, the largest over ranks for each column.
 
     ``steps_per_rank``: each rank's rounds ``(sent, recv)``; ``cpu_s_per_rank``: each rank's
@@ -72,13 +75,15 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
     ``slow_net``: the network of the ``slow_ranks``' links; the all-terms column prices a
     round on it when the round crosses one of them (``peers_per_rank``: each rank's
     ``CommStats.peers``; a rank without them pays ``slow_net`` in every round). The other
-    columns stay on ``net``.
+    columns stay on ``net``. ``other_ranks``: ranks of another job on the same ``cores``,
+    running calls like this one (step 2).
     """
     if len(steps_per_rank) != len(cpu_s_per_rank) or not steps_per_rank:
         raise ValueError("steps_per_rank and cpu_s_per_rank are invalid: expected one entry per rank")
     if slow_net is not None and not slow_ranks:
         raise ValueError("slow_ranks is invalid: expected the ranks on slow_net's links")
-    s = cpu_contention(ranks, cores)
+    wire_s = max(net.ab_steps_time_s([(int(a), int(b)) for a, b in steps]) for steps in steps_per_rank)
+    s = shared_contention(ranks, cores, other_ranks, max(float(c) for c in cpu_s_per_rank), wire_s)
     scaled = dataclasses.replace(tcp, cpu_s_per_message=tcp.cpu_s_per_message * s)
     ab = ab_cpu = best = duplex = 0.0
     rounds = senders = 0
@@ -86,7 +91,7 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
         pairs = [(int(a), int(b)) for a, b in steps]
         n_send = 1 if senders_per_rank is None else int(senders_per_rank[r])
         t_ab = net.ab_steps_time_s(pairs)
-        t_cpu = t_ab + off_wire_time_s(float(cpu_s_per_rank[r]), ranks, cores)
+        t_cpu = t_ab + float(cpu_s_per_rank[r]) * s
         peers = peers_per_rank[r] if peers_per_rank is not None else ()
         slow = _slow_rounds(r, peers, len(pairs), slow_ranks) if slow_net is not None else [False] * len(pairs)
         t_all = t_cpu - t_ab + sum(scaled.steps_time_s(slow_net if crosses else net, [pair], [n_send])
@@ -175,24 +180,26 @@ def merge_rank_reports(per_rank: Sequence[Sequence[dict[str, Any]]]) -> list[dic
 
 def predict_row(net: NetworkModel, tcp: TcpTerms, row: dict[str, Any], host_cores: float,
                 ranks_on_box: int | None = None, link: NetworkModel | None = None,
-                slow_ranks: Collection[int] = ()) -> dict[str, float]:
+                slow_ranks: Collection[int] = (), other_ranks: int = 0) -> dict[str, float]:
     """:func:`predict_call` of a merged row: ``ab_s``, ``ab_cpu_s``, ``all_s`` and the units a fit
     weighs (``base_s``, ``message_units``, ``incast_units``, ``duplex_units``).
 
-    ``ranks_on_box``: the ranks sharing the cores (default the row's P); the cores they get
-    are the row's probe, at most ``host_cores``; ``link``: the slower network of the
+    ``ranks_on_box``: the ranks sharing the cores in lockstep (default the row's P);
+    ``other_ranks``: another job's ranks on them (:func:`predict_call`); the cores they all
+    get are the row's probe scaled to them, at most ``host_cores``; ``link``: the slower network of the
     ``slow_ranks`` (a straggler's host), which the all-terms column prices the rounds that
     cross them on (:func:`predict_call`). An ``incast`` row has P - 1 senders into rank 0.
     """
     p = int(row["workers"])
     ranks = p if ranks_on_box is None else ranks_on_box
-    cores = min(float(row["cores"]) * ranks / p, float(host_cores))
+    cores = min(float(row["cores"]) * (ranks + other_ranks) / p, float(host_cores))
     senders = [p - 1] + [1] * (p - 1) if row["collective"] == "incast" else None
-    base = predict_call(net, TcpTerms(), row["steps"], row["cpu_s"], ranks, cores, senders)
+    base = predict_call(net, TcpTerms(), row["steps"], row["cpu_s"], ranks, cores, senders, other_ranks=other_ranks)
     full = predict_call(net, tcp, row["steps"], row["cpu_s"], ranks, cores, senders, slow_net=link,
-                        slow_ranks=slow_ranks, peers_per_rank=row.get("peers"))
+                        slow_ranks=slow_ranks, peers_per_rank=row.get("peers"), other_ranks=other_ranks)
     return {"ab_s": base.ab_s, "ab_cpu_s": base.ab_cpu_s, "all_s": full.all_terms_s, "base_s": base.ab_cpu_s,
-            "message_units": base.rounds * cpu_contention(ranks, cores), "incast_units": base.senders - 1,
+            "message_units": base.rounds * shared_contention(
+                ranks, cores, other_ranks, max(float(c) for c in row["cpu_s"]), base.ab_s), "incast_units": base.senders - 1,
             "duplex_units": base.duplex_s}
 
 
