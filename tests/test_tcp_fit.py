@@ -98,6 +98,22 @@ def test_another_job_on_the_cores_slows_the_off_wire_cpu_by_its_share_of_a_core(
     assert shared.ab_cpu_s == pytest.approx(wire + cpu * s)
 
 
+def test_link_io_stretched_past_the_wire_is_exposed_and_hidden_under_a_longer_wire() -> None:
+    """8 ranks on 2 cores (s = 4), 0.5 ms of I/O inside the links per call: one 8 kB round
+    (wire w = alpha + 8000 beta = 0.42 ms) exposes 4 * 0.5 - w; a 2 MB round (wire 84 ms) hides
+    it; one rank per core (s = 1) hides it under a wire longer than the I/O."""
+    net = NetworkModel(ALPHA, RATE)
+    for nbytes, ranks, cores in ((8000, 8, 2.0), (2_000_000, 8, 2.0), (8000, 2, 2.0)):
+        steps = [[(nbytes, nbytes)]] * 2
+        wire = ALPHA + BETA * nbytes
+        s = max(1.0, ranks / cores)
+        pred = predict_call(net, TcpTerms(), steps, [0.0, 0.0], ranks=ranks, cores=cores, io_s_per_rank=[5e-4, 5e-4])
+        assert pred.ab_cpu_s == pytest.approx(wire + max(0.0, 5e-4 * s - wire))
+        assert pred.all_terms_s == pytest.approx(pred.ab_cpu_s)
+    assert predict_call(net, TcpTerms(), [[(8000, 8000)]], [0.0], ranks=8, cores=2.0,
+                        io_s_per_rank=[5e-4]).ab_cpu_s == pytest.approx(2e-3)
+
+
 def test_network_model_carries_terms_and_plain_models_are_unchanged() -> None:
     plain = NetworkModel(ALPHA, RATE, "link")
     assert "tcp" not in plain.to_dict() and plain.tcp is None

@@ -8,7 +8,13 @@ A call's prediction on one rank, from the rounds it really sent (``CommStats.ste
    (:func:`~gtopk_lab.network.cpu_contention.off_wire_time_s`: ranks that outnumber the cores
    they get wait for one); with another job's ranks on the same cores, those count by the
    share of the call they spend on a core
-   (:func:`~gtopk_lab.network.cpu_contention.shared_contention`);
+   (:func:`~gtopk_lab.network.cpu_contention.shared_contention`); plus the links' own I/O
+   CPU where, stretched by ``s``, it outlasts the rank's alpha-beta time:
+   ``max(0, io s - ab)``. The link's calibration (a ping-pong at one rank per core) prices
+   that I/O inside alpha and beta, hidden under the wire; when ranks share cores it takes
+   ``io s`` of wall time, and for latency-bound rounds (8 ranks on 2 cores, 8 kB
+   messages: 0.5 ms of I/O a call against 1.4 ms of wire) the excess is on the critical
+   path. Bandwidth-bound calls keep it under their wire (2 MB rounds: io s < ab);
 3. ``tcp``: :class:`~gtopk_lab.network.tcp_terms.TcpTerms` per round, its per-message CPU also
    times ``s`` (posting and completing a message is CPU work too), plus incast when ``senders``
    hit one receiver in a round.
@@ -66,7 +72,7 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
                  senders_per_rank: Sequence[int] | None = None, *, slow_net: NetworkModel | None = None,
                  slow_ranks: Collection[int] = (),
                  peers_per_rank: Sequence[Sequence[Sequence[int | None]]] | None = None,
-                 other_ranks: int = 0) -> CallPrediction:
+                 other_ranks: int = 0, io_s_per_rank: Sequence[float] | None = None) -> CallPrediction:
     """Steps 1-3 of the module docstring, the largest over ranks for each column.
 
     ``steps_per_rank``: each rank's rounds ``(sent, recv)``; ``cpu_s_per_rank``: each rank's
@@ -76,7 +82,8 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
     round on it when the round crosses one of them (``peers_per_rank``: each rank's
     ``CommStats.peers``; a rank without them pays ``slow_net`` in every round). The other
     columns stay on ``net``. ``other_ranks``: ranks of another job on the same ``cores``,
-    running calls like this one (step 2).
+    running calls like this one (step 2); ``io_s_per_rank``: each rank's CPU inside the
+    links' calls per call (step 2's exposed I/O; None: none).
     """
     if len(steps_per_rank) != len(cpu_s_per_rank) or not steps_per_rank:
         raise ValueError("steps_per_rank and cpu_s_per_rank are invalid: expected one entry per rank")
@@ -91,11 +98,14 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
         pairs = [(int(a), int(b)) for a, b in steps]
         n_send = 1 if senders_per_rank is None else int(senders_per_rank[r])
         t_ab = net.ab_steps_time_s(pairs)
-        t_cpu = t_ab + float(cpu_s_per_rank[r]) * s
+        io = float(io_s_per_rank[r]) if io_s_per_rank is not None else 0.0
+        cpu = float(cpu_s_per_rank[r]) * s
+        t_cpu = t_ab + cpu + max(0.0, io * s - t_ab)
         peers = peers_per_rank[r] if peers_per_rank is not None else ()
         slow = _slow_rounds(r, peers, len(pairs), slow_ranks) if slow_net is not None else [False] * len(pairs)
-        t_all = t_cpu - t_ab + sum(scaled.steps_time_s(slow_net if crosses else net, [pair], [n_send])
-                                   for pair, crosses in zip(pairs, slow))
+        wire = sum(scaled.steps_time_s(slow_net if crosses else net, [pair], [n_send])
+                   for pair, crosses in zip(pairs, slow))
+        t_all = wire + cpu + max(0.0, io * s - wire)
         ab, ab_cpu = max(ab, t_ab), max(ab_cpu, t_cpu)
         if t_all >= best:
             best, rounds, senders = t_all, len(pairs), n_send
@@ -194,9 +204,12 @@ def predict_row(net: NetworkModel, tcp: TcpTerms, row: dict[str, Any], host_core
     ranks = p if ranks_on_box is None else ranks_on_box
     cores = min(float(row["cores"]) * (ranks + other_ranks) / p, float(host_cores))
     senders = [p - 1] + [1] * (p - 1) if row["collective"] == "incast" else None
-    base = predict_call(net, TcpTerms(), row["steps"], row["cpu_s"], ranks, cores, senders, other_ranks=other_ranks)
+    io = row.get("io_cpu_s")
+    base = predict_call(net, TcpTerms(), row["steps"], row["cpu_s"], ranks, cores, senders, other_ranks=other_ranks,
+                        io_s_per_rank=io)
     full = predict_call(net, tcp, row["steps"], row["cpu_s"], ranks, cores, senders, slow_net=link,
-                        slow_ranks=slow_ranks, peers_per_rank=row.get("peers"), other_ranks=other_ranks)
+                        slow_ranks=slow_ranks, peers_per_rank=row.get("peers"), other_ranks=other_ranks,
+                        io_s_per_rank=io)
     return {"ab_s": base.ab_s, "ab_cpu_s": base.ab_cpu_s, "all_s": full.all_terms_s, "base_s": base.ab_cpu_s,
             "message_units": base.rounds * shared_contention(
                 ranks, cores, other_ranks, max(float(c) for c in row["cpu_s"]), base.ab_s), "incast_units": base.senders - 1,
