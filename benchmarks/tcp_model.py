@@ -15,9 +15,10 @@ ranks are plain gloo processes inside the hosts, ``benchmarks/tcp_model_rank.py`
 4. **Straggler**: a second testbed of 4 hosts, the last one on ``--straggler-rate``
    (``Testbed(rate_per_host=...)``).
 5. **Model**, per call (``gtopk_lab.network.tcp_fit.predict_call``): calibrated alpha-beta of the
-   rounds really sent (``ab``), + off-wire CPU x max(1, P / cores) (``+cpu``; the ranks of all
-   hosts share this box's cores), + the TCP terms (``+tcp``: the burst, per-message CPU, incast; the
-   straggler's rounds at the slowest link's beta, two jobs' contention over both jobs' ranks).
+   rounds really sent (``ab``), + off-wire CPU x max(1, P / cores) and the links' I/O where,
+   so stretched, it outlasts the wire (``+cpu``; the ranks of all hosts share this box's
+   cores; the other job's ranks count by their share of a core), + the TCP terms (``+tcp``:
+   the burst, per-message CPU, incast; the straggler's rounds at the slowest link's beta).
    The constants are fitted on the P <= 4 sweep and incast calls only; P = 8, the two jobs and
    the straggler are held out.
 

@@ -8,6 +8,7 @@ built from known constants (the fit must give them back); the plain model's own 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -257,3 +258,18 @@ def test_recorded_peers_pair_up_across_ranks(algorithm: str, world: int) -> None
         sends, recvs = sends_and_receives((st.steps, st.peers) for st in stats)
         assert sends == recvs, (programs, sends, recvs)
         assert any(sends.values())
+
+
+@pytest.mark.timeout(60)
+def test_a_saved_testbed_run_is_priced_again_with_the_current_model() -> None:
+    """benchmarks/tcp_model_reprice.py: a JSON log of benchmarks/tcp_model.py gives its error
+    table again (every group and call counted) without a testbed; no file is exit 2."""
+    root = Path(__file__).resolve().parents[1]
+    script, log = root / "benchmarks" / "tcp_model_reprice.py", root / "benchmarks" / "logs" / "2026-12-07-tcp-model-burst.json"
+    done = subprocess.run([sys.executable, str(script), str(log)], capture_output=True, text=True, timeout=50,
+                          cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr
+    for group, calls in (("sweep, P = 2", 20), ("sweep, P = 4", 20), ("sweep, P = 8", 20), ("two jobs", 10),
+                         ("straggler", 5)):
+        assert f"| {group} | {calls} |" in done.stdout, done.stdout
+    assert subprocess.run([sys.executable, str(script)], capture_output=True, timeout=50, cwd=root).returncode == 2
