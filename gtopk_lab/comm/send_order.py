@@ -21,7 +21,8 @@ Rule, kept by :class:`~gtopk_lab.comm.tcp_links.TcpLinks` with a :class:`SendOrd
    did before this rule: never a deadlock (tests/test_send_order.py);
 4. a wait while gated sleeps for the time the last peer's queue takes to drain to the gate
    at the rate seen since the previous look (:meth:`SendOrder.wait_s`, 50 us to 1 ms), so a
-   fast link does not idle for a whole poll tick.
+   fast link does not idle for a whole poll tick (``poll`` counts whole milliseconds), and
+   reads what has come in after each sleep.
 
 Cost: one ``ioctl`` (about 1 us) per look at the gate; none for messages to one peer.
 """

@@ -241,8 +241,9 @@ class TcpLinks(Links):
             gated = bool(self._fifo) and not self._order.may_start(self._fifo[0])
             self._arm(peer, gated)
             try:
-                if gated:  # no socket event says when the last peer's queue drains: a short sleep
-                    select.select([self.socks[peer]] if peer is not None else [], [], [], self._order.wait_s())
+                if gated:  # no socket event says when the last peer's queue drains: a sleep of
+                    # under 1 ms (poll's resolution), after which the loop reads what has come in
+                    time.sleep(self._order.wait_s())
                 else:
                     self._poll.poll(_POLL_MS)  # a closed or failed socket wakes it too: the I/O says how
             except InterruptedError:
