@@ -198,6 +198,14 @@ def test_costs_come_from_a_calibration_runs_or_the_stated_default(tmp_path: Path
     assert (from_runs.selection_s, from_runs.gamma_s_per_element, from_runs.numel) == (0.003, 1e-9, 100)
     assert from_runs.source == "stored runs (mlp/d, 2 run(s))"
     assert costs_from_summaries([], "nothing") is None
+    # calibrated selections of sparse methods (orchestration.calibration) win over the one the
+    # compute entry timed (its first method's: dense, ~0); their median, this workload's only
+    entries += [{"selection_workload": {**workload, "method": m, "density": 0.01}, "selection_time_s": t}
+                for m, t in (("topk", 0.004), ("gtopk", 0.005), ("ef21", 0.009))]
+    entries.append({"selection_workload": {**workload, "batch_size": 64, "method": "gtopk", "density": 0.01},
+                    "selection_time_s": 1.0})
+    (tmp_path / "calibration.json").write_text(json.dumps({"entries": entries}))
+    assert costs_from_calibration(tmp_path).selection_s == 0.005
     with pytest.raises(ValueError, match="compute_s=0 is invalid"):
         Costs(numel=10, compute_s=0)
 

@@ -6,8 +6,10 @@ method and the merge cost gamma. :class:`Costs` holds them with ``source``, the 
 explorer's figure shows. They come from, in this order of preference (:func:`find_costs`):
 
 1. a calibration (:mod:`gtopk_lab.orchestration.calibration`): ``<out>/calibration.json``'s
-   latest compute entry (``compute_time_s``, ``selection_time_s``, ``numel``, the workload),
-   its merge gamma at the density nearest the one asked for (log distance); read only,
+   latest compute entry (``compute_time_s``, ``numel``, the workload), the median of that
+   workload's calibrated sparse selections (``selection_workload`` entries; else the
+   selection the compute entry timed, which is its first method's and ~0 for dense), its
+   merge gamma at the density nearest the one asked for (log distance); read only,
    nothing is measured or moved;
 2. a stored run or a study's runs (summaries; of a results folder, its latest 20 runs of
    the latest run's workload): ``t_c`` = median compute + update of the dense P = 1 runs
@@ -94,7 +96,9 @@ def costs_from_calibration(out: str | Path) -> Costs | None:
               and {k: v for k, v in e["merge_workload"].items() if k != "density"} == workload
               and isinstance(e["merge_workload"].get("density"), (int, float))
               and e["merge_workload"]["density"] > 0}
-    selection = entry.get("selection_time_s")
+    selections = [float(e["selection_time_s"]) for e in entries if "selection_workload" in e
+                  and {k: v for k, v in e["selection_workload"].items() if k in workload} == workload]
+    selection = statistics.median(selections) if selections else entry.get("selection_time_s")
     when = str(entry.get("measured_at") or "")[:16]
     return Costs(numel=int(entry["numel"]), compute_s=float(entry["compute_time_s"]),
                  selection_s=float(selection) if isinstance(selection, (int, float)) else 0.0,
