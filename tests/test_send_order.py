@@ -19,24 +19,14 @@ import numpy as np
 import pytest
 
 from gtopk_lab.comm.tcp_links import TcpLinks
+from thread_ranks import tcp_mesh_sockets
 
 HERE = Path(__file__).resolve()
 
 
 def _mesh(world: int, timeout_s: float = 30.0) -> list[TcpLinks]:
     """A group of ``world`` ranks in this process, a real TCP connection on 127.0.0.1 per pair."""
-    socks: list[dict[int, socket.socket]] = [{} for _ in range(world)]
-    for a in range(world):
-        for b in range(a + 1, world):
-            listener = socket.create_server(("127.0.0.1", 0))
-            sa = socket.create_connection(listener.getsockname())
-            sb, _ = listener.accept()
-            listener.close()
-            for s in (sa, sb):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                s.setblocking(False)
-            socks[a][b], socks[b][a] = sa, sb
-    return [TcpLinks(r, world, socks[r], timeout_s) for r in range(world)]
+    return [TcpLinks(r, world, socks, timeout_s) for r, socks in enumerate(tcp_mesh_sockets(world))]
 
 
 def _threads(work: list, timeout_s: float) -> list:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 import time
 
@@ -21,19 +20,13 @@ import torch
 from gtopk_lab.comm.launch import run_gloo
 from gtopk_lab.comm.tcp_links import TcpLinks, io_cpu_s, listen_address, tcp_wanted
 from gtopk_lab.worker.faults import PEER_LOST, PEER_TIMEOUT, failure_cause
-from thread_ranks import run_both, swap_messages
+from thread_ranks import run_both, swap_messages, tcp_mesh_sockets
 
 
 def _pair(timeout_s: float = 30.0) -> tuple[TcpLinks, TcpLinks]:
     """Both ends of a P = 2 group in this process, over one real TCP connection on 127.0.0.1."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    a = socket.create_connection(listener.getsockname())
-    b, _ = listener.accept()
-    listener.close()
-    for s in (a, b):
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.setblocking(False)
-    return TcpLinks(0, 2, {1: a}, timeout_s), TcpLinks(1, 2, {0: b}, timeout_s)
+    a, b = tcp_mesh_sockets(2)
+    return TcpLinks(0, 2, a, timeout_s), TcpLinks(1, 2, b, timeout_s)
 
 
 @pytest.mark.timeout(60)

@@ -1,13 +1,32 @@
-"""Two ranks as threads of this process, for the transports' own links tested without
-processes (shared by tests/test_shm_transport.py and tests/test_tcp_transport.py)."""
+"""Ranks as threads of this process, for the transports' own links tested without
+processes (shared by tests/test_shm_transport.py, tests/test_tcp_transport.py and
+tests/test_send_order.py)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+
+def tcp_mesh_sockets(world: int) -> list[dict[int, socket.socket]]:
+    """Every rank's sockets to every other (rank -> {peer: socket}), a real TCP connection on
+    127.0.0.1 per pair, ``TCP_NODELAY`` and non-blocking as the TCP links' handshake leaves them."""
+    socks: list[dict[int, socket.socket]] = [{} for _ in range(world)]
+    for a in range(world):
+        for b in range(a + 1, world):
+            listener = socket.create_server(("127.0.0.1", 0))
+            sa = socket.create_connection(listener.getsockname())
+            sb, _ = listener.accept()
+            listener.close()
+            for s in (sa, sb):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                s.setblocking(False)
+            socks[a][b], socks[b][a] = sa, sb
+    return socks
 
 
 def run_both(body: Callable[[int], None], join_s: float = 30.0) -> None:
