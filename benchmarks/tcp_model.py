@@ -141,6 +141,18 @@ def predict(rows: list[dict[str, Any]], net: NetworkModel, tcp: TcpTerms, cores_
                                slow_ranks=(p - 1,) if row["kind"] == "straggler" else ()))
 
 
+def fit_and_predict(rows: list[dict[str, Any]], net: NetworkModel, cores_total: int,
+                    straggler_ratio: float) -> TcpTerms:
+    """Step 5 with the fit: every row priced with the fitted constants zero, the TCP terms
+    fitted on the P <= 4 sweep only (the held-out rows never shape them), every row priced
+    again with them; returns the fitted terms."""
+    predict(rows, net, TcpTerms(), cores_total, straggler_ratio)
+    train = [r for r in rows if r["kind"] == "sweep" and r["workers"] <= 4]
+    tcp = fit_terms(net, train, cores_total)
+    predict(rows, net, tcp, cores_total, straggler_ratio)
+    return tcp
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", default="200mbit", help="every host's rate each way (default 200mbit)")
@@ -194,10 +206,7 @@ def main() -> int:
     print(f"straggler done ({time.monotonic() - t0:.0f} s)", flush=True)
     ratio = parse_rate_bps(args.rate, "rate") / parse_rate_bps(args.straggler_rate, "straggler_rate")
     cores_total = env["cores"]
-    predict(rows, net, TcpTerms(), cores_total, ratio)
-    train = [r for r in rows if r["kind"] == "sweep" and r["workers"] <= 4]
-    tcp = fit_terms(net, train, cores_total)
-    predict(rows, net, tcp, cores_total, ratio)
+    tcp = fit_and_predict(rows, net, cores_total, ratio)
     wall_s = time.monotonic() - t0
     table = error_table(rows)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")

@@ -3,7 +3,7 @@
 Each JSON log keeps every call's rounds, per-rank CPU, I/O and peers, so a model change can be
 judged on the calls already measured: for each file, the TCP terms are fitted again on its
 P <= 4 sweep (as the run did) and every call predicted with the current
-``gtopk_lab.network.tcp_fit``; prints the run's error table (``tcp_model_report.error_table``).
+``gtopk_lab.network.tcp_fit`` (``tcp_model.fit_and_predict``, as the run itself); prints the run's error table (``tcp_model_report.error_table``).
 
 Usage::
 
@@ -19,12 +19,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tcp_model import predict  # noqa: E402
+from tcp_model import fit_and_predict  # noqa: E402
 from tcp_model_report import error_table  # noqa: E402
 
 from gtopk_lab.network.model import NetworkModel  # noqa: E402
-from gtopk_lab.network.tcp_fit import fit_terms  # noqa: E402
-from gtopk_lab.network.tcp_terms import TcpTerms  # noqa: E402
 from gtopk_lab.testbed import parse_rate_bps  # noqa: E402
 
 
@@ -35,9 +33,7 @@ def reprice(path: Path) -> str:
     args = run.get("args", {})
     ratio = (parse_rate_bps(args.get("rate", "200mbit"), "rate")
              / parse_rate_bps(args.get("straggler_rate", "50mbit"), "straggler_rate"))
-    predict(rows, net, TcpTerms(), cores, ratio)
-    tcp = fit_terms(net, [r for r in rows if r["kind"] == "sweep" and r["workers"] <= 4], cores)
-    predict(rows, net, tcp, cores, ratio)
+    fit_and_predict(rows, net, cores, ratio)
     return error_table(rows)
 
 

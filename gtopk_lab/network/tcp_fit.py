@@ -57,6 +57,8 @@ class CallPrediction:
     rounds: int
     senders: int
     duplex_s: float
+    #: the CPU contention ``s`` the call was priced at (step 2)
+    contention: float = 1.0
 
 
 def _slow_rounds(rank: int, peers: Sequence[Sequence[int | None]], rounds: int,
@@ -89,15 +91,14 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
         raise ValueError("steps_per_rank and cpu_s_per_rank are invalid: expected one entry per rank")
     if slow_net is not None and not slow_ranks:
         raise ValueError("slow_ranks is invalid: expected the ranks on slow_net's links")
-    wire_s = max(net.ab_steps_time_s([(int(a), int(b)) for a, b in steps]) for steps in steps_per_rank)
-    s = shared_contention(ranks, cores, other_ranks, max(float(c) for c in cpu_s_per_rank), wire_s)
+    pairs_per_rank = [[(int(a), int(b)) for a, b in steps] for steps in steps_per_rank]
+    ab_per_rank = [net.ab_steps_time_s(pairs) for pairs in pairs_per_rank]
+    s = shared_contention(ranks, cores, other_ranks, max(float(c) for c in cpu_s_per_rank), max(ab_per_rank))
     scaled = dataclasses.replace(tcp, cpu_s_per_message=tcp.cpu_s_per_message * s)
     ab = ab_cpu = best = duplex = 0.0
     rounds = senders = 0
-    for r, steps in enumerate(steps_per_rank):
-        pairs = [(int(a), int(b)) for a, b in steps]
+    for r, (pairs, t_ab) in enumerate(zip(pairs_per_rank, ab_per_rank)):
         n_send = 1 if senders_per_rank is None else int(senders_per_rank[r])
-        t_ab = net.ab_steps_time_s(pairs)
         io = float(io_s_per_rank[r]) if io_s_per_rank is not None else 0.0
         cpu = float(cpu_s_per_rank[r]) * s
         t_cpu = t_ab + cpu + max(0.0, io * s - t_ab)
@@ -110,7 +111,7 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
         if t_all >= best:
             best, rounds, senders = t_all, len(pairs), n_send
             duplex = net.beta_s_per_byte * sum(min(a, b) for a, b in pairs)
-    return CallPrediction(ab, ab_cpu, best, rounds, senders, duplex)
+    return CallPrediction(ab, ab_cpu, best, rounds, senders, duplex, s)
 
 
 #: the constants :func:`fit_tcp_constants` fits, and the point key of each one's units
@@ -211,8 +212,7 @@ def predict_row(net: NetworkModel, tcp: TcpTerms, row: dict[str, Any], host_core
                         slow_ranks=slow_ranks, peers_per_rank=row.get("peers"), other_ranks=other_ranks,
                         io_s_per_rank=io)
     return {"ab_s": base.ab_s, "ab_cpu_s": base.ab_cpu_s, "all_s": full.all_terms_s, "base_s": base.ab_cpu_s,
-            "message_units": base.rounds * shared_contention(
-                ranks, cores, other_ranks, max(float(c) for c in row["cpu_s"]), base.ab_s), "incast_units": base.senders - 1,
+            "message_units": base.rounds * base.contention, "incast_units": base.senders - 1,
             "duplex_units": base.duplex_s}
 
 
