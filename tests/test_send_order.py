@@ -11,7 +11,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 
 from gtopk_lab.comm.tcp_links import TcpLinks
-from thread_ranks import tcp_mesh_sockets
+from thread_ranks import run_ranks, tcp_mesh_sockets
 
 HERE = Path(__file__).resolve()
 
@@ -27,26 +26,6 @@ HERE = Path(__file__).resolve()
 def _mesh(world: int, timeout_s: float = 30.0) -> list[TcpLinks]:
     """A group of ``world`` ranks in this process, a real TCP connection on 127.0.0.1 per pair."""
     return [TcpLinks(r, world, socks, timeout_s) for r, socks in enumerate(tcp_mesh_sockets(world))]
-
-
-def _threads(work: list, timeout_s: float) -> list:
-    results: list = [None] * len(work)
-
-    def run(i: int) -> None:
-        try:
-            results[i] = work[i]()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            results[i] = exc
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(work))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return results
 
 
 @pytest.mark.timeout(60)
@@ -67,7 +46,7 @@ def test_messages_to_several_peers_posted_before_any_is_read_arrive_whole_and_in
 
     def receiver(r: int):
         return lambda: [links[r].receive_array(0) for d in dests if d == r]
-    _, got1, got2 = _threads([sender, receiver(1), receiver(2)], 50)
+    _, got1, got2 = run_ranks([sender, receiver(1), receiver(2)], 50)
     for r, got in ((1, got1), (2, got2)):
         want = [m for d, m in zip(dests, messages) if d == r]
         assert [g.size for g in got] == [w.size for w in want]
@@ -99,7 +78,7 @@ def test_a_peer_that_does_not_read_yet_cannot_hold_another_peers_message() -> No
         return got.size
 
     start = time.monotonic()
-    _, size1, size2 = _threads([rank0, rank1, rank2], 45)
+    _, size1, size2 = run_ranks([rank0, rank1, rank2], 45)
     assert (size1, size2) == (big.size, small.size)
     assert time.monotonic() - start < 15.0
 

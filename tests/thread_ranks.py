@@ -29,24 +29,31 @@ def tcp_mesh_sockets(world: int) -> list[dict[int, socket.socket]]:
     return socks
 
 
-def run_both(body: Callable[[int], None], join_s: float = 30.0) -> None:
-    """``body(0)`` and ``body(1)`` on two threads at once; asserts that neither hung (each
-    joined within ``join_s``) and that neither raised (the exceptions in the message)."""
+def run_ranks(work: list[Callable[[], Any]], join_s: float = 30.0) -> list[Any]:
+    """``work[r]()`` for every rank r on threads at once; what each returned. Asserts that none
+    hung (each joined within ``join_s``) and that none raised (the exceptions in the message)."""
+    results: list[Any] = [None] * len(work)
     errors: list[BaseException] = []
 
     def run(r: int) -> None:
         try:
-            body(r)
+            results[r] = work[r]()
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(2)]
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(work))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(join_s)
     assert not any(t.is_alive() for t in threads), "a rank hung"
     assert not errors, errors
+    return results
+
+
+def run_both(body: Callable[[int], None], join_s: float = 30.0) -> None:
+    """``body(0)`` and ``body(1)`` on two threads at once (:func:`run_ranks`)."""
+    run_ranks([lambda: body(0), lambda: body(1)], join_s)
 
 
 def swap_messages(ends: tuple[Any, Any], nbytes: int, repeats: int) -> None:
