@@ -43,6 +43,32 @@ def test_fit_recovers_known_constants_from_synthetic_calls() -> None:
     assert fit["incast_s_per_sender"] == pytest.approx(1e-3, rel=1e-6)
 
 
+def test_a_busy_ports_fraction_of_beta_comes_back_from_incast_calls_and_stays_below_one() -> None:
+    """Incast rows built here: rank 0 receives from P - 1 senders at once and its bytes past the
+    3,000 B burst drain at 0.88 of one flow's beta (a port several flows keep busy); one-sender
+    rows (P = 2) drain at beta. The fit gives 0.12 back, the other constants 0; a busy port
+    the calls cannot pay for (a "fraction" >= 1) is never kept."""
+    net = NetworkModel(latency_s=ALPHA, bandwidth_bps=RATE, tcp=TcpTerms(burst_bytes=3000.0))
+    rows = []
+    for p, n_bytes in ((2, 80_000), (2, 2_000_000), (4, 80_000), (4, 2_000_000), (3, 400_000)):
+        recv = (p - 1) * n_bytes
+        steps = [[[0, recv]]] + [[[n_bytes, 0]]] * (p - 1)
+        past = recv - 3000
+        wire = ALPHA + BETA * past * (0.88 if p > 2 else 1.0)
+        rows.append({"collective": "incast", "workers": p, "cores": 8.0, "steps": steps,
+                     "cpu_s": [0.0] * p, "median_s": wire})
+    terms = fit_terms(net, rows, host_cores=8.0)
+    assert terms.incast_beta_fraction == pytest.approx(0.12, rel=1e-6)
+    assert terms.cpu_s_per_message == terms.duplex_beta_fraction == terms.incast_s_per_sender == 0
+    # rank 0's 3-sender round by hand with the fitted terms: alpha + 0.88 beta (recv - B)
+    pred = predict_call(net, terms, rows[2]["steps"], [0.0] * 4, ranks=4, cores=8.0, senders_per_rank=[3, 1, 1, 1])
+    assert pred.all_terms_s == pytest.approx(ALPHA + BETA * (240_000 - 3000) * 0.88, rel=1e-9)
+    # a call two thirds under its base would need a fraction of 1.5 (more than the bytes'
+    # whole time): refused, the constant stays 0
+    way_faster = [{"measured_s": 1.0, "base_s": 3.0, "incast_beta_units": -1.33}]
+    assert fit_tcp_constants(way_faster)["incast_beta_fraction"] == 0.0
+
+
 def test_fit_terms_keeps_the_links_burst_and_fits_on_top_of_it() -> None:
     """Calls built here from a link with a 3,000 B burst plus 150 us of CPU per message: fitted
     on a model that carries the burst (``net.tcp``), the per-message CPU comes back and the
@@ -63,7 +89,7 @@ def test_fit_terms_keeps_the_links_burst_and_fits_on_top_of_it() -> None:
 def test_fit_is_never_negative_and_refuses_bad_points() -> None:
     faster = [{"measured_s": 1.0, "base_s": 2.0, "message_units": 3, "duplex_units": 0.1, "incast_units": 0}]
     assert fit_tcp_constants(faster) == {"cpu_s_per_message": 0.0, "incast_s_per_sender": 0.0,
-                                         "duplex_beta_fraction": 0.0}
+                                         "duplex_beta_fraction": 0.0, "incast_beta_fraction": 0.0}
     with pytest.raises(ValueError, match="measured_s"):
         fit_tcp_constants([{"measured_s": 0.0, "base_s": 1.0}])
     with pytest.raises(ValueError, match="points"):

@@ -67,6 +67,24 @@ def test_a_shapers_burst_takes_its_bytes_off_each_round_by_hand() -> None:
         TcpTerms(burst_bytes=-1.0)
 
 
+def test_a_busy_port_takes_its_fraction_of_beta_off_rounds_with_several_senders_by_hand() -> None:
+    net = NetworkModel(latency_s=1e-4, bandwidth_bps=RATE)  # beta 4e-8 s/B
+    port = TcpTerms(burst_bytes=3000.0, incast_beta_fraction=0.1)
+    assert not TcpTerms(incast_beta_fraction=0.1).is_zero
+    # 3 senders of 4,000 B into one rank: alpha + (12,000 - 3,000) B at 0.9 of beta
+    assert port.steps_time_s(net, [(0, 12_000)], senders=[3]) == pytest.approx(1e-4 + 9000 * 4e-8 * 0.9)
+    # one sender: the flow's own beta, as the ping-pong measured it
+    assert port.steps_time_s(net, [(0, 12_000)]) == pytest.approx(1e-4 + 9000 * 4e-8)
+    # below the burst nothing is left to save: never under alpha
+    assert port.steps_time_s(net, [(0, 2000)], senders=[7]) == pytest.approx(1e-4)
+    assert TcpTerms.from_dict(port.to_dict()) == port
+    # a calibration file written before the term existed reads as 0
+    assert TcpTerms.from_dict({"burst_bytes": 3000.0}).incast_beta_fraction == 0.0
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match="incast_beta_fraction"):
+            TcpTerms(incast_beta_fraction=bad)
+
+
 def test_bottleneck_beta_is_the_slowest_link() -> None:
     assert bottleneck_beta([1e9, 200e6, math.inf]) == pytest.approx(4e-8)
     assert bottleneck_beta([math.inf]) == 0.0

@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     if result.tcp is not None:
         t = result.tcp
         print(f"TCP terms: {t.cpu_s_per_message * 1e6:.1f} us per message, duplex +{t.duplex_beta_fraction:.1%} "
-              f"of beta, incast {t.incast_s_per_sender * 1e6:.1f} us per extra sender")
+              f"of beta, incast {t.incast_s_per_sender * 1e6:.1f} us per extra sender and "
+              f"-{t.incast_beta_fraction:.1%} of beta past the burst")
     if args.out:
         print(f"saved {args.out}; use it as --bandwidth {args.out}")
     return 0

@@ -17,15 +17,15 @@ A call's prediction on one rank, from the rounds it really sent (``CommStats.ste
    path. Bandwidth-bound calls keep it under their wire (2 MB rounds: io s < ab);
 3. ``tcp``: :class:`~gtopk_lab.network.tcp_terms.TcpTerms` per round, its per-message CPU also
    times ``s`` (posting and completing a message is CPU work too), plus incast when ``senders``
-   hit one receiver in a round.
+   hit one receiver in a round (its queue's drops, and its port kept busy).
 
 The call's time is the largest over ranks (the slowest rank ends it). Where links differ (a
 straggler's slower host), a round is priced on the slower network when either of its ends is
 a slow rank (``CommStats.peers``): the critical path of a tree crosses the straggler's link in
 its own rounds only, while a rank whose peers are unknown (a library ring: every round waits
 for the slowest link) pays it in every round. :func:`fit_tcp_constants`
-fits ``cpu_s_per_message``, ``incast_s_per_sender`` and ``duplex_beta_fraction`` by least
-squares on *relative* residuals (a 25M dense call of seconds must not outweigh a 1M gTop-k call
+fits ``cpu_s_per_message``, ``incast_s_per_sender``, ``duplex_beta_fraction`` and
+``incast_beta_fraction`` by least squares on *relative* residuals (a 25M dense call of seconds must not outweigh a 1M gTop-k call
 of milliseconds), each >= 0.
 Cost: O(ranks x rounds) per call; the fit O(points).
 
@@ -59,6 +59,9 @@ class CallPrediction:
     duplex_s: float
     #: the CPU contention ``s`` the call was priced at (step 2)
     contention: float = 1.0
+    #: ``beta * sum(max(0, n - burst))`` of that rank's rounds with several senders (what a
+    #: busy port's fraction of beta saves, per unit of the fraction)
+    incast_beta_s: float = 0.0
 
 
 def _slow_rounds(rank: int, peers: Sequence[Sequence[int | None]], rounds: int,
@@ -95,7 +98,7 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
     ab_per_rank = [net.ab_steps_time_s(pairs) for pairs in pairs_per_rank]
     s = shared_contention(ranks, cores, other_ranks, max(float(c) for c in cpu_s_per_rank), max(ab_per_rank))
     scaled = dataclasses.replace(tcp, cpu_s_per_message=tcp.cpu_s_per_message * s)
-    ab = ab_cpu = best = duplex = 0.0
+    ab = ab_cpu = best = duplex = incast_beta = 0.0
     rounds = senders = 0
     for r, (pairs, t_ab) in enumerate(zip(pairs_per_rank, ab_per_rank)):
         n_send = 1 if senders_per_rank is None else int(senders_per_rank[r])
@@ -111,12 +114,14 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
         if t_all >= best:
             best, rounds, senders = t_all, len(pairs), n_send
             duplex = net.beta_s_per_byte * sum(min(a, b) for a, b in pairs)
-    return CallPrediction(ab, ab_cpu, best, rounds, senders, duplex, s)
+            incast_beta = (net.beta_s_per_byte * sum(max(0.0, max(a, b) - tcp.burst_bytes) for a, b in pairs)
+                           if n_send > 1 else 0.0)
+    return CallPrediction(ab, ab_cpu, best, rounds, senders, duplex, s, incast_beta)
 
 
 #: the constants :func:`fit_tcp_constants` fits, and the point key of each one's units
 FITTED = (("cpu_s_per_message", "message_units"), ("incast_s_per_sender", "incast_units"),
-          ("duplex_beta_fraction", "duplex_units"))
+          ("duplex_beta_fraction", "duplex_units"), ("incast_beta_fraction", "incast_beta_units"))
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -140,13 +145,15 @@ def fit_tcp_constants(points: Sequence[dict[str, Any]]) -> dict[str, float]:
 
     Each point: ``measured_s``, ``base_s`` (its prediction with every fitted constant 0) and,
     per constant, its units (:data:`FITTED`: rounds x contention ``s``, ``senders - 1``,
-    ``beta * sum(min(sent, recv))`` of the critical rank; a missing key counts 0).
+    ``beta * sum(min(sent, recv))`` and ``- beta * sum(max(0, n - burst))`` of several senders'
+    rounds, of the critical rank; a missing key counts 0).
 
     1. Residual ``d = measured - base``; every term divided by ``measured`` (a relative fit).
-    2. For every subset of the constants (at most 2**3), least squares of ``d`` on those
-       units (normal equations); keep the subsets whose constants are all >= 0.
+    2. For every subset of the constants (at most 2**4), least squares of ``d`` on those
+       units (normal equations); keep the subsets whose constants are all >= 0 (and a busy
+       port's fraction < 1).
     3. The kept subset with the smallest squared residual wins (non-negative least squares by
-       enumeration; the others are 0). Cost: O(8 x points).
+       enumeration; the others are 0). Cost: O(16 x points).
     """
     if not points:
         raise ValueError("points is invalid: expected at least one measured call")
@@ -162,7 +169,8 @@ def fit_tcp_constants(points: Sequence[dict[str, Any]]) -> dict[str, float]:
         a = [[sum(u[i] * u[j] for _, u in rows) for j in cols] for i in cols]
         b = [sum(d * u[i] for d, u in rows) for i in cols]
         sol = _solve(a, b)
-        if sol is None or any(x < 0 for x in sol):
+        if sol is None or any(x < 0 for x in sol) or any(
+                FITTED[j][0] == "incast_beta_fraction" and x >= 1 for j, x in zip(cols, sol)):
             continue
         full = [0.0] * len(FITTED)
         for j, x in zip(cols, sol):
@@ -193,7 +201,8 @@ def predict_row(net: NetworkModel, tcp: TcpTerms, row: dict[str, Any], host_core
                 ranks_on_box: int | None = None, link: NetworkModel | None = None,
                 slow_ranks: Collection[int] = (), other_ranks: int = 0) -> dict[str, float]:
     """:func:`predict_call` of a merged row: ``ab_s``, ``ab_cpu_s``, ``all_s`` and the units a fit
-    weighs (``base_s``, ``message_units``, ``incast_units``, ``duplex_units``).
+    weighs (``base_s``, ``message_units``, ``incast_units``, ``duplex_units``,
+    ``incast_beta_units``).
 
     ``ranks_on_box``: the ranks sharing the cores in lockstep (default the row's P);
     ``other_ranks``: another job's ranks on them (:func:`predict_call`); the cores they all
@@ -213,7 +222,7 @@ def predict_row(net: NetworkModel, tcp: TcpTerms, row: dict[str, Any], host_core
                         io_s_per_rank=io)
     return {"ab_s": base.ab_s, "ab_cpu_s": base.ab_cpu_s, "all_s": full.all_terms_s, "base_s": base.ab_cpu_s,
             "message_units": base.rounds * base.contention, "incast_units": base.senders - 1,
-            "duplex_units": base.duplex_s}
+            "duplex_units": base.duplex_s, "incast_beta_units": -full.incast_beta_s}
 
 
 def fit_terms(net: NetworkModel, rows: Sequence[dict[str, Any]], host_cores: float) -> TcpTerms:

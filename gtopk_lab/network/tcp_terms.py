@@ -14,9 +14,13 @@ default, so ``TcpTerms()`` reproduces the plain model exactly):
    bandwidth term is ``max(0, r * rtt - beta * n)`` counted until the window reaches
    ``B`` (:func:`slow_start_extra_s`). Matters for short-to-medium messages on links with
    a large BDP; zero when ``rtt_s`` is 0. Cost: O(1) per round.
-3. **Incast** ``incast_s_per_sender``: when ``s`` senders hit one receiver in the same
-   round, drops and retransmits in the receiver's queue cost about
-   ``incast_s_per_sender * (s - 1)`` on top of the receiver's bandwidth term.
+3. **Incast**, ``s >= 2`` senders into one receiver in the same round, two ways:
+   ``incast_s_per_sender``: drops and retransmits in the receiver's queue cost about
+   ``incast_s_per_sender * (s - 1)`` on top of the receiver's bandwidth term;
+   ``incast_beta_fraction`` (f): a port that several flows keep busy drains closer to its
+   rate than one flow gets from it. The calibrated beta is one flow's (a ping-pong: on the
+   testbed's 200 Mbit/s ``tbf`` ports, 171 Mbit/s), so such a round's bytes past the
+   shaper's burst cost ``(1 - f)`` of it: ``- f * beta * max(0, n - B)``. 0 <= f < 1.
 4. **A straggler's link** sets the pace of every synchronous round:
    :func:`bottleneck_beta` gives the per-byte cost of the slowest link of a round.
 5. **Duplex** ``duplex_beta_fraction``: a round in which a rank sends and receives at once
@@ -110,10 +114,11 @@ class TcpTerms:
     incast_s_per_sender: float = 0.0
     duplex_beta_fraction: float = 0.0
     burst_bytes: float = 0.0
+    incast_beta_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         for fname in ("cpu_s_per_message", "rtt_s", "init_window_bytes", "incast_s_per_sender",
-                      "duplex_beta_fraction", "burst_bytes"):
+                      "duplex_beta_fraction", "burst_bytes", "incast_beta_fraction"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{fname}={value!r} has type {type(value).__name__}: expected float")
@@ -121,22 +126,28 @@ class TcpTerms:
                 raise ValueError(f"{fname}={value!r} is invalid: expected a finite number >= 0")
         if self.init_window_bytes <= 0:
             raise ValueError(f"init_window_bytes={self.init_window_bytes!r} is invalid: expected bytes > 0")
+        if self.incast_beta_fraction >= 1:
+            raise ValueError(f"incast_beta_fraction={self.incast_beta_fraction!r} is invalid: expected a fraction "
+                             "in [0, 1)")
 
     @property
     def is_zero(self) -> bool:
         """True when no term adds anything (the plain alpha-beta model)."""
         return (self.cpu_s_per_message == 0 and self.rtt_s == 0 and self.incast_s_per_sender == 0
-                and self.duplex_beta_fraction == 0 and self.burst_bytes == 0)
+                and self.duplex_beta_fraction == 0 and self.burst_bytes == 0 and self.incast_beta_fraction == 0)
 
     def extra_round_s(self, net: Link, sent: int, recv: int, senders: int = 1) -> float:
         """Seconds these terms add to one alpha-beta round (steps 1-3, 5 and 6; the burst's
-        is negative, never below the round's alpha: ``beta * min(n, B) <= beta * n``)."""
+        and a busy port's are negative, together never below the round's alpha:
+        ``beta * min(n, B) + f * beta * max(0, n - B) <= beta * n`` for f < 1)."""
         if senders < 1:
             raise ValueError(f"senders={senders!r} is invalid: expected >= 1")
         n = max(sent, recv)
+        past_burst = max(0.0, n - self.burst_bytes)
         return (self.cpu_s_per_message
                 + slow_start_extra_s(n, net.bandwidth_bps, self.rtt_s, self.init_window_bytes)
                 + self.incast_s_per_sender * (senders - 1)
+                - (self.incast_beta_fraction * net.beta_s_per_byte * past_burst if senders > 1 else 0.0)
                 + self.duplex_beta_fraction * net.beta_s_per_byte * min(sent, recv)
                 - net.beta_s_per_byte * min(n, self.burst_bytes))
 
