@@ -13,12 +13,14 @@ ranks are plain gloo processes inside the hosts, ``benchmarks/tcp_model_rank.py`
 3. **Two jobs** at once: two P = N/2 groups on disjoint hosts of the same bridge, case by case
    in the same time slots.
 4. **Straggler**: a second testbed of 4 hosts, the last one on ``--straggler-rate``
-   (``Testbed(rate_per_host=...)``).
+   (``Testbed(rate_per_host=...)``), its link to host 0 calibrated as in step 1 (one flow
+   gets another share of a slower port: on 200 / 50 Mbit/s ``tbf`` ports 158-162 / 44-45
+   Mbit/s, a ratio of 3.6, not the rates' 4).
 5. **Model**, per call (``gtopk_lab.network.tcp_fit.predict_call``): calibrated alpha-beta of the
    rounds really sent (``ab``), + off-wire CPU x max(1, P / cores) and the links' I/O where,
    so stretched, it outlasts the wire (``+cpu``; the ranks of all hosts share this box's
    cores; the other job's ranks count by their share of a core), + the TCP terms (``+tcp``:
-   the burst, per-message CPU, incast; the straggler's rounds at the slowest link's beta).
+   the burst, per-message CPU, incast; the straggler's rounds at its calibrated link).
    The constants are fitted on the P <= 4 sweep and incast calls only; P = 8, the two jobs and
    the straggler are held out.
 
@@ -52,7 +54,7 @@ from gtopk_lab.network.calibrate import result_from_medians  # noqa: E402
 from gtopk_lab.network.model import NetworkModel  # noqa: E402
 from gtopk_lab.network.tcp_fit import fit_terms, merge_rank_reports, predict_row  # noqa: E402
 from gtopk_lab.network.tcp_terms import TcpTerms  # noqa: E402
-from gtopk_lab.testbed import Testbed, parse_rate_bps, testbed_problem  # noqa: E402
+from gtopk_lab.testbed import Testbed, testbed_problem  # noqa: E402
 
 PY = sys.executable
 RANK = str(Path(__file__).resolve().parent / "tcp_model_rank.py")
@@ -116,24 +118,33 @@ def merge_ranks(ranks: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [{"kind": kind, **row} for row in merge_rank_reports([r["cases"] for r in ranks])]
 
 
-def calibrate(tb: Testbed) -> NetworkModel:
-    """Step 1: ping-pong hosts 0 and 1, fit alpha, beta and the shaper's burst (the model's
+def calibrate(tb: Testbed, hosts: tuple[int, int] = (0, 1), tag: str = "calib") -> NetworkModel:
+    """Step 1: ping-pong ``hosts``, fit alpha, beta and the shaper's burst (the model's
     ``tcp.burst_bytes``; ``gtopk-lab calibrate``'s fit, ``result_from_medians``: sizes on both
     sides of the bucket)."""
     start = time.monotonic()
-    procs = run_group(tb, [0, 1], [], "calib", 29600,
+    procs = run_group(tb, list(hosts), [], tag, 29600,
                       {"pingpong_sizes": PINGPONG_SIZES, "pingpong_repeats": 5})
-    ranks = wait_group(tb, procs, "calib")
+    ranks = wait_group(tb, procs, tag)
     return result_from_medians({r: ranks[r]["pingpong_s"] for r in (0, 1)}, PINGPONG_SIZES, backend="testbed",
                                repeats=5, wall_s=time.monotonic() - start).model
 
 
+def straggler_link(net: NetworkModel, straggler: NetworkModel | float) -> NetworkModel:
+    """The straggler's link: its calibration, or (a saved run from before it was calibrated)
+    ``net`` with beta times the rates' ratio."""
+    if isinstance(straggler, NetworkModel):
+        return straggler
+    return NetworkModel.from_alpha_beta(net.latency_s, net.beta_s_per_byte * float(straggler))
+
+
 def predict(rows: list[dict[str, Any]], net: NetworkModel, tcp: TcpTerms, cores_total: int,
-            straggler_ratio: float) -> None:
+            straggler: NetworkModel | float) -> None:
     """Step 5 for every row, in place (``gtopk_lab.network.tcp_fit.predict_row``): the other
     job's ranks share the box's cores by the share of a call they spend on one
-    (``cpu_contention.shared_contention``); the straggler's rounds run at the slowest link."""
-    slow = NetworkModel.from_alpha_beta(net.latency_s, net.beta_s_per_byte * straggler_ratio)
+    (``cpu_contention.shared_contention``); the straggler's rounds that cross its link run on
+    it (:func:`straggler_link`)."""
+    slow = straggler_link(net, straggler)
     for row in rows:
         p = row["workers"]
         row.update(predict_row(net, tcp, row, cores_total, other_ranks=p if row["kind"] == "two jobs" else 0,
@@ -142,14 +153,14 @@ def predict(rows: list[dict[str, Any]], net: NetworkModel, tcp: TcpTerms, cores_
 
 
 def fit_and_predict(rows: list[dict[str, Any]], net: NetworkModel, cores_total: int,
-                    straggler_ratio: float) -> TcpTerms:
+                    straggler: NetworkModel | float) -> TcpTerms:
     """Step 5 with the fit: every row priced with the fitted constants zero, the TCP terms
     fitted on the P <= 4 sweep only (the held-out rows never shape them), every row priced
     again with them; returns the fitted terms."""
-    predict(rows, net, TcpTerms(), cores_total, straggler_ratio)
+    predict(rows, net, TcpTerms(), cores_total, straggler)
     train = [r for r in rows if r["kind"] == "sweep" and r["workers"] <= 4]
     tcp = fit_terms(net, train, cores_total)
-    predict(rows, net, tcp, cores_total, straggler_ratio)
+    predict(rows, net, tcp, cores_total, straggler)
     return tcp
 
 
@@ -200,13 +211,14 @@ def main() -> int:
             print(f"two jobs done ({time.monotonic() - t0:.0f} s)", flush=True)
     rates = [args.rate] * 3 + [args.straggler_rate]
     with Testbed(hosts=4, rate=args.rate, rate_per_host=rates, name="tcps", dask=False) as tb:
+        slow = calibrate(tb, (0, 3), "calib-straggler")
+        print(f"straggler's link calibrated: {slow} ({time.monotonic() - t0:.0f} s)", flush=True)
         cases = held_out_cases(min(numels), max(densities), args.repeats, args.small_repeats)
         rows += merge_ranks(wait_group(tb, run_group(tb, [0, 1, 2, 3], cases, "strag", 29604), "strag"),
                             "straggler")
     print(f"straggler done ({time.monotonic() - t0:.0f} s)", flush=True)
-    ratio = parse_rate_bps(args.rate, "rate") / parse_rate_bps(args.straggler_rate, "straggler_rate")
     cores_total = env["cores"]
-    tcp = fit_and_predict(rows, net, cores_total, ratio)
+    tcp = fit_and_predict(rows, net, cores_total, slow)
     wall_s = time.monotonic() - t0
     table = error_table(rows)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -217,13 +229,15 @@ def main() -> int:
             f"# testbed: {max(hosts, 2)} hosts at {args.rate} (straggler {args.straggler_rate}), "
             f"wall {wall_s:.0f} s\n# calibrated: alpha {net.latency_s * 1e6:.1f} us, beta "
             f"{net.beta_s_per_byte:.4g} s/B ({net.bandwidth_bps / 1e6:.1f} Mbit/s), shaper's burst "
-            f"{net.tcp.burst_bytes if net.tcp else 0:.0f} B\n"
+            f"{net.tcp.burst_bytes if net.tcp else 0:.0f} B; the straggler's link: alpha "
+            f"{slow.latency_s * 1e6:.1f} us, {slow.bandwidth_bps / 1e6:.1f} Mbit/s\n"
             f"# fitted on P <= 4 sweep: {tcp}\n")
     text = head + table
     print(text)
     (out / f"{stamp}-tcp-model.log").write_text(text)
     (out / f"{stamp}-tcp-model.json").write_text(json.dumps(
-        {"env": env, "args": vars(args), "network": net.to_dict(), "tcp": tcp.to_dict(),
+        {"env": env, "args": vars(args), "network": net.to_dict(), "straggler_network": slow.to_dict(),
+         "tcp": tcp.to_dict(),
          "rows": rows, "wall_s": wall_s}, indent=1))
     (out / f"{stamp}-tcp-terms.json").write_text(json.dumps(
         {"tcp": tcp.to_dict(), "fitted_on": "sweep calls P <= 4", "rate": args.rate,

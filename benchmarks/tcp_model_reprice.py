@@ -31,9 +31,11 @@ def reprice(path: Path) -> str:
     run = json.loads(path.read_text())
     net, cores, rows = NetworkModel.from_dict(run["network"]), run["env"]["cores"], run["rows"]
     args = run.get("args", {})
-    ratio = (parse_rate_bps(args.get("rate", "200mbit"), "rate")
-             / parse_rate_bps(args.get("straggler_rate", "50mbit"), "straggler_rate"))
-    fit_and_predict(rows, net, cores, ratio)
+    # runs from before the straggler's link was calibrated price it at the rates' ratio
+    straggler = (NetworkModel.from_dict(run["straggler_network"]) if "straggler_network" in run
+                 else parse_rate_bps(args.get("rate", "200mbit"), "rate")
+                 / parse_rate_bps(args.get("straggler_rate", "50mbit"), "straggler_rate"))
+    fit_and_predict(rows, net, cores, straggler)
     return error_table(rows)
 
 
