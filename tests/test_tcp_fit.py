@@ -289,13 +289,23 @@ def test_recorded_peers_pair_up_across_ranks(algorithm: str, world: int) -> None
 @pytest.mark.timeout(60)
 def test_a_saved_testbed_run_is_priced_again_with_the_current_model() -> None:
     """benchmarks/tcp_model_reprice.py: a JSON log of benchmarks/tcp_model.py gives its error
-    table again (every group and call counted) without a testbed; no file is exit 2."""
+    table again (every group and call counted) without a testbed, from before the straggler's
+    link was calibrated (priced at the rates' ratio) and after (its calibration, which the run's
+    own table used: the same straggler row comes back); no file is exit 2."""
     root = Path(__file__).resolve().parents[1]
-    script, log = root / "benchmarks" / "tcp_model_reprice.py", root / "benchmarks" / "logs" / "2026-12-07-tcp-model-burst.json"
-    done = subprocess.run([sys.executable, str(script), str(log)], capture_output=True, text=True, timeout=50,
-                          cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    logs = root / "benchmarks" / "logs"
+    script = root / "benchmarks" / "tcp_model_reprice.py"
+    old, calibrated = logs / "2026-12-07-tcp-model-burst.json", logs / "2026-12-07-tcp-model-straggler-link.json"
+    done = subprocess.run([sys.executable, str(script), str(old), str(calibrated)], capture_output=True, text=True,
+                          timeout=50, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr
-    for group, calls in (("sweep, P = 2", 20), ("sweep, P = 4", 20), ("sweep, P = 8", 20), ("two jobs", 10),
-                         ("straggler", 5)):
-        assert f"| {group} | {calls} |" in done.stdout, done.stdout
+    tables = done.stdout.split("# ")[1:]
+    assert len(tables) == 2, done.stdout
+    for table in tables:
+        for group, calls in (("sweep, P = 2", 20), ("sweep, P = 4", 20), ("sweep, P = 8", 20), ("two jobs", 10),
+                             ("straggler", 5)):
+            assert f"| {group} | {calls} |" in table, table
+    straggler_row = next(line for line in calibrated.with_suffix(".log").read_text().splitlines()
+                         if line.startswith("| straggler | 5 |"))
+    assert straggler_row in tables[1]
     assert subprocess.run([sys.executable, str(script)], capture_output=True, timeout=50, cwd=root).returncode == 2
