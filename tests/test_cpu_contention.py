@@ -8,7 +8,7 @@ import pytest
 
 from gtopk_lab.bench.collective_calls import _add_off_wire_term
 from gtopk_lab.network.cpu_contention import (OFF_WIRE_PHASES, cpu_contention, off_wire_cpu_s, off_wire_time_s,
-                                              shared_contention)
+                                              processor_sharing_s, shared_contention)
 
 
 def test_contention_is_ranks_over_cores_and_never_below_one():
@@ -32,6 +32,49 @@ def test_another_jobs_ranks_contend_by_the_share_of_the_call_they_spend_on_a_cor
     for bad in ({"other_ranks": -1}, {"other_ranks": 1.5}, {"cpu_s": -1.0}, {"wire_s": math.inf}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             shared_contention(4, 2, **{"other_ranks": 4, "cpu_s": 1e-3, "wire_s": 1e-3, **bad})
+
+
+def _shared_by_small_steps(work: list[float], cores: float, dt: float = 1e-4) -> list[float]:
+    """The oracle: advance time in steps of ``dt``, each unfinished rank doing
+    ``dt min(1, cores / unfinished)`` of its work per step; a rank's time is the end of the
+    step its work ran out in."""
+    left, done, t = list(work), [0.0] * len(work), 0.0
+    for i, w in enumerate(work):
+        if w == 0:
+            left[i] = None
+    while any(x is not None for x in left):
+        running = [i for i, x in enumerate(left) if x is not None]
+        rate = min(1.0, cores / len(running))
+        t += dt
+        for i in running:
+            left[i] -= dt * rate
+            if left[i] <= 1e-12:
+                left[i], done[i] = None, t
+    return done
+
+
+@pytest.mark.parametrize("work,cores", [([0.52, 0.57, 0.61, 0.68, 1.32, 1.69, 1.97, 1.97], 2.09),
+                                        ([1.0, 1.0, 1.0, 1.0], 2.0), ([0.3, 2.0, 0.0], 1.0),
+                                        ([0.5, 0.7], 4.0), ([1.5, 0.2, 0.9, 0.2], 1.3)])
+def test_processor_sharing_against_small_time_steps(work, cores):
+    """Every rank's wall time when all start together and share the cores (one core each at
+    most), against the oracle's steps of 0.1 ms (work in ms here), within two steps."""
+    expected = _shared_by_small_steps(work, cores)
+    assert processor_sharing_s(work, cores) == pytest.approx(expected, abs=2e-4 * max(1.0, len(work) / cores))
+
+
+def test_processor_sharing_of_alike_work_is_the_full_count_and_of_a_trees_leaves_less():
+    assert processor_sharing_s([2e-3] * 8, 2.0) == pytest.approx([2e-3 * cpu_contention(8, 2.0)] * 8)
+    assert processor_sharing_s([2e-3] * 2, 4.0) == pytest.approx([2e-3, 2e-3])  # a core each
+    # a P = 8 tree on 2 cores: four leaves that only sort, then three merging ranks and the root
+    tree = processor_sharing_s([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.5, 2.0], 2.0)
+    # all eight sort at once (0.5 ms at 2/8 of a core: 2 ms), four merge 0.5 ms more at 1/2
+    # (1 ms), two 0.5 ms more at a core each, the root its last 0.5 ms alone
+    assert tree == pytest.approx([2.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.5, 4.0])
+    assert tree[-1] < 2.0 * cpu_contention(8, 2.0)  # counting all eight for the whole call: 8 ms
+    for bad in ({"work_s": []}, {"work_s": [-1.0]}, {"work_s": [math.nan]}, {"cores": 0}, {"cores": True}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            processor_sharing_s(**{"work_s": [1.0], "cores": 2.0, **bad})
 
 
 def test_off_wire_cpu_sums_prep_pack_unpack_finish_only():

@@ -99,13 +99,15 @@ def test_fit_is_never_negative_and_refuses_bad_points() -> None:
 def test_predict_call_by_hand() -> None:
     net = NetworkModel(ALPHA, RATE)
     steps = [[(1000, 1000), (0, 5000)], [(2000, 0)]]
-    # 4 ranks on 2 cores: contention s = 2 on the off-wire CPU and the per-message CPU
+    # 4 ranks on 2 cores: contention s = 2 on the per-message CPU. The off-wire CPU: the two
+    # ranks not listed count as busy as rank 0, rank 1 has none, so three ranks share the two
+    # cores while rank 0 does its 1 ms: 1.5 ms of wall time
     pred = predict_call(net, TERMS, steps, [1e-3, 0.0], ranks=4, cores=2.0)
     rank0_ab = 2 * ALPHA + BETA * 1000 + BETA * 5000
-    rank0 = rank0_ab + 2 * 1e-3 + 2 * (2 * 2e-4) + 0.25 * BETA * 1000
+    rank0 = rank0_ab + 1.5e-3 + 2 * (2 * 2e-4) + 0.25 * BETA * 1000
     rank1 = ALPHA + BETA * 2000 + 2 * 2e-4
     assert pred.ab_s == pytest.approx(max(rank0_ab, ALPHA + BETA * 2000))
-    assert pred.ab_cpu_s == pytest.approx(rank0_ab + 2e-3)
+    assert pred.ab_cpu_s == pytest.approx(rank0_ab + 1.5e-3)
     assert pred.all_terms_s == pytest.approx(max(rank0, rank1))
     assert (pred.rounds, pred.senders) == (2, 1)
 
@@ -287,17 +289,21 @@ def test_recorded_peers_pair_up_across_ranks(algorithm: str, world: int) -> None
 
 
 @pytest.mark.timeout(60)
-def test_a_saved_testbed_run_is_priced_again_with_the_current_model() -> None:
+def test_a_saved_testbed_run_is_priced_again_with_the_current_model(tmp_path: Path) -> None:
     """benchmarks/tcp_model_reprice.py: a JSON log of benchmarks/tcp_model.py gives its error
-    table again (every group and call counted) without a testbed, from before the straggler's
-    link was calibrated (priced at the rates' ratio) and after (its calibration, which the run's
-    own table used: the same straggler row comes back); no file is exit 2."""
+    table again (every group and call counted) without a testbed; a run with its straggler's
+    link calibrated is priced on that link (the same log without it, at the rates' ratio as
+    older runs are, prices the straggler otherwise); no file is exit 2."""
     root = Path(__file__).resolve().parents[1]
-    logs = root / "benchmarks" / "logs"
     script = root / "benchmarks" / "tcp_model_reprice.py"
-    old, calibrated = logs / "2026-12-07-tcp-model-burst.json", logs / "2026-12-07-tcp-model-straggler-link.json"
-    done = subprocess.run([sys.executable, str(script), str(old), str(calibrated)], capture_output=True, text=True,
-                          timeout=50, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    calibrated = root / "benchmarks" / "logs" / "2026-12-07-tcp-model-straggler-link.json"
+    run = json.loads(calibrated.read_text())
+    assert "straggler_network" in run
+    del run["straggler_network"]
+    as_before = tmp_path / "ratio.json"
+    as_before.write_text(json.dumps(run))
+    done = subprocess.run([sys.executable, str(script), str(calibrated), str(as_before)], capture_output=True,
+                          text=True, timeout=50, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr
     tables = done.stdout.split("# ")[1:]
     assert len(tables) == 2, done.stdout
@@ -305,7 +311,7 @@ def test_a_saved_testbed_run_is_priced_again_with_the_current_model() -> None:
         for group, calls in (("sweep, P = 2", 20), ("sweep, P = 4", 20), ("sweep, P = 8", 20), ("two jobs", 10),
                              ("straggler", 5)):
             assert f"| {group} | {calls} |" in table, table
-    straggler_row = next(line for line in calibrated.with_suffix(".log").read_text().splitlines()
-                         if line.startswith("| straggler | 5 |"))
-    assert straggler_row in tables[1]
+    straggler = [next(line for line in t.splitlines() if line.startswith("| straggler |")) for t in tables]
+    sweep = [next(line for line in t.splitlines() if line.startswith("| sweep, P = 8 |")) for t in tables]
+    assert straggler[0] != straggler[1] and sweep[0] == sweep[1]
     assert subprocess.run([sys.executable, str(script)], capture_output=True, timeout=50, cwd=root).returncode == 2

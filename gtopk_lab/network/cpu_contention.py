@@ -29,9 +29,10 @@ additive terms (e.g. real-TCP terms) since it returns seconds to add.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-__all__ = ["OFF_WIRE_PHASES", "cpu_contention", "off_wire_cpu_s", "off_wire_time_s", "shared_contention"]
+__all__ = ["OFF_WIRE_PHASES", "cpu_contention", "off_wire_cpu_s", "off_wire_time_s", "processor_sharing_s",
+           "shared_contention"]
 
 #: profile phases whose CPU is on the critical path but neither wire time nor merge
 OFF_WIRE_PHASES = ("prep", "pack", "unpack", "finish")
@@ -100,3 +101,37 @@ def off_wire_time_s(cpu_s_per_call: float, ranks: int, cores: float | None) -> f
             or not (cpu_s_per_call >= 0 and math.isfinite(cpu_s_per_call)):
         raise ValueError(f"cpu_s_per_call={cpu_s_per_call!r} is invalid: expected a finite number >= 0")
     return float(cpu_s_per_call) * cpu_contention(ranks, cores)
+
+
+def processor_sharing_s(work_s: Sequence[float], cores: float) -> list[float]:
+    """Each rank's wall seconds to do its ``work_s`` of CPU when all start together and share
+    ``cores`` equally, each on at most one core (processor sharing, what a fair scheduler
+    gives runnable threads):
+
+    1. sort the work; while ``n`` ranks still have work, each runs at ``min(1, cores / n)``;
+    2. the rank with the least work left finishes first, after ``left / rate``; every other
+       rank has done as much meanwhile;
+    3. repeat with ``n - 1`` ranks; a rank's time is the clock when its work is done.
+
+    Equal work ``w`` gives ``w max(1, n / cores)`` for every rank (:func:`cpu_contention`'s
+    count). Unequal work does not: a gTop-k tree's leaves only sort and then wait for the
+    broadcast, so the merging ranks share the cores with fewer and fewer of them, while
+    counting every rank for the whole call had put the tree's 1M calls at P = 8 on 2 cores
+    13-22% over in five testbed runs (docs/network.md). O(n log n).
+    """
+    if isinstance(cores, bool) or not isinstance(cores, (int, float)) or not 0 < cores < math.inf:
+        raise ValueError(f"cores={cores!r} is invalid: expected a number of cores > 0")
+    work = [float(w) for w in work_s]
+    if not work:
+        raise ValueError("work_s is empty: expected one CPU time per rank")
+    if any(not (w >= 0 and math.isfinite(w)) for w in work):
+        raise ValueError(f"work_s={list(work_s)!r} is invalid: expected finite seconds >= 0")
+    done = [0.0] * len(work)
+    clock_s = progress_s = 0.0
+    order = sorted(range(len(work)), key=work.__getitem__)
+    for position, rank in enumerate(order):
+        rate = min(1.0, cores / (len(work) - position))
+        clock_s += (work[rank] - progress_s) / rate
+        progress_s = work[rank]
+        done[rank] = clock_s
+    return done

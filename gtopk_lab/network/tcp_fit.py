@@ -4,11 +4,14 @@ A call's prediction on one rank, from the rounds it really sent (``CommStats.ste
 
 1. ``ab``: the calibrated alpha-beta time of the rounds, ``net.steps_time_s(steps)`` (what the
    virtual clock charges);
-2. ``cpu``: the rank's off-wire CPU per call times ``s = max(1, P / cores)``
-   (:func:`~gtopk_lab.network.cpu_contention.off_wire_time_s`: ranks that outnumber the cores
-   they get wait for one); with another job's ranks on the same cores, those count by the
-   share of the call they spend on a core
-   (:func:`~gtopk_lab.network.cpu_contention.shared_contention`); plus the links' own I/O
+2. ``cpu``: the rank's off-wire CPU per call as the wall time it takes when every rank's
+   starts together and the ranks share the cores they get
+   (:func:`~gtopk_lab.network.cpu_contention.processor_sharing_s`): ``c s`` with
+   ``s = max(1, P / cores)`` where the ranks' CPU is alike (ranks that outnumber the cores wait
+   for one), less for a rank whose peers run out of work first (a tree's merging ranks once its
+   leaves have sent). Another job's ranks on the same cores count by the share of the call
+   they spend on a core (:func:`~gtopk_lab.network.cpu_contention.shared_contention`'s ``s``),
+   which takes its part of the cores off this call's; plus the links' own I/O
    CPU where, stretched by ``s``, it outlasts the rank's alpha-beta time:
    ``max(0, io s - ab)``. The link's calibration (a ping-pong at one rank per core) prices
    that I/O inside alpha and beta, hidden under the wire; when ranks share cores it takes
@@ -38,7 +41,7 @@ import dataclasses
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from gtopk_lab.network.cpu_contention import shared_contention
+from gtopk_lab.network.cpu_contention import cpu_contention, processor_sharing_s, shared_contention
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.tcp_terms import TcpTerms
 
@@ -72,6 +75,17 @@ def _slow_rounds(rank: int, peers: Sequence[Sequence[int | None]], rounds: int,
     return [any(p is not None and int(p) in slow_ranks for p in pair) for pair in peers]
 
 
+def _cpu_wall_s(cpu_s_per_rank: Sequence[float], ranks: int, cores: float | None, s: float) -> list[float]:
+    """Step 2's CPU term per rank: its off-wire CPU under processor sharing of the ``cores``,
+    less the share another job takes (``s``, :func:`shared_contention`, over this call's own
+    count); ranks sharing the cores beyond those listed are taken as busy as the busiest."""
+    work = [float(c) for c in cpu_s_per_rank]
+    if cores is None:  # a core per rank
+        return work
+    work += [max(work)] * max(0, ranks - len(work))
+    return processor_sharing_s(work, cores * cpu_contention(ranks, cores) / s)[:len(cpu_s_per_rank)]
+
+
 def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequence[Sequence[int]]],
                  cpu_s_per_rank: Sequence[float], ranks: int, cores: float | None,
                  senders_per_rank: Sequence[int] | None = None, *, slow_net: NetworkModel | None = None,
@@ -98,12 +112,13 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
     ab_per_rank = [net.ab_steps_time_s(pairs) for pairs in pairs_per_rank]
     s = shared_contention(ranks, cores, other_ranks, max(float(c) for c in cpu_s_per_rank), max(ab_per_rank))
     scaled = dataclasses.replace(tcp, cpu_s_per_message=tcp.cpu_s_per_message * s)
+    cpu_wall = _cpu_wall_s(cpu_s_per_rank, ranks, cores, s)
     ab = ab_cpu = best = duplex = incast_beta = 0.0
     rounds = senders = 0
     for r, (pairs, t_ab) in enumerate(zip(pairs_per_rank, ab_per_rank)):
         n_send = 1 if senders_per_rank is None else int(senders_per_rank[r])
         io = float(io_s_per_rank[r]) if io_s_per_rank is not None else 0.0
-        cpu = float(cpu_s_per_rank[r]) * s
+        cpu = cpu_wall[r]
         t_cpu = t_ab + cpu + max(0.0, io * s - t_ab)
         peers = peers_per_rank[r] if peers_per_rank is not None else ()
         slow = _slow_rounds(r, peers, len(pairs), slow_ranks) if slow_net is not None else [False] * len(pairs)
