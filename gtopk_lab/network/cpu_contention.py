@@ -22,6 +22,10 @@ Algorithm:
    got (fractional under other jobs; None: a core per rank, s = 1);
 3. the term is ``c * s`` seconds, added to the alpha-beta-gamma time.
 
+Where the ranks' CPU differs (a gTop-k tree's leaves only sort, then wait), ``s`` over-counts:
+:func:`processor_sharing_s` gives each rank's wall time when all share the cores and the
+least loaded finish first (the TCP model's step 2, :mod:`gtopk_lab.network.tcp_fit`).
+
 Cost: O(phases). Worker-side module: standard library only; composable with other
 additive terms (e.g. real-TCP terms) since it returns seconds to add.
 """
