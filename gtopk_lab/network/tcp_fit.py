@@ -26,10 +26,10 @@ The call's time is the largest over ranks (the slowest rank ends it). Where link
 straggler's slower host), a round is priced on the slower network when either of its ends is
 a slow rank (``CommStats.peers``): the critical path of a tree crosses the straggler's link in
 its own rounds only, while a rank whose peers are unknown (a library ring: every round waits
-for the slowest link) pays it in every round. :func:`fit_tcp_constants`
-fits ``cpu_s_per_message``, ``incast_s_per_sender``, ``duplex_beta_fraction`` and
-``incast_beta_fraction`` by least squares on *relative* residuals (a 25M dense call of seconds must not outweigh a 1M gTop-k call
-of milliseconds), each >= 0.
+for the slowest link) pays it in every round. :func:`fit_tcp_constants` fits
+``cpu_s_per_message``, ``incast_s_per_sender``, ``duplex_beta_fraction`` and
+``incast_beta_fraction`` by least squares on *relative* residuals (a 25M dense call of
+seconds must not outweigh a 1M gTop-k call of milliseconds), each >= 0.
 Cost: O(ranks x rounds) per call; the fit O(points).
 
 Worker-side module: standard library and the network model only.
