@@ -130,21 +130,12 @@ def calibrate(tb: Testbed, hosts: tuple[int, int] = (0, 1), tag: str = "calib") 
                                repeats=5, wall_s=time.monotonic() - start).model
 
 
-def straggler_link(net: NetworkModel, straggler: NetworkModel | float) -> NetworkModel:
-    """The straggler's link: its calibration, or (a saved run from before it was calibrated)
-    ``net`` with beta times the rates' ratio."""
-    if isinstance(straggler, NetworkModel):
-        return straggler
-    return NetworkModel.from_alpha_beta(net.latency_s, net.beta_s_per_byte * float(straggler))
-
-
 def predict(rows: list[dict[str, Any]], net: NetworkModel, tcp: TcpTerms, cores_total: int,
-            straggler: NetworkModel | float) -> None:
+            slow: NetworkModel) -> None:
     """Step 5 for every row, in place (``gtopk_lab.network.tcp_fit.predict_row``): the other
     job's ranks share the box's cores by the share of a call they spend on one
     (``cpu_contention.shared_contention``); the straggler's rounds that cross its link run on
-    it (:func:`straggler_link`)."""
-    slow = straggler_link(net, straggler)
+    ``slow``, that link's calibration."""
     for row in rows:
         p = row["workers"]
         row.update(predict_row(net, tcp, row, cores_total, other_ranks=p if row["kind"] == "two jobs" else 0,
@@ -153,14 +144,14 @@ def predict(rows: list[dict[str, Any]], net: NetworkModel, tcp: TcpTerms, cores_
 
 
 def fit_and_predict(rows: list[dict[str, Any]], net: NetworkModel, cores_total: int,
-                    straggler: NetworkModel | float) -> TcpTerms:
+                    slow: NetworkModel) -> TcpTerms:
     """Step 5 with the fit: every row priced with the fitted constants zero, the TCP terms
     fitted on the P <= 4 sweep only (the held-out rows never shape them), every row priced
     again with them; returns the fitted terms."""
-    predict(rows, net, TcpTerms(), cores_total, straggler)
+    predict(rows, net, TcpTerms(), cores_total, slow)
     train = [r for r in rows if r["kind"] == "sweep" and r["workers"] <= 4]
     tcp = fit_terms(net, train, cores_total)
-    predict(rows, net, tcp, cores_total, straggler)
+    predict(rows, net, tcp, cores_total, slow)
     return tcp
 
 

@@ -3,7 +3,8 @@
 Each JSON log keeps every call's rounds, per-rank CPU, I/O and peers, so a model change can be
 judged on the calls already measured: for each file, the TCP terms are fitted again on its
 P <= 4 sweep (as the run did) and every call predicted with the current
-``gtopk_lab.network.tcp_fit`` (``tcp_model.fit_and_predict``, as the run itself); prints the run's error table (``tcp_model_report.error_table``).
+``gtopk_lab.network.tcp_fit`` (``tcp_model.fit_and_predict``, as the run itself); prints the
+run's error table (``tcp_model_report.error_table``).
 
 Usage::
 
@@ -31,11 +32,13 @@ def reprice(path: Path) -> str:
     run = json.loads(path.read_text())
     net, cores, rows = NetworkModel.from_dict(run["network"]), run["env"]["cores"], run["rows"]
     args = run.get("args", {})
-    # runs from before the straggler's link was calibrated price it at the rates' ratio
-    straggler = (NetworkModel.from_dict(run["straggler_network"]) if "straggler_network" in run
-                 else parse_rate_bps(args.get("rate", "200mbit"), "rate")
+    if "straggler_network" in run:
+        slow = NetworkModel.from_dict(run["straggler_network"])
+    else:  # a run from before the straggler's link was calibrated: beta times the rates' ratio, as it was priced
+        ratio = (parse_rate_bps(args.get("rate", "200mbit"), "rate")
                  / parse_rate_bps(args.get("straggler_rate", "50mbit"), "straggler_rate"))
-    fit_and_predict(rows, net, cores, straggler)
+        slow = NetworkModel.from_alpha_beta(net.latency_s, net.beta_s_per_byte * ratio)
+    fit_and_predict(rows, net, cores, slow)
     return error_table(rows)
 
 

@@ -129,7 +129,7 @@ def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequ
         if t_all >= best:
             best, rounds, senders = t_all, len(pairs), n_send
             duplex = net.beta_s_per_byte * sum(min(a, b) for a, b in pairs)
-            incast_beta = (net.beta_s_per_byte * sum(max(0.0, max(a, b) - tcp.burst_bytes) for a, b in pairs)
+            incast_beta = (net.beta_s_per_byte * sum(tcp.past_burst_bytes(a, b) for a, b in pairs)
                            if n_send > 1 else 0.0)
     return CallPrediction(ab, ab_cpu, best, rounds, senders, duplex, s, incast_beta)
 

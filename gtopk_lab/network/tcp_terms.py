@@ -136,6 +136,11 @@ class TcpTerms:
         return (self.cpu_s_per_message == 0 and self.rtt_s == 0 and self.incast_s_per_sender == 0
                 and self.duplex_beta_fraction == 0 and self.burst_bytes == 0 and self.incast_beta_fraction == 0)
 
+    def past_burst_bytes(self, sent: int, recv: int) -> float:
+        """Bytes of a round beyond the shaper's burst: ``max(0, max(sent, recv) - B)`` (what
+        a busy port's fraction of beta applies to, step 3)."""
+        return max(0.0, max(sent, recv) - self.burst_bytes)
+
     def extra_round_s(self, net: Link, sent: int, recv: int, senders: int = 1) -> float:
         """Seconds these terms add to one alpha-beta round (steps 1-3, 5 and 6; the burst's
         and a busy port's are negative, together never below the round's alpha:
@@ -143,11 +148,11 @@ class TcpTerms:
         if senders < 1:
             raise ValueError(f"senders={senders!r} is invalid: expected >= 1")
         n = max(sent, recv)
-        past_burst = max(0.0, n - self.burst_bytes)
+        busy_port = self.incast_beta_fraction * net.beta_s_per_byte * self.past_burst_bytes(sent, recv)
         return (self.cpu_s_per_message
                 + slow_start_extra_s(n, net.bandwidth_bps, self.rtt_s, self.init_window_bytes)
                 + self.incast_s_per_sender * (senders - 1)
-                - (self.incast_beta_fraction * net.beta_s_per_byte * past_burst if senders > 1 else 0.0)
+                - (busy_port if senders > 1 else 0.0)
                 + self.duplex_beta_fraction * net.beta_s_per_byte * min(sent, recv)
                 - net.beta_s_per_byte * min(n, self.burst_bytes))
 
