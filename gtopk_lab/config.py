@@ -303,7 +303,7 @@ class RunConfig:
     def default_selector(self) -> str | None:
         """The selector this run uses: ``selector`` if set, else the method's default."""
         method = get_method(self.method)
-        if not method.sparse:
+        if not method.selects:
             return None
         if self.selector is not None:
             return self.selector

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import time
 
 import pytest
 import torch
@@ -33,12 +34,13 @@ def _config(method: str, workers: int = 3, extra: dict | None = None, **kw) -> R
 
 
 def _steps(method: str, world: int, numel: int, extra: dict | None = None, **kw) -> list[RankStep]:
-    return [RankStep(get_method(method), numel, CPU, rank=r, options=extra, **kw) for r in range(world)]
+    return [RankStep(get_method(method), numel, CPU, rank=r, options=extra, **{"world": world, **kw})
+            for r in range(world)]
 
 
 def _round(steps: list[RankStep], grads: list[torch.Tensor], k: int, it: int):
     method = steps[0].method
-    contributions = [s.prepare(g, k) for s, g in zip(steps, grads)]
+    contributions = [s.prepare(g, k, it) for s, g in zip(steps, grads)]
     results = communicate_simulated(method, contributions, steps[0].call(k, it))
     for s, c, r in zip(steps, contributions, results):
         s.finish(c, r)
@@ -91,6 +93,45 @@ def test_cltk_is_a_dense_allreduce_restricted_to_the_leaders_indices(world: int)
             torch.testing.assert_close(steps[r].memory.memory, (1 - beta) * memories[r] + beta * residual)
         sent = [res.stats.bytes_sent - 16 * res.stats.messages for res in results]  # payload
         assert sum(sent) / world == pytest.approx(get_method("clt-k").predicted_bytes_per_rank(numel, k, world))
+
+
+#: CPU seconds the slow selector below burns per call (far above a tiny model's compute)
+SLOW_SELECTION_S = 0.05
+
+
+@pytest.fixture
+def slow_selector():
+    """An exact top-k that first burns :data:`SLOW_SELECTION_S` of its thread's CPU,
+    registered for one test."""
+    from gtopk_lab.compression import selection
+
+    def slow_topk(x: torch.Tensor, k: int):
+        start = time.thread_time()
+        while time.thread_time() - start < SLOW_SELECTION_S:
+            pass
+        return selection.topk_select(x, k)
+
+    selection.register_selector("test-slow-topk", exact_k=True)(slow_topk)
+    yield "test-slow-topk"
+    selection.SELECTORS.pop("test-slow-topk", None)
+    selection.EXACT_K_SELECTORS.discard("test-slow-topk")
+
+
+@pytest.mark.timeout(60)
+def test_cltk_leaders_measured_selection_is_charged_to_every_iteration(slow_selector: str) -> None:
+    """Measured compute (the simulator's median rule over P ranks): only the leader selects, so
+    the typical rank's compute alone would drop its selection; the leader is charged its own
+    and the collective waits for it: every iteration costs at least the selection."""
+    from gtopk_lab.training.simulator import simulate
+
+    iterations = 4
+    run = simulate(_config("clt-k", workers=4, max_iterations=iterations, selector=slow_selector), rows="all")
+    iters = [r for r in run.rows if r["kind"] == "iter"]
+    for row in iters:
+        leader = row["iteration"] % 4
+        assert (row["selection_s"] >= SLOW_SELECTION_S) is (row["rank"] == leader)
+    per_iteration = {r["iteration"]: r["comm_model_s"] for r in iters}
+    assert run.summary["virtual_time_s"] >= iterations * SLOW_SELECTION_S + sum(per_iteration.values())
 
 
 # --------------------------------------------------------------------------- EF21
@@ -323,13 +364,13 @@ def _hook_job(rank: int, world: int) -> dict:
         params = list(reversed(list(model.parameters())))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         numel = sum(p.numel() for p in params)
-        step = RankStep(get_method(name), numel, CPU, rank=rank)
+        step = RankStep(get_method(name), numel, CPU, rank=rank, world=world)
         k = k_for(numel, 0.05)
         for it in range(20):
             x, y = _batch(rank, it)
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
-            contribution = step.prepare(torch.cat([p.grad.reshape(-1) for p in params]), k)
+            contribution = step.prepare(torch.cat([p.grad.reshape(-1) for p in params]), k, it)
             result = communicate(step.method, contribution, step.call(k, it))
             step.finish(contribution, result)
             dense = step.aggregate(result, CPU) / world

@@ -27,7 +27,8 @@ FIXED = {"compute_time_s": 0.05, "selection_time_s": 0.002}
 
 def _configs() -> dict[str, RunConfig]:
     return {"dense": _config("dense"), "topk": _config("topk"), "gtopk": _config("gtopk"),
-            "gtopk-fixed": _config("gtopk", max_iterations=6, extra=dict(FIXED))}
+            "gtopk-fixed": _config("gtopk", max_iterations=6, extra=dict(FIXED)),
+            "clt-k-fixed": _config("clt-k", max_iterations=6, extra=dict(FIXED))}
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,29 @@ def test_real_ranks_charged_a_fixed_compute_time_match_the_simulator_exactly(rea
             sum(0.05 + 0.002 + row["comm_model_s"] for row in iters), rel=1e-9)
         assert r.summary["virtual_time_s"] == pytest.approx(sim.summary["virtual_time_s"], rel=1e-9)
     assert real_runs["gtopk"][0].summary["compute_time_source"] == "measured"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_cltk_leaders_selection_is_charged_on_real_ranks_and_in_the_simulator(real_runs: dict) -> None:
+    """CLT-k selects on one rank per iteration, the leader ``it mod P``: that rank is charged
+    the selection, the others none, and the collective waits for it, so every rank's virtual
+    time is compute + selection + communication per iteration, as for a method whose ranks
+    all select; real gloo ranks and the simulator agree."""
+    real = real_runs["clt-k-fixed"]
+    sim = simulate(_configs()["clt-k-fixed"], rows="all")
+    sim_rows = [row for row in sim.rows if row["kind"] == "iter"]
+    for rows in ([row for r in real for row in r.rows if row["kind"] == "iter"], sim_rows):
+        assert len(rows) == 4 * 6
+        for row in rows:
+            leader = row["iteration"] % 4
+            assert row["compute_s"] == 0.05 and row["selection_s"] == (0.002 if row["rank"] == leader else 0.0)
+    for r in real:
+        iters = [row for row in r.rows if row["kind"] == "iter"]
+        assert r.summary["virtual_time_s"] == pytest.approx(
+            sum(0.05 + 0.002 + row["comm_model_s"] for row in iters), rel=1e-9)
+        assert r.summary["virtual_time_s"] == pytest.approx(sim.summary["virtual_time_s"], rel=1e-9)
+    torch.testing.assert_close(sim.final_weights, real[0].final_weights, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.timeout(60)

@@ -39,6 +39,16 @@ def test_grid_adds_dense_baselines_per_source_and_collapses_dense_density() -> N
 
 
 @pytest.mark.timeout(30)
+def test_grid_keeps_every_density_of_cltk_and_collapses_powersgds() -> None:
+    """CLT-k aggregates the whole buffer but sends k = rho d of it (its leader selects): the
+    density applies; PowerSGD's does not (its rank sets what it sends)."""
+    points = expand_grid(TINY, {"methods": ["clt-k", "powersgd"], "workers": [2], "density": [0.1, 0.01]},
+                         real_max_workers=4)
+    got = sorted((p.config.method, p.config.density) for p in points if p.config.workers == 2)
+    assert got == [("clt-k", 0.01), ("clt-k", 0.1), ("powersgd", 0.1)]
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("axes, error, field", [
     ({"workers": []}, ValueError, "workers"),
     ({"workers": [0, 2]}, ValueError, "workers"),

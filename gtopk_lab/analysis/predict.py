@@ -167,7 +167,7 @@ def predict_scaling(numel: int, density: float, compute_s: float, network: Netwo
     2. per row and P: ``comm_s`` = :func:`collective_time_s` (for a method: its
        ``Method.predicted_time_s``, so its own exact-k and pattern) divided by the method's
        ``sync_every`` (a local-steps method synchronises every H iterations), 0 at P = 1;
-    3. a method that selects (``Method.sparse``; every bound) pays ``selection_s`` at P > 1
+    3. a method that selects (``Method.selects``; every bound) pays ``selection_s`` at P > 1
        (the paper: one worker compresses nothing); ``selection_at_one=True`` charges it at
        P = 1 too, for runs that select there (gtopk-lab's do, so a study's check predicts what
        it measures);
@@ -191,7 +191,7 @@ def predict_scaling(numel: int, density: float, compute_s: float, network: Netwo
     rows: list[dict[str, Any]] = []
     for label, name, algorithm in (scaling_rows() if methods is None else methods):
         method = None if name in BOUNDS else get_method(name)
-        sparse = method is None or method.sparse
+        sparse = method is None or method.selects
         sync_every = 1 if method is None else method.sync_every
         try:
             comm = [collective_time_s(network, name, numel, k, p, algorithm, gamma_s_per_element) / sync_every

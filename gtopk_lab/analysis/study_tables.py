@@ -55,7 +55,7 @@ def _with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
     frame["bandwidth_bps"] = pd.to_numeric(frame["bandwidth_bps"], errors="coerce").fillna(math.inf)
     frame["latency_s"] = pd.to_numeric(frame["latency_s"], errors="coerce").fillna(0.0)
     # a dense run has no density or pattern of its own: one point whatever the grid says
-    dense = frame["method"].map(lambda m: m in available_methods() and not get_method(m).sparse)
+    dense = frame["method"].map(lambda m: m in available_methods() and get_method(m).dense)
     frame.loc[dense, "density"] = math.nan
     # RunConfig's default pattern rides along on methods whose collective has none
     no_pattern = frame["method"].map(lambda m: m not in available_methods() or not get_method(m).comm.algorithms)
@@ -170,7 +170,7 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
     frame = frame[frame["final"].astype(bool)].copy()
     frame["_d"] = frame["density"].fillna(-1.0)
     frame["_a"] = frame["algorithm"].fillna("-").astype(str)
-    is_dense = frame["method"].map(lambda m: m in available_methods() and not get_method(m).sparse)
+    is_dense = frame["method"].map(lambda m: m in available_methods() and get_method(m).dense)
     rows = []
     selection: dict[tuple[Any, ...], float] = {}  # (network, method, density, pattern) -> P=1 cost
     for (bw, lat, source), group in frame.groupby(["bandwidth_bps", "latency_s", "source"], dropna=False):

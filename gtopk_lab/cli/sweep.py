@@ -89,7 +89,7 @@ def build_grid(args: argparse.Namespace) -> list[RunConfig]:
             methods, bandwidths, densities, algorithms, sorted(set(workers) | {1})):
         if p == 1 and 1 not in workers and method != BASELINE_METHOD:
             continue
-        if not get_method(method).sparse:  # nothing to select: one density and pattern
+        if get_method(method).dense:  # density does not apply: one density and pattern
             density, algorithm = densities[0], algorithms[0]
         key = (method, bandwidth, density, algorithm, p)
         if key in seen:

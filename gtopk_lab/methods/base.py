@@ -31,8 +31,10 @@ __all__ = ["Selector", "Contribution", "CommCall", "Collective", "Method", "INPU
 
 #: ``selector(x, k) -> (values, indices)``: the local selection S_i of k entries of x.
 Selector = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
-#: What a collective takes from each rank: ``"sparse"`` (values, indices) or ``"dense"`` (acc).
-INPUTS: tuple[str, ...] = ("sparse", "dense")
+#: What a collective takes from each rank: ``"sparse"`` (values, indices), ``"dense"`` (acc), or
+#: ``"leader"`` (every rank's acc and, from the one rank ``Collective.leader`` names for the
+#: call, its selection: CLT-k's cyclic leader).
+INPUTS: tuple[str, ...] = ("sparse", "dense", "leader")
 #: Named residual memories; a method may also pass None (no memory) or a factory.
 MEMORIES: tuple[str, ...] = ("residual",)
 #: What a method is for the tables and figures: ``"sparse"`` (the run's density sets what it sends,
@@ -45,7 +47,8 @@ OPTION_TYPES: tuple[type, ...] = (bool, int, float, str)
 @dataclass
 class Contribution:
     """One rank's input to a collective: ``acc`` (gradient + residual, d floats) and, for
-    sparse collectives, its selection. ``gradient`` is the buffer before compensation."""
+    sparse collectives, its selection (for ``input="leader"`` collectives the leader's only,
+    None on the other ranks). ``gradient`` is the buffer before compensation."""
 
     gradient: torch.Tensor
     acc: torch.Tensor
@@ -89,8 +92,10 @@ class Collective:
     drive it with :func:`gtopk_lab.methods.programs.program_collective` to get both).
     ``time_s(net, numel, k, workers, *, algorithm, gamma_s_per_element, host_cores, exact_k)``
     and ``bytes_per_rank(numel, k, workers, pair_bytes, algorithm)`` are its alpha-beta(-gamma)
-    time and the bytes one rank sends. ``input``: ``"sparse"`` (takes the selection) or
-    ``"dense"`` (takes ``acc``). ``needs_exact_k``: every rank must send exactly k pairs.
+    time and the bytes one rank sends. ``input``: ``"sparse"`` (takes the selection),
+    ``"dense"`` (takes ``acc``) or ``"leader"`` (takes every rank's ``acc`` and the selection
+    of the rank ``leader(iteration, world)`` names for the call: only that rank selects, in
+    the step, where its selection is timed and charged as every selecting method's is). ``needs_exact_k``: every rank must send exactly k pairs.
     ``lossless``: the result is the exact sum of the contributions (EF21-shaped methods need
     it). ``algorithms``: message patterns the caller may choose (first = default).
     ``make_state()``: per-rank state kept between calls (e.g. Ok-Topk's regions), saved in
@@ -109,6 +114,8 @@ class Collective:
     make_state: Callable[[], Any] | None = None
     aliases: tuple[str, ...] = ()
     description: str = ""
+    #: ``input="leader"`` only: ``(iteration, world) -> rank`` whose selection the call takes
+    leader: Callable[[int, int], int] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -120,6 +127,9 @@ class Collective:
             raise ValueError(f"input={self.input!r} is invalid: expected one of {', '.join(INPUTS)}")
         if self.make_state is not None and not callable(self.make_state):
             raise TypeError(f"make_state={self.make_state!r} is invalid: expected a callable or None")
+        if (self.input == "leader") != (self.leader is not None) or not (self.leader is None or callable(self.leader)):
+            raise ValueError(f"leader={self.leader!r} is invalid with input={self.input!r}: expected a callable "
+                             "(iteration, world) -> rank exactly when input='leader'")
         object.__setattr__(self, "algorithms", tuple(self.algorithms))
         object.__setattr__(self, "aliases", tuple(self.aliases))
 
@@ -209,7 +219,7 @@ class Method:
     - ``order``: position in tables and legends (smaller first; ties in registration
       order); default after every method registered before it.
     - ``kind``: ``"sparse"`` (the run's density sets what it sends) or ``"dense"`` (density
-      does not apply); default ``"sparse"`` when the collective takes a selection.
+      does not apply); default ``"sparse"`` when the method selects (:attr:`selects`).
     """
 
     name: str
@@ -317,13 +327,19 @@ class Method:
 
     @property
     def sparse(self) -> bool:
-        """True when the collective takes a selection (so there is something to select)."""
+        """True when the collective takes every rank's selection (``input="sparse"``)."""
         return self.comm.input == "sparse"
+
+    @property
+    def selects(self) -> bool:
+        """True when the method's step selects (on every rank, or on the call's leader for an
+        ``input="leader"`` collective): a selector applies, and its time is charged."""
+        return self.comm.input in ("sparse", "leader")
 
     @property
     def dense(self) -> bool:
         """True when density does not apply to the method (``kind == "dense"``; tables show "-")."""
-        return (self.kind or ("sparse" if self.sparse else "dense")) == "dense"
+        return (self.kind or ("sparse" if self.selects else "dense")) == "dense"
 
     @property
     def patterns(self) -> tuple[str, ...]:

@@ -27,7 +27,11 @@ One iteration t on rank i of P (d parameters, k = density * d):
    was written, so 0.1 is this project's choice; set ``method_options={"lowpass_beta": 1.0}`` for
    plain EF.
 
-Steps 2-4 are one per-rank tensor program (:func:`cltk_program`), run by both drivers of
+Step 2's selection is the leader's step (the collective's ``input="leader"``,
+:func:`cyclic_leader`): the run's selector (exact ``topk`` by default) on the leader only, timed
+and charged on the virtual clock as every selecting method's selection is (measured, or the
+calibrated ``selection_time_s`` on the leader; the other ranks wait for it at the collective).
+Steps 3-4 are one per-rank tensor program (:func:`cltk_program`), run by both drivers of
 :func:`~gtopk_lab.methods.programs.program_collective`, so real gloo ranks and the simulator
 agree bitwise (the ring's summation order is fixed by the program, not by a library).
 
@@ -53,7 +57,7 @@ from gtopk_lab.network.formulas import (
     DENSE_ELEMENT_BYTES, check_sizes, dense_ring_allreduce_time_s, log2_ceil, pair_bytes,
 )
 
-__all__ = ["cltk_program", "tree_broadcast_program", "LowPassMemory",
+__all__ = ["cltk_program", "cyclic_leader", "tree_broadcast_program", "LowPassMemory",
            "cltk_time_s", "cltk_bytes_per_rank", "CLTK", "DEFAULT_LOWPASS_BETA"]
 
 #: ScaleCom's low-pass filter coefficient beta (this project's default; see the module docstring).
@@ -76,13 +80,22 @@ def tree_broadcast_program(rank: int, world: int, root: int, tensor: torch.Tenso
     return tensor
 
 
+def cyclic_leader(iteration: int, world: int) -> int:
+    """ScaleCom's leader of ``iteration``: ``iteration mod P`` (every rank leads in turn)."""
+    return iteration % world
+
+
 def cltk_program(rank: int, world: int, contribution: Contribution, call: CommCall) -> TensorRequests:
-    """Steps 2-4 of the module docstring on one rank; returns ``(sum over ranks of u_i[I], I)``."""
+    """Steps 3-4 of the module docstring on one rank, from the leader's selection (step 2,
+    ``contribution.indices`` on the leader); returns ``(sum over ranks of u_i[I], I)``."""
     acc = contribution.acc.reshape(-1)
-    leader = call.iteration % world
+    leader = cyclic_leader(call.iteration, world)
     idx: torch.Tensor | None = None
     if rank == leader:
-        idx = torch.topk(acc.abs(), call.k, sorted=False).indices.sort().values.to(index_dtype(call.numel))
+        if contribution.indices is None:
+            raise ValueError(f"contribution.indices=None is invalid on CLT-k's leader (rank {rank} at iteration "
+                             f"{call.iteration}): expected the leader's selection (RankStep.prepare makes it)")
+        idx = contribution.indices.sort().values.to(index_dtype(call.numel))
     idx = yield from tree_broadcast_program(rank, world, leader, idx)
     values = yield from allreduce_program(rank, world, acc[idx.long()].contiguous(), "ring")
     return values, idx
@@ -124,7 +137,8 @@ def cltk_time_s(net: Any, numel: int, k: int, workers: int, *, algorithm: str | 
                 exact_k: bool = False) -> float:
     """``ceil(log2 P) (a + c k b) + 2 (P-1) (a + ceil(4k/P) b)``: the binomial broadcast of k
     indices (c = 4 bytes each, 8 at d >= 2**31) on the critical path, then the ring
-    allreduce of k fp32 values. Tensor headers (16 bytes) and the leader's top-k are left out."""
+    allreduce of k fp32 values. Tensor headers (16 bytes) are left out; the leader's top-k is
+    its step's selection, charged beside the collective as every method's selection is."""
     check_sizes(numel, k, workers)
     if workers == 1:
         return 0.0
@@ -143,11 +157,11 @@ def cltk_bytes_per_rank(numel: int, k: int, workers: int, pair_bytes: int = 8,
 
 
 CLTK = register_method(Method(
-    name="clt-k", selector=None, memory=LowPassMemory, options={"lowpass_beta": DEFAULT_LOWPASS_BETA},
-    # the leader's top-k of k = rho d: the run's density applies although it takes the whole buffer
-    color="#19D3F3", kind="sparse",
+    name="clt-k", selector="topk", memory=LowPassMemory, options={"lowpass_beta": DEFAULT_LOWPASS_BETA},
+    color="#19D3F3",
     collective=register_collective(program_collective(
-        "cltk", cltk_program, input="dense", lossless=True, time_s=cltk_time_s, bytes_per_rank=cltk_bytes_per_rank,
+        "cltk", cltk_program, input="leader", leader=cyclic_leader, lossless=True, time_s=cltk_time_s,
+        bytes_per_rank=cltk_bytes_per_rank,
         description="CLT-k: the leader's top-k indices broadcast, then a k-long ring allreduce")),
     description="ScaleCom (Chen et al., NeurIPS'20): cyclic local top-k, low-pass filtered EF",
     departures=(f"low-pass beta = {DEFAULT_LOWPASS_BETA} is this project's choice",)))

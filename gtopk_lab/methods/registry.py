@@ -132,8 +132,9 @@ def selector_for(method: Method, selector: str | None = None) -> tuple[object, b
     """``(select, exact_k)`` of ``method`` with an optional registered ``selector`` name in
     place of its own (``RunConfig.selector``); ``ValueError`` naming the selector when its
     collective needs exactly k and the override does not promise it. Dense-input methods
-    ignore the override (nothing is selected)."""
-    if not method.sparse or selector is None:
+    ignore the override (nothing is selected); a leader's collective (CLT-k) takes it for its
+    leader's selection."""
+    if not method.selects or selector is None:
         return method.select, method.exact_k
     select, exact_k = get_selector(selector), selects_exactly_k(selector)
     if method.comm.needs_exact_k and not exact_k:
@@ -186,7 +187,7 @@ def _with_display(method: Method) -> Method:
         else:
             order = _next_order
     _next_order = max(_next_order, order + 1)
-    kind = method.kind or ("sparse" if method.sparse else "dense")
+    kind = method.kind or ("sparse" if method.selects else "dense")
     color = method.color
     if not color:
         head = _METHODS.get(family)

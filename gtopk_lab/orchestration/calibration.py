@@ -90,7 +90,7 @@ def selection_key(config: RunConfig) -> dict[str, Any] | None:
     values so that a stored key compares equal; None where the selection is not calibrated
     (a dense method, a local-steps method, a density schedule or warm-up)."""
     method = get_method(config.method)
-    if not method.sparse or method.local_steps or config.density_warmup or config.density_schedule:
+    if not method.selects or method.local_steps or config.density_warmup or config.density_schedule:
         return None
     key = {**workload_key(config), "method": config.method, "density": config.density,
            "selector": config.selector, "residual_rule": config.residual_rule, "grad_clip": config.grad_clip,

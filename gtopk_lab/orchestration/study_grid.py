@@ -147,7 +147,7 @@ def expand_grid(base: RunConfig | dict[str, Any] | None, axes: dict[str, Any], *
     points: dict[str, StudyPoint] = {}
     for values in itertools.product(*(grid[n] for n in names)):
         fields = dict(zip(names, values))
-        if not get_method(fields["method"]).sparse:
+        if get_method(fields["method"]).dense:
             for name in _SELECTION_FIELDS:
                 if name in grid:
                     fields[name] = grid[name][0]

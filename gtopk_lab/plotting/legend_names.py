@@ -66,7 +66,7 @@ def link_name(bandwidth_bps: Any, latency_s: Any) -> str:
 
 def _selects(method: str) -> bool:
     try:
-        return bool(get_method(method).sparse)
+        return not get_method(method).dense
     except ValueError:  # a plugin's method not loaded here: shown as if it selected
         return True
 

@@ -69,7 +69,7 @@ def selects(method: Any) -> bool:
     from gtopk_lab.methods import get_method
 
     try:
-        return bool(get_method(str(method)).sparse)
+        return not get_method(str(method)).dense
     except ValueError:
         return True
 

@@ -123,11 +123,12 @@ def fixed_times(options: ComputeOptions, compute_time_s: Any = None,
     return compute, selection
 
 
-def charged_selection_s(sparse: bool, fixed_selection_s: float | None, measured_s: float) -> float:
-    """The selection seconds charged with a fixed compute time: 0 for a method without
-    selection, else the fixed selection time when given, else ``measured_s`` (a real rank's
-    own CPU time, the simulator's median over its virtual ranks)."""
-    if not sparse:
+def charged_selection_s(selected: bool, fixed_selection_s: float | None, measured_s: float) -> float:
+    """The selection seconds charged with a fixed compute time: 0 for a rank that did not
+    select (a method without selection; CLT-k's ranks but its leader), else the fixed
+    selection time when given, else ``measured_s`` (a real rank's own CPU time, the
+    simulator's median over its virtual ranks that selected)."""
+    if not selected:
         return 0.0
     return fixed_selection_s if fixed_selection_s is not None else measured_s
 

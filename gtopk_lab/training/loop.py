@@ -131,7 +131,7 @@ class _RealRank:
             sync_device(dev)
             t2 = time.perf_counter()
             if self.fixed_compute_s is not None:
-                charged_selection_s = self._charge(clock.cpu_timer() - c1)
+                charged_selection_s = self._charge(clock.cpu_timer() - c1, sync.contribution.indices is not None)
             if self.has_group:
                 result = clock.collective(step.collective.run, sync.contribution, sync.call)
             else:  # the only rank: the in-process collective, so that stats match
@@ -144,7 +144,7 @@ class _RealRank:
         else:
             t2 = t3 = time.perf_counter()
             if self.fixed_compute_s is not None:
-                charged_selection_s = self._charge(0.0)
+                charged_selection_s = self._charge(0.0, False)
         sync_device(dev)
         t4 = time.perf_counter()
         t = {"compute": t1 - t0, "selection": t2 - t1, "comm": t3 - t2, "update": t4 - t3, "clock": 0.0}
@@ -163,12 +163,12 @@ class _RealRank:
                                  k, loss, lr, t, stats, comm_model_s, t4 - timeline.wall_start,
                                  clock.virtual_time_s))
 
-    def _charge(self, selection_cpu_s: float) -> float:
+    def _charge(self, selection_cpu_s: float, selected: bool) -> float:
         """Charge this iteration's fixed compute plus its selection (:func:`charged_selection_s`
-        of this rank's measured CPU time); returns the selection charged."""
+        of this rank's measured CPU time, where the rank ``selected``: every rank of a sparse
+        method, CLT-k's leader alone); returns the selection charged."""
         assert self.fixed_compute_s is not None
-        selection_s = charged_selection_s(self.state.step.method.sparse, self.fixed_selection_s,
-                                          selection_cpu_s)
+        selection_s = charged_selection_s(selected, self.fixed_selection_s, selection_cpu_s)
         self.clock.charge(self.fixed_compute_s + selection_s)
         return selection_s
 

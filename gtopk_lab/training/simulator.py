@@ -54,9 +54,10 @@ P contributions, one ``Collective.simulate`` call, P finishes.
 forward/backward varies 3-5x, and step 3 takes the slowest of P, so measured virtual time
 drifts up with P for reasons unrelated to the method. Fixed, every rank is charged exactly
 ``compute_time_s`` (forward + backward + optimiser step of one batch, e.g. the median measured
-once at P=1 by :func:`~gtopk_lab.training.compute_time.measure_iteration_times`) plus, for sparse
-methods, ``selection_time_s`` or else the median over ranks of that iteration's measured
-selection CPU time; the update is not added. Virtual time per iteration is then
+once at P=1 by :func:`~gtopk_lab.training.compute_time.measure_iteration_times`) plus, on each
+rank that selected (every rank of a sparse method, CLT-k's leader), ``selection_time_s`` or else
+the median over the selecting ranks of that iteration's measured selection CPU time; the update
+is not added. Virtual time per iteration is then
 ``compute_time_s + selection + max_i steps_time_s(stats_i)``, reproducible. Rows report the
 charged ``compute_s`` / ``selection_s``; the summary says ``compute_time_source: "fixed"``
 (else ``"measured"``) with ``fixed_compute_time_s`` / ``fixed_selection_time_s``.

@@ -85,7 +85,7 @@ def method_state_bytes_per_parameter(method: str, *, model: str = "cnn", world: 
     gen = torch.Generator().manual_seed(seed)
     k = k_for(numel, density)
     for it in range(iterations):
-        contributions = [s.prepare(torch.randn(numel, generator=gen), k) for s in steps]
+        contributions = [s.prepare(torch.randn(numel, generator=gen), k, it) for s in steps]
         results = communicate_simulated(entry, contributions, steps[0].call(k, it))
         totals = []
         for s, c, r in zip(steps, contributions, results):

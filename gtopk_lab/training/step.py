@@ -13,7 +13,9 @@ back a :class:`Sync`). One synchronisation on rank i of P:
    (DGC's scaling: ``g *= c / ||g||`` when ``||g|| > c``) and, with ``momentum_correction``
    (DGC), local velocity ``u = m u + g`` replacing ``g`` (:meth:`RankStep.prepare`)
 2. ``acc = memory.compensate(g)`` (error feedback: ``g + residual``; no memory: ``g``)
-3. ``values, indices = selector(acc, k)`` for sparse collectives (a :class:`Contribution`)
+3. ``values, indices = selector(acc, k)`` for sparse collectives (a :class:`Contribution`);
+   for an ``input="leader"`` collective (CLT-k) on the call's leader only, so that its
+   selection is timed and charged as every other method's
 4. the driver runs the method's collective: ``Collective.run`` on a real rank,
    ``Collective.simulate`` over all P contributions for virtual ranks, giving the sum G
 5. ``memory.update(acc, values, indices, result)``; the velocity is zeroed at the rank's own
@@ -150,7 +152,7 @@ class RankStep:
             if not self.local.due(iteration):
                 return None
             g = self.local.pseudo_gradient()
-        contribution = self.prepare(g, k)
+        contribution = self.prepare(g, k, iteration)
         if shared_buffer and contribution.acc is g:
             acc = g.clone()
             contribution = dataclasses.replace(contribution, gradient=acc, acc=acc)
@@ -179,8 +181,9 @@ class RankStep:
                              "params and the rank's optimizer to synchronise")
 
     # --- the parts of a synchronisation ----------------------------------------------------------
-    def prepare(self, g: torch.Tensor, k: int) -> Contribution:
-        """Steps 1-3: clip, momentum correction, compensation, selection."""
+    def prepare(self, g: torch.Tensor, k: int, iteration: int = 0) -> Contribution:
+        """Steps 1-3: clip, momentum correction, compensation, selection (on every rank, or for
+        an ``input="leader"`` collective on the rank it names for ``iteration`` only)."""
         if self.settings.grad_clip is not None and self.settings.grad_clip_mode == "local":
             # DGC clips each of the P local gradients at clip / sqrt(P), so that their sum's
             # norm stays near what one worker's clip would allow on the whole batch
@@ -192,10 +195,18 @@ class RankStep:
             self.velocity.mul_(self.settings.momentum).add_(g)
             g = self.velocity
         acc = self.memory.compensate(g) if self.memory is not None else g
-        if not self.method.sparse:
+        if not self.selects_at(iteration):
             return Contribution(gradient=g, acc=acc)
         values, indices = self.select(acc, k)
         return Contribution(gradient=g, acc=acc, values=values, indices=indices)
+
+    def selects_at(self, iteration: int) -> bool:
+        """Whether this rank selects in ``iteration``: every rank of a sparse method; the
+        leader the collective names (``Collective.leader``) of an ``input="leader"`` one."""
+        comm = self.method.comm
+        if comm.input == "leader":
+            return comm.leader(iteration, self.world) == self.rank
+        return comm.input == "sparse"
 
     def call(self, k: int, iteration: int = 0, group: Any = None) -> CommCall:
         """The :class:`CommCall` of this rank's next collective."""

@@ -35,17 +35,24 @@ from gtopk_lab.training.step_settings import StepSettings
 __all__ = ["VirtualRanks"]
 
 
+def _selected(sync: Sync | None) -> bool:
+    """Whether a rank's synchronisation carries its own selection (step 3 ran on it)."""
+    return sync is not None and sync.contribution.indices is not None
+
+
 class _RankWork(NamedTuple):
     """One virtual rank's part of phase 1: its loss, its synchronisation waiting for the
     collective (None when the iteration does not synchronise), the CPU seconds of its
-    forward/backward and contribution (of which ``selection_cpu_s`` the contribution), and
-    the wall seconds of the two (``wall_s``: compute, selection)."""
+    forward/backward and contribution (of which ``selection_cpu_s`` the contribution), the
+    wall seconds of the two (``wall_s``: compute, selection), and whether it ``selected``
+    (every rank of a sparse method, CLT-k's leader alone, none between synchronisations)."""
 
     loss: float
     sync: Sync | None
     compute_cpu_s: float
     selection_cpu_s: float
     wall_s: tuple[float, float]
+    selected: bool
 
 
 class VirtualRanks:
@@ -68,7 +75,6 @@ class VirtualRanks:
         self.replica, self.clock, self.buffer, self.emit = replica, clock, buffer, emit
         self.fixed_compute_s, self.fixed_selection_s = fixed_compute_s, fixed_selection_s
         self.world = settings.world
-        self.sparse = settings.method.sparse
         self.states = [RankState(settings, config, r, replica, dataset, shares_replica=True)
                        for r in range(self.world)]
         self.collective = self.states[0].step.collective
@@ -99,7 +105,7 @@ class VirtualRanks:
             # the next rank's backward reuses the gradient buffer: shared_buffer
             sync = state.step.begin(replica.grad, point.k, point.iteration, shared_buffer=True)
             c1, w2 = rank_clock_s(dev), time.perf_counter()
-        return _RankWork(loss, sync, c1 - c0, c1 - c_mid, (w1 - w0, w2 - w1))
+        return _RankWork(loss, sync, c1 - c0, c1 - c_mid, (w1 - w0, w2 - w1), _selected(sync))
 
     def _contribute_batched(self, point: Point) -> tuple[list[_RankWork], BatchedRound | None]:
         """Phase 1 with the P gradients from one batched call, each rank charged 1/P of its
@@ -120,15 +126,16 @@ class VirtualRanks:
                 sel_cpu_s, sel_wall_s = self._one_rank_selection_s(grads[0], point.k)
             else:  # a dense step: its compensation, 1/P of the batched call
                 sel_cpu_s, sel_wall_s = (rank_clock_s(dev) - c1) / world, (time.perf_counter() - w1) / world
-            return [_RankWork(loss, None, compute_cpu_s + sel_cpu_s, sel_cpu_s, (compute_wall_s, sel_wall_s))
-                    for loss in losses.tolist()], round_
+            return [_RankWork(loss, None, compute_cpu_s + sel_cpu_s, sel_cpu_s, (compute_wall_s, sel_wall_s),
+                              round_.indices is not None) for loss in losses.tolist()], round_
         work = []
         for state, g, loss in zip(states, grads, losses.tolist()):
             with state.active(self.replica, swap_buffers=False):
                 c1, w1 = rank_clock_s(dev), time.perf_counter()
                 sync = state.step.begin(g, point.k, point.iteration)  # rows are not overwritten
                 c2, w2 = rank_clock_s(dev), time.perf_counter()
-            work.append(_RankWork(loss, sync, compute_cpu_s + (c2 - c1), c2 - c1, (compute_wall_s, w2 - w1)))
+            work.append(_RankWork(loss, sync, compute_cpu_s + (c2 - c1), c2 - c1, (compute_wall_s, w2 - w1),
+                                  _selected(sync)))
         return work, None
 
     def _one_rank_selection_s(self, grad: torch.Tensor, k: int) -> tuple[float, float]:
@@ -159,12 +166,20 @@ class VirtualRanks:
         syncs = [w.sync for w in work]
         compute_s = [w.compute_cpu_s for w in work]
         timings = [w.wall_s for w in work]
+        selected = [w.selected for w in work]
+        chosen = [w.selection_cpu_s for w in work if w.selected]
         if self.fixed_compute_s is not None:
-            # Every rank is charged the same: the clock then only sees method differences.
-            selection_s = charged_selection_s(self.sparse, self.fixed_selection_s,
-                                              statistics.median(w.selection_cpu_s for w in work))
-            compute_s = [self.fixed_compute_s + selection_s] * world
-            timings = [(self.fixed_compute_s, selection_s)] * world
+            # Every rank is charged the same compute, and every rank that selected the same
+            # selection: the clock then only sees method differences.
+            selection_s = charged_selection_s(bool(chosen), self.fixed_selection_s,
+                                              statistics.median(chosen) if chosen else 0.0)
+            compute_s = [self.fixed_compute_s + (selection_s if s else 0.0) for s in selected]
+            timings = [(self.fixed_compute_s, selection_s if s else 0.0) for s in selected]
+        elif chosen and not all(selected) and self.charge.rule != "max":
+            # Some ranks selected (CLT-k's leader): the charge rule's typical rank would not
+            # have, so the rule takes the computes alone and the selecting ranks add theirs.
+            base = self.charge.charge([w.compute_cpu_s - w.selection_cpu_s for w in work])
+            compute_s = [b + (statistics.median(chosen) if s else 0.0) for b, s in zip(base, selected)]
         else:
             compute_s = self.charge.charge(compute_s)
         update_cpu_s = update_wall_s = 0.0
