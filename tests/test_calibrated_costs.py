@@ -90,6 +90,32 @@ def test_a_calibrated_simulated_gtopk_run_takes_the_alpha_beta_gamma_time() -> N
     assert summary["merge_cpu_s"] == pytest.approx(6 * 4 * k * gamma)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["oktopk", "powersgd"])
+def test_a_collectives_own_compression_is_charged_unless_a_fixed_selection_stands_for_it(method: str) -> None:
+    """Ok-Topk selects by its thresholds inside its collective and PowerSGD projects there:
+    with a fixed compute time and merges off, each iteration costs c + the step's measured
+    selection + the modelled rounds + the ranks' median compression (measured, the summary's ``compress_cpu_s``); a method that
+    selects and is given a fixed selection time is charged that instead (a calibrated one
+    measures the collective's part too), its compression not again."""
+    c, s, iterations = 0.01, 0.003, 5
+    base = dict(method=method, workers=4, model="mlp", dataset="synthetic", train_samples=256, test_samples=32,
+                batch_size=16, max_iterations=iterations, density=0.05, bandwidth="1Gbps", latency="0.1ms",
+                device="cpu", virtual_merge_cpu=False)
+    measured = simulate(RunConfig(**base, extra={"compute_time_s": c}), rows="rank0")
+    rows = [r for r in measured.rows if r["kind"] == "iter"]
+    assert measured.summary["compress_cpu_s"] > 0
+    assert all(r["compute_s"] == c for r in rows)  # and the step's own (measured) selection
+    assert measured.summary["virtual_time_s"] == pytest.approx(
+        sum(c + r["selection_s"] + r["comm_model_s"] for r in rows) + measured.summary["compress_cpu_s"], rel=1e-9)
+    if get_method(method).selects:
+        fixed = simulate(RunConfig(**base, extra={"compute_time_s": c, "selection_time_s": s}), rows="rank0")
+        rows = [r for r in fixed.rows if r["kind"] == "iter"]
+        assert fixed.summary["compress_cpu_s"] == 0 and all(r["selection_s"] == s for r in rows)
+        assert fixed.summary["virtual_time_s"] == pytest.approx(
+            iterations * (c + s) + sum(r["comm_model_s"] for r in rows), rel=1e-9)
+
+
 def _point(method: str, workers: int, per_iteration_s: float, merge_per_iteration_s: float) -> dict:
     return {"method": method, "workers": workers, "density": 0.01, "algorithm": None, "bandwidth_bps": 1e9,
             "latency_s": 1e-4, "source": "real", "final": True, "batch_size": 32, "numel": 100_000,

@@ -75,6 +75,22 @@ def test_simulator_hook_takes_max_compute_plus_max_model() -> None:
         clock.simulate_collective([0.1], [42])
 
 
+def test_a_collectives_own_compression_is_charged_as_the_selecting_ranks_median() -> None:
+    """include_compress_cpu: the simulator adds the median of the compressing ranks'
+    compress_cpu_s to each of them (a rank that compressed nothing adds none); a real rank's
+    collective adds its own; off (the class default), nothing."""
+    net = NetworkModel(latency_s=1e-3, bandwidth_bps=8e6)  # one 1000-byte round: 2 ms
+    stats = [CommStats("oktopk_allreduce", "plain", steps=[(1000, 1000)], compress_cpu_s=c)
+             for c in (0.001, 0.009, 0.004, 0.0)]
+    on, off = VirtualClock(net, include_compress_cpu=True), VirtualClock(net)
+    assert on.simulate_collective([0.01] * 4, stats) == pytest.approx(0.01 + 2e-3 + 0.004)  # median of 1, 9, 4 ms
+    assert on.total_compress_cpu_s == pytest.approx(0.004) and on.last_comm_model_s == pytest.approx(2e-3)
+    assert off.simulate_collective([0.01] * 4, stats) == pytest.approx(0.01 + 2e-3)
+    alone = VirtualClock(net, include_compress_cpu=True)  # no process group: one real rank
+    alone.collective(lambda: CollectiveResult(torch.zeros(1), None, stats[1]))
+    assert alone.last_comm_charge_s == pytest.approx(2e-3 + 0.009) and alone.last_compress_cpu_s == 0.009
+
+
 def test_merge_cpu_advances_virtual_time_but_not_the_comm_model() -> None:
     net = NetworkModel(latency_s=1e-3, bandwidth_bps=8e6)
     stats = [CommStats("gtopk_allreduce", "butterfly", steps=[(1000, 1000)], merge_cpu_s=0.004),

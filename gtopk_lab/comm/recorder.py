@@ -138,7 +138,7 @@ class Recorder:
             own = out.stats
             stats = self.stats(collective, algorithm, dropped_values=own.dropped_values,
                                dropped_indices=own.dropped_indices, merge_cpu_s=own.merge_cpu_s,
-                               merged_elements=own.merged_elements)
+                               merged_elements=own.merged_elements, compress_cpu_s=own.compress_cpu_s)
             return CollectiveResult(out.values, out.indices, stats)
         stats = self.stats(collective, algorithm, dropped_values=None, dropped_indices=None)
         if isinstance(out, torch.Tensor):

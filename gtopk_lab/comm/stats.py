@@ -52,6 +52,11 @@ class CommStats:
     peers: list[tuple[int | None, int | None]] = field(default_factory=list)
     #: CPU seconds this rank spent merging inside the collective
     merge_cpu_s: float = 0.0
+    #: CPU seconds the collective spent compressing this rank's own input, the part of the
+    #: step's selection a collective makes itself because it needs the collective's state
+    #: (Ok-Topk's threshold selection, PowerSGD's projections); not in ``merge_cpu_s``. The
+    #: virtual clock charges it as the step's selection is charged (``VirtualClock``)
+    compress_cpu_s: float = 0.0
     #: input entries of those merges (both operands; the gathered P*k of an allgather):
     #: ``merge_cpu_s / merged_elements`` is gamma as the collective itself ran it
     merged_elements: int = 0

@@ -33,7 +33,7 @@ allreduce of its own; packing them with P saves one allreduce's latency, same su
 
 Cost per iteration and rank, ``U`` = dense elements, ``C_P = sum_l n_l r_l``,
 ``C_Q = sum_l m_l r_l``: compute ``O(sum_l n_l m_l r_l)`` (two matmuls per layer, charged to
-the virtual clock like a sparse collective's merges) and ``O(sum_l (n_l + m_l) r_l^2)``
+the virtual clock as the rank's compression, ``CommStats.compress_cpu_s``, like a selection) and ``O(sum_l (n_l + m_l) r_l^2)``
 orthonormalisation; communication two allreduces of ``U + C_P`` and ``C_Q`` floats, i.e.
 about ``2 (P-1)/P * 4 (U + C_P + C_Q)`` bytes and ``4 log2 P`` messages
 (:func:`powersgd_time_s`, :func:`powersgd_bytes_per_rank`).
@@ -56,7 +56,6 @@ iteration 0, so the method is compared as itself. Error feedback is always on (t
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,7 +64,7 @@ import numpy as np
 import torch
 
 from gtopk_lab.comm.dense import allreduce_bytes_per_rank, allreduce_program, allreduce_time_s
-from gtopk_lab.comm.stats import CollectiveResult
+from gtopk_lab.comm.stats import CollectiveResult, merge_cpu_clock
 from gtopk_lab.comm.tensor_programs import run_tensor_program, simulate_tensor_programs
 from gtopk_lab.methods.base import Collective, CommCall, Contribution, Method
 # (the plan's names are re-exported: this module is the method's public face)
@@ -182,15 +181,15 @@ def powersgd_program(rank: int, world: int, acc: torch.Tensor, plan: LayerPlan, 
     ``acc`` is ``M_i`` (flat), ``qs`` the orthonormal Q of step 3 (read only: the
     simulator's ranks share them); the new mean Q and the compute time go to ``outcome``.
     """
-    t0 = time.process_time()
+    t0 = merge_cpu_clock()
     flat = acc.reshape(-1)
     mats = [flat[o:o + n * m].view(1, n, m) for o, n, m, _ in plan.compressed]
     ps = [torch.bmm(mat, q.unsqueeze(0)) for mat, q in zip(mats, qs)]
     first = torch.cat([flat[o:o + size] for o, size in plan.dense] + [p.reshape(-1) for p in ps])
-    cpu = time.process_time() - t0
+    cpu = merge_cpu_clock() - t0
     # step 4 (every rank has the same plan, so all skip an empty allreduce together)
     summed = (yield from allreduce_program(rank, world, first)) if first.numel() else first
-    t0 = time.process_time()
+    t0 = merge_cpu_clock()
     u = plan.dense_numel
     p_hats, q_local, at = [], [], u
     for mat, (_, n, _, r) in zip(mats, plan.compressed):
@@ -199,9 +198,9 @@ def powersgd_program(rank: int, world: int, acc: torch.Tensor, plan: LayerPlan, 
         q_local.append(torch.bmm(mat.transpose(1, 2), p_hat).reshape(-1))  # step 6
         at += n * r
     second = torch.cat(q_local) if q_local else flat.new_empty(0)
-    cpu += time.process_time() - t0
+    cpu += merge_cpu_clock() - t0
     q_sum = (yield from allreduce_program(rank, world, second)) if second.numel() else second
-    t0 = time.process_time()
+    t0 = merge_cpu_clock()
     out = torch.empty_like(flat)  # step 7
     at = 0
     for o, size in plan.dense:
@@ -213,7 +212,7 @@ def powersgd_program(rank: int, world: int, acc: torch.Tensor, plan: LayerPlan, 
         out[o:o + n * m] = torch.bmm(p_hat, q.transpose(1, 2)).reshape(-1)
         outcome.q_mean.append((q / world)[0].clone())
         at += m * r
-    outcome.cpu_s = cpu + time.process_time() - t0
+    outcome.cpu_s = cpu + merge_cpu_clock() - t0
     return out
 
 
@@ -228,7 +227,7 @@ def _prepared(call: CommCall) -> tuple[LayerPlan, PowerSGDOptions]:
 
 def _finish(result: CollectiveResult, state: PowerSGDState, outcome: _Outcome) -> CollectiveResult:
     state.q = outcome.q_mean  # step 7's Q / P, for the next warm start
-    result.stats.merge_cpu_s = outcome.cpu_s  # the local compression work, like a merge
+    result.stats.compress_cpu_s = outcome.cpu_s  # the rank's own compression (step 3's work, done here)
     return result
 
 
@@ -251,7 +250,7 @@ def _simulate(contributions: list[Contribution], call: CommCall) -> list[Collect
         lambda r, w: powersgd_program(r, w, contributions[r].acc, plan, qs, outcomes[r]), "powersgd",
         len(contributions))
     for result, outcome in zip(results[1:], outcomes[1:]):
-        result.stats.merge_cpu_s = outcome.cpu_s
+        result.stats.compress_cpu_s = outcome.cpu_s
     _finish(results[0], call.state, outcomes[0])  # every rank's new Q is the same
     return results
 

@@ -29,7 +29,12 @@ Two clocks describe a distributed run:
   With ``merge_gamma_s_per_element`` the merges are charged from a calibration instead of
   their measured CPU time: ``gamma * stats.merged_elements`` per collective (the gamma of
   alpha-beta-gamma, measured once on an idle core at the run's k), so a loaded machine
-  moves the merge charge no more than it moves a calibrated compute time.
+  moves the merge charge no more than it moves a calibrated compute time. A collective's
+  own compression of the rank's input (``stats.compress_cpu_s``: Ok-Topk's threshold
+  selection, PowerSGD's projections) is step 3's work done late; with
+  ``include_compress_cpu=True`` it is added to the duration as measured (training runs do,
+  unless a fixed selection time stands for it); the simulator adds the median over the
+  virtual ranks that compressed, as it charges their selection.
 
 With ``throttle=True`` every *round* of the real collective is paced
 (:mod:`gtopk_lab.network.pacing`): the rank sleeps until the round has lasted
@@ -58,6 +63,7 @@ Worker-side module: torch only, no plotting or notebook code.
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -68,6 +74,12 @@ from gtopk_lab.network.pacing import steps_model_s, throttled_call
 __all__ = ["VirtualClock"]
 
 T = TypeVar("T")
+
+
+def _compress_cpu_s(item: Any) -> float:
+    """``stats.compress_cpu_s`` of a ``CommStats`` or a result carrying ``.stats`` (0 if none)."""
+    stats = getattr(item, "stats", item)
+    return float(getattr(stats, "compress_cpu_s", 0.0) or 0.0)
 
 
 def _steps_of(item: Any) -> Sequence[tuple[int, int]]:
@@ -100,6 +112,9 @@ class VirtualClock:
     merge_gamma_s_per_element:
         With ``include_merge_cpu``: charge ``gamma * stats.merged_elements`` seconds per
         collective instead of the measured ``merge_cpu_s`` (None: measured).
+    include_compress_cpu:
+        Add this rank's ``stats.compress_cpu_s`` (its collective's own compression of its
+        input) to its collective duration.
 
     Example::
 
@@ -112,7 +127,8 @@ class VirtualClock:
     def __init__(self, network: NetworkModel, throttle: bool = False, group: Any = None,
                  include_merge_cpu: bool = False, cpu_timer: Callable[[], float] | None = None,
                  charged_compute: bool = False, merge_gamma_s_per_element: float | None = None,
-                 max_reduce: Callable[[list[float]], list[float] | None] | None = None) -> None:
+                 max_reduce: Callable[[list[float]], list[float] | None] | None = None,
+                 include_compress_cpu: bool = False) -> None:
         if not isinstance(network, NetworkModel):
             raise TypeError(f"network={network!r} has type {type(network).__name__}: expected NetworkModel")
         if not isinstance(throttle, bool):
@@ -126,6 +142,7 @@ class VirtualClock:
         # rank must take the same path in each call
         self.max_reduce = max_reduce
         self.include_merge_cpu = bool(include_merge_cpu)
+        self.include_compress_cpu = bool(include_compress_cpu)
         if merge_gamma_s_per_element is not None and not (
                 isinstance(merge_gamma_s_per_element, (int, float)) and not isinstance(merge_gamma_s_per_element, bool)
                 and 0.0 <= merge_gamma_s_per_element < float("inf")):
@@ -174,6 +191,8 @@ class VirtualClock:
         #                                modelled rounds (+ its merge CPU with include_merge_cpu)
         self.last_sleep_s = 0.0
         self.last_merge_cpu_s = 0.0
+        self.last_compress_cpu_s = 0.0  # this rank's collective compression charged (include_compress_cpu)
+        self.total_compress_cpu_s = 0.0
         self.total_compute_s = 0.0
         self.total_wait_s = 0.0
         self.total_comm_model_s = 0.0
@@ -287,7 +306,10 @@ class VirtualClock:
             rank_model_s = steps_model_s(self.network, fn, result)
         call_end, stamp_end = time.perf_counter(), time.time()
         merge_cpu_s = self._merge_charge_s(result.stats)
-        duration_s = rank_model_s + (merge_cpu_s if self.include_merge_cpu else 0.0)
+        compress_s = _compress_cpu_s(result) if self.include_compress_cpu else 0.0
+        duration_s = rank_model_s + (merge_cpu_s if self.include_merge_cpu else 0.0) + compress_s
+        self.last_compress_cpu_s = compress_s
+        self.total_compress_cpu_s += compress_s
         max_arrival_s, max_duration_s, max_model_s, last_start, last_end = self._max_over_ranks(
             [arrival_s, duration_s, rank_model_s, stamp_start, stamp_end])
         comm_wall_s = time.perf_counter() - wall_start
@@ -333,7 +355,10 @@ class VirtualClock:
         simulator measures it with ``time.process_time`` around that rank's work);
         ``stats[i]`` is rank i's ``CommStats`` (or ``CollectiveResult`` or steps list).
         Virtual time becomes ``T + max_i compute_s[i] + max_i steps_time_s(stats[i])``
-        (plus merge CPU when ``include_merge_cpu``). Nothing is slept and no process group
+        (plus merge CPU when ``include_merge_cpu``; with ``include_compress_cpu`` every rank
+        that compressed inside the collective adds the median of those ranks'
+        ``compress_cpu_s``: the slowest of P measurements on one shared machine is its
+        contention, not the method's). Nothing is slept and no process group
         is used; ``last_*`` and ``total_*`` describe the slowest rank. Returns the new
         virtual time. O(total rounds).
         """
@@ -345,6 +370,14 @@ class VirtualClock:
         merges = list(merge_cpu_s) if merge_cpu_s is not None else [self._merge_charge_s(s) for s in stats]
         models = [self.network.steps_time_s(_steps_of(s)) for s in stats]
         durations = [m + (c if self.include_merge_cpu else 0.0) for m, c in zip(models, merges)]
+        typical = 0.0
+        if self.include_compress_cpu:
+            compress = [_compress_cpu_s(s) for s in stats]
+            chosen = [c for c in compress if c > 0]
+            typical = statistics.median(chosen) if chosen else 0.0
+            durations = [d + (typical if c > 0 else 0.0) for d, c in zip(durations, compress)]
+        self.last_compress_cpu_s = typical
+        self.total_compress_cpu_s += typical
         max_compute = max(compute_s)
         max_duration = max(durations)
         self._record(max_compute, 0.0, max(models), max(models), 0.0, 0.0, max(merges))

@@ -49,6 +49,7 @@ from gtopk_lab.network.calibrate import measure_gamma_s_per_element
 from gtopk_lab.training.compute_time import measure_iteration_times
 
 __all__ = ["COMPUTE_CHARGES", "DEFAULT_COMPUTE_CHARGE", "ComputeCharge", "fixed_times", "charged_selection_s",
+           "clock_compress_option",
            "merge_gamma", "clock_merge_options", "compute_time_fields", "merge_calibration_task",
            "compute_calibration_task", "selection_calibration_task", "CALIBRATION_QUANTILE"]
 
@@ -154,6 +155,15 @@ def clock_merge_options(virtual_merge_cpu: bool, options: ComputeOptions, fixed_
     gamma = merge_gamma(options)
     include = bool(virtual_merge_cpu) and (gamma is not None or fixed_compute_s is None)
     return {"include_merge_cpu": include, "merge_gamma_s_per_element": gamma if include else None}
+
+
+def clock_compress_option(selects: bool, fixed_selection_s: float | None) -> dict[str, Any]:
+    """The ``VirtualClock`` keyword for a collective's own compression of the rank's input
+    (``CommStats.compress_cpu_s``: Ok-Topk's threshold selection, PowerSGD's projections):
+    charged as measured (``include_compress_cpu``), unless the method selects and a fixed
+    selection time stands for its whole selection (a calibrated one measures the collective's
+    part too: :func:`~gtopk_lab.training.compute_time.measure_iteration_times`)."""
+    return {"include_compress_cpu": not (selects and fixed_selection_s is not None)}
 
 
 def compute_time_fields(options: ComputeOptions, fixed_compute_s: float | None,

@@ -27,7 +27,8 @@ def measure_iteration_times(config: Any, repeats: int = 7, warmup: int = 2,
     communication); selection = the method's own training step before its collective
     (:meth:`~gtopk_lab.training.step.RankStep.prepare`: clip, DGC velocity, the method's memory
     compensating, its selector or the run's ``selector``, at ``k = max(1, floor(density * d))``)
-    on the real gradient. After each pass the step's memory is updated as on one rank
+    on the real gradient, plus the part of it the collective makes itself
+    (``CommStats.compress_cpu_s`` of the one-rank call: Ok-Topk's threshold selection). After each pass the step's memory is updated as on one rank
     (:meth:`~gtopk_lab.training.step.RankStep.finish` with the one-rank collective, untimed), so
     the residual a selection sees is a trained one. Times are CPU time
     (``replica.rank_clock_s``: the thread's with one torch thread, else the process's; CUDA:
@@ -90,10 +91,13 @@ def _measure(config: RunConfig, repeats: int, warmup: int, device: Any) -> dict[
         t1 = rank_clock_s(dev)
         contribution = step.prepare(replica.grad, k)
         t2 = rank_clock_s(dev)
-        step.finish(contribution, step.collective.simulate([contribution], step.call(k, i))[0])
+        result = step.collective.simulate([contribution], step.call(k, i))[0]
+        step.finish(contribution, result)
         if i >= warmup:
             compute.append(t1 - t0)
-            selection.append(t2 - t1)
+            # with the collective's own compression of this rank's input (Ok-Topk's
+            # threshold selection, PowerSGD's projections), timed inside the untimed call
+            selection.append(t2 - t1 + float(getattr(result.stats, "compress_cpu_s", 0.0) or 0.0))
     return {"compute_time_s": statistics.median(compute), "selection_time_s": statistics.median(selection),
             "compute_samples_s": compute, "selection_samples_s": selection, "numel": replica.numel,
             "k": k, "threads": torch.get_num_threads()}

@@ -58,7 +58,7 @@ from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training import checkpoint as ckpt
 from gtopk_lab.training.compute_charge import (
-    charged_selection_s, clock_merge_options, compute_time_fields, fixed_times,
+    charged_selection_s, clock_compress_option, clock_merge_options, compute_time_fields, fixed_times,
 )
 from gtopk_lab.training.rank_state import RankResult, RankState, rank_checkpoint_state, restore_rank_state
 from gtopk_lab.training.replica import Replica
@@ -239,7 +239,8 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
     clock = VirtualClock(network_of(config), throttle=config.throttle,
                          cpu_timer=rank_cpu_timer(dev), charged_compute=fixed_compute_s is not None,
                          max_reduce=links_max_reduce() if has_group and dev.type == "cpu" else None,
-                         **clock_merge_options(config.virtual_merge_cpu, config.compute_charge, fixed_compute_s))
+                         **clock_merge_options(config.virtual_merge_cpu, config.compute_charge, fixed_compute_s),
+                         **clock_compress_option(state.step.method.selects, fixed_selection_s))
     buffer = RowBuffer(sink, config.sink_every)
     ranks = _RealRank(config, rank, world, has_group, dev, dataset, replica, state, clock, buffer,
                       fixed_compute_s, fixed_selection_s)
@@ -260,6 +261,7 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
                                        # host, gloo / nccl between hosts (testbed hosts too)
                                        "transport": transport_used() if has_group else "none",
                                        "merge_cpu_s": clock.total_merge_cpu_s,
+                                       "compress_cpu_s": clock.total_compress_cpu_s,
                                        "virtual_merge_cpu": clock.include_merge_cpu,
                                        "setup_wall_s": timeline.started_at - setup_start,
                                        **compute_time_fields(config.compute_charge, fixed_compute_s,

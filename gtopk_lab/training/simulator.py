@@ -100,7 +100,9 @@ import torch
 from gtopk_lab.config import RunConfig
 from gtopk_lab.network.clock import VirtualClock
 from gtopk_lab.training.batched_step import batched_summary
-from gtopk_lab.training.compute_charge import clock_merge_options, compute_time_fields, fixed_times
+from gtopk_lab.training.compute_charge import (
+    clock_compress_option, clock_merge_options, compute_time_fields, fixed_times,
+)
 from gtopk_lab.training.rank_state import RankResult
 from gtopk_lab.training.replica import Replica
 from gtopk_lab.training.rows import RowBuffer, Sink, build_summary
@@ -154,7 +156,8 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     # Fixed compute removes CPU noise from virtual time; charging measured merges would
     # bring it back, so merges count only when compute is measured too, or from a calibrated gamma.
     clock = VirtualClock(network_of(config), throttle=False,
-                         **clock_merge_options(config.virtual_merge_cpu, config.compute_charge, fixed_compute_s))
+                         **clock_merge_options(config.virtual_merge_cpu, config.compute_charge, fixed_compute_s),
+                         **clock_compress_option(settings.method.selects, fixed_selection_s))
     buffer = RowBuffer(sink, config.sink_every)
     ranks = VirtualRanks(config, settings, dev, dataset, replica, clock, buffer,
                          emit=range(world) if rows == "all" else range(1),
@@ -171,6 +174,7 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                 extra={"rank": 0, "device": str(dev), "simulated": True,
                                        "setup_wall_s": timeline.started_at - setup_start,
                                        "merge_cpu_s": clock.total_merge_cpu_s,
+                                       "compress_cpu_s": clock.total_compress_cpu_s,
                                        "virtual_merge_cpu": clock.include_merge_cpu,
                                        # per iteration this call ran (a resumed run's clock
                                        # totals start at its checkpoint)

@@ -169,7 +169,10 @@ def oktopk_faithful_program(rank: int, world: int, acc: torch.Tensor, numel: int
     # 0: fewer than k non-zero entries; kept, it would pass every entry until the next
     # re-evaluation, so the next call evaluates it again (None)
     next_local = schedule.next_local_threshold(threshold, sel_i.numel(), k, bands) if threshold > 0 else None
-    cpu_s = merge_cpu_clock() - t0
+    # the rank's own selection (step 3 of a training step, made here for its thresholds): the
+    # clock charges it as a selection, not as a merge (CommStats.compress_cpu_s)
+    select_cpu_s = merge_cpu_clock() - t0
+    cpu_s = 0.0
 
     # 2. repartition: average the ranks' selection quantiles
     if plan.repartition or plan.boundaries is None:
@@ -212,5 +215,6 @@ def oktopk_faithful_program(rank: int, world: int, acc: torch.Tensor, numel: int
         next_global = schedule.next_global_threshold(plan.global_threshold, out[0].numel(), k, bands)
     drop = (region[0][~keep_mine], region[1][~keep_mine])
     stats = CommStats(collective="oktopk_allreduce", algorithm=allgather, merge_cpu_s=cpu_s, merged_elements=merged,
+                      compress_cpu_s=select_cpu_s,
                       dropped_values=drop[0], dropped_indices=drop[1], library_estimate=False)
     return ProgramOutput(CollectiveResult(out[0], out[1], stats), (sel_v, sel_i), next_local, next_global, bounds)
