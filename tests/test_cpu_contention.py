@@ -99,7 +99,13 @@ def test_bench_row_gets_abgc_from_the_slowest_rank():
     ]}}
     _add_off_wire_term(row, 4, 2.0)
     assert row["off_wire_cpu_s"] == pytest.approx(0.5e-3)
-    assert row["model_abgc_s"] == pytest.approx(7.0e-3 + 0.5e-3 * 2)
+    # 4 ranks (the two unprofiled as busy as the busiest: 0.5, 0.3, 0.5, 0.5 ms) on 2 cores,
+    # by hand: all at half speed until the 0.3 ms rank ends at 0.6 ms, then three at 2/3 for
+    # the 0.2 ms they have left: 0.9 ms (alike work, 0.5 ms x 4 / 2, would be 1.0)
+    assert row["model_abgc_s"] == pytest.approx(7.0e-3 + 0.9e-3)
+    alike = {"model_abg_s": 0.0, "profile": {"ranks": [{"phases_cpu_s": {"prep": 0.5e-3}}] * 4}}
+    _add_off_wire_term(alike, 4, 2.0)
+    assert alike["model_abgc_s"] == pytest.approx(0.5e-3 * 4 / 2.0)
     bare = {"model_abg_s": 1.0}
     _add_off_wire_term(bare, 4, 2.0)  # no profile (dense, allgather): no term
     assert "model_abgc_s" not in bare

@@ -74,7 +74,7 @@ def print_collectives(rows: list[dict[str, Any]], modelled: bool) -> None:
            f"{'bytes/dense':>11} {'time/dense':>10} {'merge ms':>9}"
     if modelled:
         head += f" {'ab ms':>9} {'meas/ab':>8} {'gamma ns':>8} {'cores':>5} {'abg ms':>9} {'meas/abg':>8}"
-        head += f" {'abgc ms':>9} {'meas/abgc':>9}"  # + off-wire CPU x max(1, P/cores), profiled rows
+        head += f" {'abgc ms':>9} {'meas/abgc':>9}"  # + off-wire CPU sharing the cores (processor sharing), profiled rows
         head += f" {'wake ms':>7} {'abgw ms':>9} {'meas/abgw':>9}"  # + wake-up delay x critical rounds
     print(head)
     for r in rows:
