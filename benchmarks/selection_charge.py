@@ -24,36 +24,18 @@ Cost: about a minute per workload on 2 cores.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import subprocess
 import time
 
 import torch
 
+from gtopk_lab.bench.selection import cpu_model
 from gtopk_lab.config import RunConfig
+from gtopk_lab.provenance import git_commit
 from gtopk_lab.training.compute_time import measure_iteration_times
 from gtopk_lab.training.simulator import simulate
 
 METHODS = ("topk", "gtopk", "clt-k", "oktopk", "powersgd")
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def config(args: argparse.Namespace, method: str, workers: int, **extra: float) -> RunConfig:
@@ -76,7 +58,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     c = 0.01  # the fixed compute time of the simulated runs (s); it cancels out
-    print(f"# {cpu_model()}, {torch.get_num_threads()} torch thread, commit {commit()}; "
+    print(f"# {cpu_model()}, {torch.get_num_threads()} torch thread, commit {(git_commit() or 'unknown')[:7]}; "
           f"{args.model}/{args.dataset}, batch {args.batch_size}, density {args.density}, P = {args.workers}")
     print(f"{'method':10s} {'calibrated ms':>14s} {'(median ms)':>12s} {'charged ms/iter':>16s}  seconds")
     for method in args.methods.split(","):
