@@ -17,7 +17,8 @@ ranks are plain gloo processes inside the hosts, ``benchmarks/tcp_model_rank.py`
    gets another share of a slower port: on 200 / 50 Mbit/s ``tbf`` ports 158-162 / 44-45
    Mbit/s, a ratio of 3.6, not the rates' 4).
 5. **Model**, per call (``gtopk_lab.network.tcp_fit.predict_call``): calibrated alpha-beta of the
-   rounds really sent (``ab``), + off-wire CPU x max(1, P / cores) and the links' I/O where,
+   rounds really sent (``ab``), + each rank's off-wire CPU as the cores shared by every rank's
+   (processor sharing: ``c max(1, P / cores)`` for alike work) and the links' I/O where,
    so stretched, it outlasts the wire (``+cpu``; the ranks of all hosts share this box's
    cores; the other job's ranks count by their share of a core), + the TCP terms (``+tcp``:
    the burst, per-message CPU, incast; the straggler's rounds at its calibrated link).

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from gtopk_lab.bench.collective_calls import _add_off_wire_term
-from gtopk_lab.network.cpu_contention import (OFF_WIRE_PHASES, cpu_contention, off_wire_cpu_s, off_wire_time_s,
+from gtopk_lab.network.cpu_contention import (OFF_WIRE_PHASES, cpu_contention, off_wire_cpu_s, off_wire_wall_s,
                                               processor_sharing_s, shared_contention)
 
 
@@ -87,9 +87,10 @@ def test_off_wire_cpu_sums_prep_pack_unpack_finish_only():
 
 def test_term_is_cpu_times_contention():
     # 0.5 ms of off-wire CPU, 4 ranks on the 1.25 cores they got: 0.5 * 4 / 1.25 = 1.6 ms
-    assert off_wire_time_s(0.5e-3, 4, 1.25) == pytest.approx(1.6e-3)
-    assert off_wire_time_s(0.5e-3, 2, 2) == pytest.approx(0.5e-3)
-    assert off_wire_time_s(0.0, 8, 0.5) == 0.0
+    assert off_wire_wall_s([0.5e-3], 4, 1.25) == [pytest.approx(1.6e-3)]
+    assert off_wire_wall_s([0.5e-3], 2, 2) == [pytest.approx(0.5e-3)]
+    assert off_wire_wall_s([0.0], 8, 0.5) == [0.0]
+    assert off_wire_wall_s([0.5e-3, 0.2e-3], 4, None) == [0.5e-3, 0.2e-3]  # a core per rank
 
 
 def test_bench_row_gets_abgc_from_the_slowest_rank():
@@ -113,7 +114,7 @@ def test_bench_row_gets_abgc_from_the_slowest_rank():
 
 @pytest.mark.parametrize("call", [lambda: cpu_contention(0, 2), lambda: cpu_contention(True, 2),
                                   lambda: cpu_contention(4, 0), lambda: cpu_contention(4, math.inf),
-                                  lambda: off_wire_time_s(-1.0, 4, 2), lambda: off_wire_time_s(math.nan, 4, 2),
+                                  lambda: off_wire_wall_s([-1.0], 4, 2), lambda: off_wire_wall_s([math.nan], 4, 2),
                                   lambda: off_wire_cpu_s({"prep": -1.0})])
 def test_bad_input_is_a_value_error(call):
     with pytest.raises(ValueError):

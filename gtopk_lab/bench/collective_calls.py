@@ -30,7 +30,7 @@ from gtopk_lab.comm.torch_dist import dense_allreduce, gtopk_allreduce, topk_all
 from gtopk_lab.compression.selection import get_selector
 from gtopk_lab.config import k_for
 from gtopk_lab.network.calibrate import measure_gamma_s_per_element
-from gtopk_lab.network.cpu_contention import off_wire_cpu_s, processor_sharing_s
+from gtopk_lab.network.cpu_contention import off_wire_cpu_s, off_wire_wall_s
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.pacing import throttled_call
 from gtopk_lab.network.wakeup import wakeup_time_s
@@ -150,18 +150,16 @@ def _add_off_wire_term(row: dict[str, Any], workers: int, cores: float) -> None:
     """With a profile, add ``off_wire_cpu_s`` (slowest rank's prep + pack + unpack + finish CPU
     per call) and ``model_abgc_s`` = alpha-beta-gamma + the slowest rank's wall time for its
     off-wire CPU when the ``workers`` ranks share the ``cores`` they got
-    (:func:`~gtopk_lab.network.cpu_contention.processor_sharing_s`, as the TCP model prices
-    it; ranks without a profile are taken as busy as the busiest): when ranks outnumber the
+    (:func:`~gtopk_lab.network.cpu_contention.off_wire_wall_s`, as the TCP model prices it;
+    ranks without a profile are taken as busy as the busiest): when ranks outnumber the
     cores, their off-wire work waits for a core like their merges do; alike work gives
     ``c max(1, P / cores)``."""
     ranks = (row.get("profile") or {}).get("ranks") or []
     if not ranks:
         return
     cpus = [off_wire_cpu_s(r["phases_cpu_s"]) for r in ranks]
-    cpu = max(cpus)
-    row["off_wire_cpu_s"] = cpu
-    work = cpus + [cpu] * max(0, workers - len(cpus))
-    row["model_abgc_s"] = row["model_abg_s"] + max(processor_sharing_s(work, float(cores))[:len(cpus)])
+    row["off_wire_cpu_s"] = max(cpus)
+    row["model_abgc_s"] = row["model_abg_s"] + max(off_wire_wall_s(cpus, workers, float(cores)))
 
 
 def _add_wakeup_term(row: dict[str, Any], delays_s: list[float]) -> None:

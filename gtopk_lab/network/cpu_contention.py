@@ -13,18 +13,18 @@ latency of dependent rounds", and :mod:`gtopk_lab.network.wakeup`).
 
 Algorithm:
 
-1. ``c`` = the slowest rank's CPU seconds per call in the off-wire phases (prep, pack,
+1. ``c_i`` = each rank's CPU seconds per call in the off-wire phases (prep, pack,
    unpack, finish; :data:`OFF_WIRE_PHASES`), measured once from the per-round profile
    (:mod:`gtopk_lab.bench.profile`); the send/recv phase is left out: its CPU (the
    transport's copies) runs inside the paced wire time, which the pacer stretches to
    alpha + beta n anyway;
-2. ``s = max(1, ranks / cores)`` (:func:`cpu_contention`), ``cores`` the cores the ranks
-   got (fractional under other jobs; None: a core per rank, s = 1);
-3. the term is ``c * s`` seconds, added to the alpha-beta-gamma time.
-
-Where the ranks' CPU differs (a gTop-k tree's leaves only sort, then wait), ``s`` over-counts:
-:func:`processor_sharing_s` gives each rank's wall time when all share the cores and the
-least loaded finish first (the TCP model's step 2, :mod:`gtopk_lab.network.tcp_fit`).
+2. ``cores`` the cores the ranks got (fractional under other jobs; None: a core per rank);
+3. the term is each rank's wall time for its ``c_i`` when all start together and share the
+   cores (:func:`off_wire_wall_s`, :func:`processor_sharing_s`), added to the
+   alpha-beta-gamma time: ``c * s`` with ``s = max(1, ranks / cores)``
+   (:func:`cpu_contention`) where the work is alike, less where the ranks' CPU differs (a
+   gTop-k tree's leaves only sort, then wait, and the least loaded finish first). The TCP
+   model's step 2 (:mod:`gtopk_lab.network.tcp_fit`) and ``bench collectives`` both price it so.
 
 Cost: O(phases). Worker-side module: standard library only; composable with other
 additive terms (e.g. real-TCP terms) since it returns seconds to add.
@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-__all__ = ["OFF_WIRE_PHASES", "cpu_contention", "off_wire_cpu_s", "off_wire_time_s", "processor_sharing_s",
+__all__ = ["OFF_WIRE_PHASES", "cpu_contention", "off_wire_cpu_s", "off_wire_wall_s", "processor_sharing_s",
            "shared_contention"]
 
 #: profile phases whose CPU is on the critical path but neither wire time nor merge
@@ -99,12 +99,20 @@ def off_wire_cpu_s(phases_cpu_s: Mapping[str, float]) -> float:
     return total
 
 
-def off_wire_time_s(cpu_s_per_call: float, ranks: int, cores: float | None) -> float:
-    """Step 3: seconds the off-wire CPU adds to a call, ``c * max(1, ranks / cores)``."""
-    if isinstance(cpu_s_per_call, bool) or not isinstance(cpu_s_per_call, (int, float)) \
-            or not (cpu_s_per_call >= 0 and math.isfinite(cpu_s_per_call)):
-        raise ValueError(f"cpu_s_per_call={cpu_s_per_call!r} is invalid: expected a finite number >= 0")
-    return float(cpu_s_per_call) * cpu_contention(ranks, cores)
+def off_wire_wall_s(cpu_s_per_rank: Sequence[float], ranks: int, cores: float | None) -> list[float]:
+    """Step 3: each listed rank's wall seconds for its off-wire CPU per call when ``ranks``
+    ranks share ``cores`` (:func:`processor_sharing_s`); ranks beyond those listed are taken
+    as busy as the busiest, and ``cores`` None is a core per rank (each rank's own CPU).
+    Alike work gives ``c * max(1, ranks / cores)`` for every rank."""
+    work = [float(c) for c in cpu_s_per_rank]
+    if not work:
+        raise ValueError("cpu_s_per_rank is empty: expected one CPU time per listed rank")
+    if any(not (w >= 0 and math.isfinite(w)) for w in work):
+        raise ValueError(f"cpu_s_per_rank={list(cpu_s_per_rank)!r} is invalid: expected finite seconds >= 0")
+    if cores is None:
+        return work
+    work += [max(work)] * max(0, ranks - len(work))
+    return processor_sharing_s(work, cores)[:len(cpu_s_per_rank)]
 
 
 def processor_sharing_s(work_s: Sequence[float], cores: float) -> list[float]:

@@ -41,7 +41,7 @@ import dataclasses
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from gtopk_lab.network.cpu_contention import cpu_contention, processor_sharing_s, shared_contention
+from gtopk_lab.network.cpu_contention import cpu_contention, off_wire_wall_s, shared_contention
 from gtopk_lab.network.model import NetworkModel
 from gtopk_lab.network.tcp_terms import TcpTerms
 
@@ -76,14 +76,10 @@ def _slow_rounds(rank: int, peers: Sequence[Sequence[int | None]], rounds: int,
 
 
 def _cpu_wall_s(cpu_s_per_rank: Sequence[float], ranks: int, cores: float | None, s: float) -> list[float]:
-    """Step 2's CPU term per rank: its off-wire CPU under processor sharing of the ``cores``,
-    less the share another job takes (``s``, :func:`shared_contention`, over this call's own
-    count); ranks sharing the cores beyond those listed are taken as busy as the busiest."""
-    work = [float(c) for c in cpu_s_per_rank]
-    if cores is None:  # a core per rank
-        return work
-    work += [max(work)] * max(0, ranks - len(work))
-    return processor_sharing_s(work, cores * cpu_contention(ranks, cores) / s)[:len(cpu_s_per_rank)]
+    """Step 2's CPU term per rank: its off-wire CPU under processor sharing
+    (:func:`~gtopk_lab.network.cpu_contention.off_wire_wall_s`) of the ``cores`` less the
+    share another job takes (``s``, :func:`shared_contention`, over this call's own count)."""
+    return off_wire_wall_s(cpu_s_per_rank, ranks, None if cores is None else cores * cpu_contention(ranks, cores) / s)
 
 
 def predict_call(net: NetworkModel, tcp: TcpTerms, steps_per_rank: Sequence[Sequence[Sequence[int]]],
