@@ -95,7 +95,8 @@ class Collective:
     time and the bytes one rank sends. ``input``: ``"sparse"`` (takes the selection),
     ``"dense"`` (takes ``acc``) or ``"leader"`` (takes every rank's ``acc`` and the selection
     of the rank ``leader(iteration, world)`` names for the call: only that rank selects, in
-    the step, where its selection is timed and charged as every selecting method's is). ``needs_exact_k``: every rank must send exactly k pairs.
+    the step, where its selection is timed and charged as every selecting method's is).
+    ``needs_exact_k``: every rank must send exactly k pairs.
     ``lossless``: the result is the exact sum of the contributions (EF21-shaped methods need
     it). ``algorithms``: message patterns the caller may choose (first = default).
     ``make_state()``: per-rank state kept between calls (e.g. Ok-Topk's regions), saved in

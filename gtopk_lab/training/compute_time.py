@@ -97,7 +97,7 @@ def _measure(config: RunConfig, repeats: int, warmup: int, device: Any) -> dict[
             compute.append(t1 - t0)
             # with the collective's own compression of this rank's input (Ok-Topk's
             # threshold selection, PowerSGD's projections), timed inside the untimed call
-            selection.append(t2 - t1 + float(getattr(result.stats, "compress_cpu_s", 0.0) or 0.0))
+            selection.append(t2 - t1 + result.stats.compress_cpu_s)
     return {"compute_time_s": statistics.median(compute), "selection_time_s": statistics.median(selection),
             "compute_samples_s": compute, "selection_samples_s": selection, "numel": replica.numel,
             "k": k, "threads": torch.get_num_threads()}

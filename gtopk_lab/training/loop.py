@@ -131,7 +131,7 @@ class _RealRank:
             sync_device(dev)
             t2 = time.perf_counter()
             if self.fixed_compute_s is not None:
-                charged_selection_s = self._charge(clock.cpu_timer() - c1, sync.contribution.indices is not None)
+                charged_selection_s = self._charge(clock.cpu_timer() - c1, sync.selected)
             if self.has_group:
                 result = clock.collective(step.collective.run, sync.contribution, sync.call)
             else:  # the only rank: the in-process collective, so that stats match

@@ -73,6 +73,12 @@ class Sync:
     call: CommCall
     program: SyncProgram
 
+    @property
+    def selected(self) -> bool:
+        """Whether step 3 ran on this rank (every rank of a sparse method, the call's leader of
+        an ``input="leader"`` collective): the drivers charge it a selection."""
+        return self.contribution.indices is not None
+
     def finish(self, result: CollectiveResult) -> torch.Tensor | None:
         try:
             self.program.send(result)

@@ -35,11 +35,6 @@ from gtopk_lab.training.step_settings import StepSettings
 __all__ = ["VirtualRanks"]
 
 
-def _selected(sync: Sync | None) -> bool:
-    """Whether a rank's synchronisation carries its own selection (step 3 ran on it)."""
-    return sync is not None and sync.contribution.indices is not None
-
-
 class _RankWork(NamedTuple):
     """One virtual rank's part of phase 1: its loss, its synchronisation waiting for the
     collective (None when the iteration does not synchronise), the CPU seconds of its
@@ -105,7 +100,7 @@ class VirtualRanks:
             # the next rank's backward reuses the gradient buffer: shared_buffer
             sync = state.step.begin(replica.grad, point.k, point.iteration, shared_buffer=True)
             c1, w2 = rank_clock_s(dev), time.perf_counter()
-        return _RankWork(loss, sync, c1 - c0, c1 - c_mid, (w1 - w0, w2 - w1), _selected(sync))
+        return _RankWork(loss, sync, c1 - c0, c1 - c_mid, (w1 - w0, w2 - w1), sync is not None and sync.selected)
 
     def _contribute_batched(self, point: Point) -> tuple[list[_RankWork], BatchedRound | None]:
         """Phase 1 with the P gradients from one batched call, each rank charged 1/P of its
@@ -135,7 +130,7 @@ class VirtualRanks:
                 sync = state.step.begin(g, point.k, point.iteration)  # rows are not overwritten
                 c2, w2 = rank_clock_s(dev), time.perf_counter()
             work.append(_RankWork(loss, sync, compute_cpu_s + (c2 - c1), c2 - c1, (compute_wall_s, w2 - w1),
-                                  _selected(sync)))
+                                  sync is not None and sync.selected))
         return work, None
 
     def _one_rank_selection_s(self, grad: torch.Tensor, k: int) -> tuple[float, float]:
@@ -179,7 +174,8 @@ class VirtualRanks:
             # Some ranks selected (CLT-k's leader): the charge rule's typical rank would not
             # have, so the rule takes the computes alone and the selecting ranks add theirs.
             base = self.charge.charge([w.compute_cpu_s - w.selection_cpu_s for w in work])
-            compute_s = [b + (statistics.median(chosen) if s else 0.0) for b, s in zip(base, selected)]
+            typical_s = statistics.median(chosen)
+            compute_s = [b + (typical_s if s else 0.0) for b, s in zip(base, selected)]
         else:
             compute_s = self.charge.charge(compute_s)
         update_cpu_s = update_wall_s = 0.0
