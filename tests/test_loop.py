@@ -13,7 +13,7 @@ from gtopk_lab.training.loop import gloo_rank_entry, train_rank
 from gtopk_lab.training.optim import density_at, lr_at, recipe
 
 ITER_KEYS = {"kind", "rank", "iteration", "epoch", "method", "workers", "density", "k", "train_loss",
-             "lr", "compute_s", "selection_s", "comm_s", "update_s", "clock_s", "comm_span_s", "comm_model_s", "comm_charge_s", "bytes_sent",
+             "lr", "compute_s", "selection_s", "selected", "comm_s", "update_s", "clock_s", "comm_span_s", "comm_model_s", "comm_charge_s", "bytes_sent",
              "bytes_recv", "comm_rounds", "comm_wire_bytes", "wall_time_s", "virtual_time_s"}
 EPOCH_KEYS = {"kind", "rank", "iteration", "epoch", "method", "workers", "density", "k", "train_loss",
               "test_loss", "test_accuracy", "test_perplexity", "test_bits_per_token", "wall_time_s",

@@ -9,7 +9,8 @@ import pytest
 
 from gtopk_lab.cli import main
 from gtopk_lab.config import RunConfig
-from gtopk_lab.network.model import network_model
+from gtopk_lab.analysis.predict import predict_scaling
+from gtopk_lab.network.model import NetworkModel, network_model
 from gtopk_lab.orchestration.results import run_summary, rows_to_frame, write_run
 from gtopk_lab.plotting.report import measured_scaling_table, predicted_scaling_table, write_report
 from gtopk_lab.orchestration.results import load_runs
@@ -286,3 +287,28 @@ def test_cli_report_writes_every_figure(tmp_path: Path, capsys: pytest.CaptureFi
     capsys.readouterr()
     assert main(["report", str(tmp_path / "res"), "--target-accuracy", "90"]) == 2
     assert "--target-accuracy=90.0 is invalid" in capsys.readouterr().err
+
+
+def test_model_line_charges_the_selection_an_iteration_waits_for() -> None:
+    """CLT-k's rank 0 selects one iteration in P, so its summary's mean selection is a P-th
+    of what each iteration waits for (the leader's). The model line charges the selecting
+    iterations' mean; a summary written before that field keeps a sparse method's mean."""
+    import pandas as pd
+
+    c, s = 0.010, 0.002
+
+    def summary(method: str, workers: int, density: float, breakdown: dict) -> dict:
+        return {"run_id": f"{method}-{workers}", "method": method, "workers": workers, "density": density,
+                "numel": 100_000, "bandwidth_bps": 1e9, "latency_s": 5e-4, "status": "completed",
+                "algorithm": None, "time_breakdown_s": {"compute": c, "update": 0.0, **breakdown}}
+
+    runs = pd.DataFrame([
+        summary("dense", 1, 1.0, {"selection": 0.0}),
+        summary("clt-k", 4, 0.01, {"selection": s / 4, "selection_when_selected": s}),
+        summary("topk", 4, 0.01, {"selection": s}),  # an older summary: no selection_when_selected
+    ])
+    predicted = predicted_scaling_table(runs, workers=[4]).set_index("method").scaling_efficiency
+    for method in ("clt-k", "topk"):
+        comm_s = predict_scaling(100_000, 0.01, c, NetworkModel(latency_s=5e-4, bandwidth_bps=1e9), [4],
+                                 methods=[(method, method, None)])[0]["comm_s"]
+        assert predicted[method] == pytest.approx(c / (c + s + comm_s), rel=1e-9), method

@@ -96,6 +96,11 @@ def test_cltk_leaders_selection_is_charged_on_real_ranks_and_in_the_simulator(re
         for row in rows:
             leader = row["iteration"] % 4
             assert row["compute_s"] == 0.05 and row["selection_s"] == (0.002 if row["rank"] == leader else 0.0)
+            assert row["selected"] is (row["rank"] == leader)
+    # rank 0 leads iterations 0 and 4 of 6: its mean selection is a third of what one waits for
+    for summary in (real[0].summary, sim.summary):
+        assert summary["time_breakdown_s"]["selection_when_selected"] == pytest.approx(0.002, rel=1e-12)
+        assert summary["time_breakdown_s"]["selection"] == pytest.approx(0.002 * 2 / 6, rel=1e-12)
     for r in real:
         iters = [row for row in r.rows if row["kind"] == "iter"]
         assert r.summary["virtual_time_s"] == pytest.approx(

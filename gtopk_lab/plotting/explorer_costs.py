@@ -13,8 +13,9 @@ explorer's figure shows. They come from, in this order of preference (:func:`fin
    nothing is measured or moved;
 2. a stored run or a study's runs (summaries; of a results folder, its latest 20 runs of
    the latest run's workload): ``t_c`` = median compute + update of the dense P = 1 runs
-   (else of every run), ``t_s`` = median selection of the sparse methods'
-   runs, gamma = their median ``merge_gamma_s_per_element``;
+   (else of every run), ``t_s`` = median selection of the selecting methods' runs (each
+   its selecting iterations' mean, ``selection_when_selected``), gamma = the sparse
+   methods' median ``merge_gamma_s_per_element``;
 3. a stated default: ``gtopk-lab model scaling``'s (d = 25M, t_c = 0.15 s, t_s = 0).
 
 Client side; reads files and summaries, submits nothing. Cost: O(entries + runs).
@@ -112,6 +113,17 @@ def _sparse(method: Any) -> bool:
     return str(method) in available_methods() and get_method(str(method)).sparse
 
 
+def _selects(method: Any) -> bool:
+    return str(method) in available_methods() and get_method(str(method)).selects
+
+
+def _selection_s(parts: Mapping[str, Any]) -> Any:
+    """A selection's time: the selecting iterations' mean where the summary has it (CLT-k's
+    rank 0 selects one iteration in P)."""
+    when = parts.get("selection_when_selected")
+    return when if isinstance(when, (int, float)) and when > 0 else parts.get("selection")
+
+
 def _median(values: Iterable[float]) -> float | None:
     kept = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     return statistics.median(kept) if kept else None
@@ -134,7 +146,8 @@ def costs_from_summaries(summaries: Iterable[Mapping[str, Any]], source: str) ->
     if not t_c or t_c <= 0:
         return None
     sparse = [s for s in runs if _sparse(s.get("method"))]
-    t_s = _median(s["time_breakdown_s"].get("selection") for s in sparse) or 0.0
+    selecting = [s for s in runs if _selects(s.get("method"))]
+    t_s = _median(_selection_s(s["time_breakdown_s"]) for s in selecting) or 0.0
     gamma = _median(s.get("merge_gamma_s_per_element") for s in sparse) or 0.0
     first = baseline[0] if baseline else runs[0]
     return Costs(numel=int(first["numel"]), compute_s=t_c, selection_s=max(0.0, t_s), gamma_s_per_element=gamma,

@@ -161,7 +161,7 @@ def predicted_scaling_table(summaries: pd.DataFrame, workers: list[int] | None =
         if method not in available_methods():  # a plugin's run read without its plugin
             continue
         entry = get_method(method)
-        selection_s = _mean_part(group[group["workers"] > 1], ("selection",)) if entry.sparse else 0.0
+        selection_s = _selection_per_iteration_s(group[group["workers"] > 1], entry)
         if not compute_s or compute_s <= 0:
             continue
         algorithm = None
@@ -179,6 +179,19 @@ def predicted_scaling_table(summaries: pd.DataFrame, workers: list[int] | None =
                          "bandwidth": network_label(float(bw), float(lat)),
                          "scaling_efficiency": row["scaling_efficiency"]})
     return pd.DataFrame(rows, columns=["method", "workers", "density", "bandwidth", "scaling_efficiency"])
+
+
+def _selection_per_iteration_s(summaries: pd.DataFrame, entry: Any) -> float | None:
+    """The selection an iteration of ``entry`` waits for: the selecting iterations' mean
+    (``selection_when_selected``; CLT-k's leader's, not rank 0's mean over all iterations).
+    Summaries written before that field: every iteration's mean, which is the same where
+    every rank selects."""
+    if not entry.selects:
+        return 0.0
+    when_selected = _mean_part(summaries, ("selection_when_selected",))
+    if when_selected is not None:
+        return when_selected
+    return _mean_part(summaries, ("selection",)) if entry.sparse else None
 
 
 def _mean_part(summaries: pd.DataFrame, parts: tuple[str, ...]) -> float | None:

@@ -161,7 +161,7 @@ class _RealRank:
         comm_model_s = clock.last_comm_model_s if result is not None else 0.0
         self.buffer.add(iter_row(self.config, self.rank, self.world, it, point.epoch, point.density,
                                  k, loss, lr, t, stats, comm_model_s, t4 - timeline.wall_start,
-                                 clock.virtual_time_s))
+                                 clock.virtual_time_s, selected=sync is not None and sync.selected))
 
     def _charge(self, selection_cpu_s: float, selected: bool) -> float:
         """Charge this iteration's fixed compute plus its selection (:func:`charged_selection_s`

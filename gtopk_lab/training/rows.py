@@ -71,7 +71,7 @@ def steady_seconds_per_iteration(it_rows: list[dict], warmup: int, time: str,
 
 def iter_row(config: RunConfig, rank: int, world: int, iteration: int, epoch: float, density: float,
              k: int, loss: float, lr: float, t: dict[str, float], stats: Any, comm_model_s: float,
-             wall_time_s: float, virtual_time_s: float, *,
+             wall_time_s: float, virtual_time_s: float, *, selected: bool = False,
              peak: tuple[int, int] | None = None) -> dict[str, Any]:
     """One ``kind="iter"`` row in the docs/architecture.md schema.
 
@@ -88,6 +88,7 @@ def iter_row(config: RunConfig, rank: int, world: int, iteration: int, epoch: fl
         "kind": "iter", "rank": rank, "iteration": iteration, "epoch": epoch,
         "method": config.method, "workers": world, "density": density, "k": k,
         "train_loss": loss, "lr": lr, "compute_s": t["compute"], "selection_s": t["selection"],
+        "selected": bool(selected),
         "comm_s": t["comm"], "update_s": t["update"], "clock_s": t.get("clock", 0.0),
         "comm_span_s": t.get("comm_span", t["comm"]),
         "comm_model_s": comm_model_s, "comm_charge_s": t.get("comm_charge", comm_model_s),
@@ -138,7 +139,9 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
     :func:`warmup_iterations` (recorded as ``warmup_iterations``); ``samples_per_s_<time>_all``
     is the whole run's ``iterations * batch_size * P / time``, wall time excluding evaluation. ``time_breakdown_s`` holds mean seconds per
     iteration (wall) of compute, selection, communication and update, plus the mean
-    modelled communication ``communication_model``.
+    modelled communication ``communication_model`` and ``selection_when_selected``: the mean
+    selection over the iterations this rank selected, the time an iteration waits for one
+    selection (CLT-k's rank 0 leads one iteration in P, so its ``selection`` is a P-th of that).
     """
     network = network_of(config)
     it_rows = [r for r in rows if r["kind"] == "iter"]
@@ -147,6 +150,8 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
 
     def mean(key: str) -> float:
         return sum(r[key] for r in it_rows) / n if it_rows else 0.0
+
+    selecting = [r["selection_s"] for r in it_rows if r.get("selected")]
 
     samples = iterations * config.batch_size * world
     last_ep = ep_rows[-1] if ep_rows else {}
@@ -185,7 +190,9 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
         "bytes_sent_per_rank_per_iter": mean("bytes_sent"),
         "time_breakdown_s": {"compute": mean("compute_s"), "selection": mean("selection_s"),
                              "communication": mean("comm_s"), "update": mean("update_s"),
-                             "communication_model": mean("comm_model_s")},
+                             "communication_model": mean("comm_model_s"),
+                             "selection_when_selected": (sum(selecting) / len(selecting) if selecting
+                                                         else 0.0)},
         "model": config.model, "dataset": config.dataset, "algorithm": config.algorithm,
         "residual_rule": config.residual_rule, "batch_size": config.batch_size,
         "preset": config.preset, "grad_clip": config.grad_clip,

@@ -226,7 +226,8 @@ class VirtualRanks:
                  "comm_charge": clock.last_comm_charge_s if synced else 0.0}
             stats = results[r].stats if synced else None
             self.buffer.add(iter_row(config, r, world, it, point.epoch, point.density, k, losses[r],
-                                     lr, t, stats, comm_model_s, wall_now, clock.synced_time_s, peak=peak),
+                                     lr, t, stats, comm_model_s, wall_now, clock.synced_time_s,
+                                     selected=selected[r], peak=peak),
                             count_iteration=(r == 0))
         for state, loss in zip(states, losses):
             state.epoch_loss_sum += loss
