@@ -241,7 +241,8 @@ def test_target_cnn_on_10gbe_every_real_and_simulated_point_within_10_points_of_
 def test_calibrated_costs_are_measured_once_per_workload_on_a_worker_and_kept(lab, tmp_path) -> None:
     """orchestration.calibration: one compute task per workload (not per density, method, P
     or network), one merge-gamma task per density, one selection task per sparse method and
-    density (none for dense, a local-steps method or a density schedule); the stored values
+    density (PowerSGD's its collective's projections; none for dense, a local-steps method or
+    a density schedule); the stored values
     are reused (a resumed study keeps its points' identity); a damaged file is moved aside,
     not lost."""
     import json
@@ -273,13 +274,16 @@ def test_calibrated_costs_are_measured_once_per_workload_on_a_worker_and_kept(la
     # Top-k: a selection entry of its own; a density schedule keeps the selection measured
     assert calibrated_costs(lab, config.replace(method="topk"), tmp_path, repeats=3)["selection_time_s"] > 0
     assert len(entries()) == 4
+    # PowerSGD selects nothing but projects in its collective: that is its selection
+    assert calibrated_costs(lab, config.replace(method="powersgd"), tmp_path, repeats=3)["selection_time_s"] > 0
+    assert entries()[-1]["selection_workload"]["method"] == "powersgd" and len(entries()) == 5
     warm = calibrated_costs(lab, config.replace(density_warmup=(0.1, 1)), tmp_path, repeats=3)
-    assert warm["selection_time_s"] is None and len(entries()) == 4
+    assert warm["selection_time_s"] is None and len(entries()) == 5
     # another density: the same compute, a gamma and a selection of its own (k changes)
     other = calibrated_costs(lab, config.replace(density=0.1), tmp_path, repeats=3)
-    assert other["compute_time_s"] == first["compute_time_s"] and len(entries()) == 6
+    assert other["compute_time_s"] == first["compute_time_s"] and len(entries()) == 7
     calibrated_costs(lab, config.replace(batch_size=16), tmp_path, repeats=3)
-    assert len(entries()) == 9
+    assert len(entries()) == 10
     (tmp_path / CALIBRATION_FILE).write_text("{trunc")
     assert calibrated_costs(lab, config, tmp_path, repeats=3)["compute_time_s"] > 0
     assert [p.name.split(".damaged-")[0] for p in tmp_path.glob("*.damaged-*")] == [CALIBRATION_FILE]

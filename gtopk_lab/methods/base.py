@@ -99,6 +99,9 @@ class Collective:
     ``needs_exact_k``: every rank must send exactly k pairs.
     ``lossless``: the result is the exact sum of the contributions (EF21-shaped methods need
     it). ``algorithms``: message patterns the caller may choose (first = default).
+    ``compresses``: the collective compresses the rank's input itself before the wire and
+    times it as ``CommStats.compress_cpu_s`` (Ok-Topk's threshold pass, PowerSGD's
+    projections): the rank's selection, calibrated and charged as one.
     ``make_state()``: per-rank state kept between calls (e.g. Ok-Topk's regions), saved in
     checkpoints with ``dataclasses.asdict`` when it is a dataclass.
     """
@@ -117,6 +120,7 @@ class Collective:
     description: str = ""
     #: ``input="leader"`` only: ``(iteration, world) -> rank`` whose selection the call takes
     leader: Callable[[int, int], int] | None = None
+    compresses: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -336,6 +340,13 @@ class Method:
         """True when the method's step selects (on every rank, or on the call's leader for an
         ``input="leader"`` collective): a selector applies, and its time is charged."""
         return self.comm.input in ("sparse", "leader")
+
+    @property
+    def compresses(self) -> bool:
+        """True when a rank pays a selection before the wire: its step selects
+        (:attr:`selects`) or its collective compresses (``Collective.compresses``); that time
+        is calibrated and charged as the rank's selection."""
+        return self.selects or self.comm.compresses
 
     @property
     def dense(self) -> bool:

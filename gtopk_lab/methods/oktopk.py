@@ -117,6 +117,7 @@ def oktopk_collective(name: str, *, tau: int = 32, tau_r: int = 64, warmup: int 
 
     return Collective(name=name, run=run, simulate=simulate, time_s=time_s, bytes_per_rank=bytes_per_rank,
                       algorithms=oktopk.ALLGATHER_MODES, lossless=False, make_state=make_state, aliases=aliases,
+                      compresses=True,
                       description=description or f"Ok-Topk: thresholds re-evaluated every {tau} calls, regions "
                                                  f"every {tau_r}, {warmup} dense warm-up calls (O(k))")
 

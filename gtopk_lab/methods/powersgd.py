@@ -293,6 +293,7 @@ def powersgd_bytes_per_rank(numel: int, k: int, workers: int, pair_bytes: int = 
 # =========================================================================== registration
 POWERSGD = register_collective(Collective(
     name="powersgd", input="dense", lossless=False, make_state=PowerSGDState, run=_run, simulate=_simulate,
+    compresses=True,
     time_s=powersgd_time_s, bytes_per_rank=powersgd_bytes_per_rank,
     description="PowerSGD: per-layer rank-r P/Q allreduces (needs the parameter layout)"))
 

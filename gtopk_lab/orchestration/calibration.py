@@ -6,8 +6,9 @@ contention instead of the method (benchmarks/RESULTS.md, "Efficiency figures you
 trust"): 4 real ranks time-share 2 cores, the P = 1 baseline ran at another moment of another
 job's load, and a simulated point's slowest of P merges grows with P. Charging every rank,
 real or simulated, one calibrated compute time (``RunConfig.compute_charge.compute_time_s``),
-its merges at one calibrated gamma (``compute.merge_gamma_s_per_element``) and a sparse
-method's selection at one calibrated time (``compute.selection_time_s``) removes all three;
+its merges at one calibrated gamma (``compute.merge_gamma_s_per_element``) and a
+method's selection (its step's, or its collective's own compression: ``Method.compresses``)
+at one calibrated time (``compute.selection_time_s``) removes all three;
 the communication is modelled (:mod:`gtopk_lab.training.compute_charge`). A selection
 measured per run (the rule before) borrowed the real P = 1 run's CPU time for a simulated
 point's prediction while the simulator charged its own, measured at another moment of the
@@ -22,7 +23,8 @@ load: the two read 10-13 points apart beside two busy loops. :func:`calibrated_c
    thread, the lower quartile of 15 forward/backward/step passes: contention only adds to a
    pass),
    :func:`~gtopk_lab.training.compute_charge.merge_calibration_task` (gamma of a k + k merge
-   at the workload's k) and, for a sparse method without local steps or a density schedule,
+   at the workload's k) and, for a method that selects or compresses (``Method.compresses``:
+   Top-k, gTop-k, CLT-k, Ok-Topk, PowerSGD, ...) without local steps or a density schedule,
    :func:`~gtopk_lab.training.compute_charge.selection_calibration_task` (the lower quartile
    of 15 selections), as Dask tasks on one worker, never in the client (a damaged file is
    moved aside to ``calibration.json.damaged-<stamp>``, with one warning line saying what is
@@ -88,9 +90,10 @@ def selection_key(config: RunConfig) -> dict[str, Any] | None:
     and the settings :class:`~gtopk_lab.training.step_settings.StepSettings` reads (selector,
     residual rule, clipping, momentum, the method's and the collective's options), as JSON
     values so that a stored key compares equal; None where the selection is not calibrated
-    (a dense method, a local-steps method, a density schedule or warm-up)."""
+    (a method that neither selects nor compresses, a local-steps method, a density schedule
+    or warm-up)."""
     method = get_method(config.method)
-    if not method.selects or method.local_steps or config.density_warmup or config.density_schedule:
+    if not method.compresses or method.local_steps or config.density_warmup or config.density_schedule:
         return None
     key = {**workload_key(config), "method": config.method, "density": config.density,
            "selector": config.selector, "residual_rule": config.residual_rule, "grad_clip": config.grad_clip,

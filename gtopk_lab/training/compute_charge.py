@@ -157,13 +157,13 @@ def clock_merge_options(virtual_merge_cpu: bool, options: ComputeOptions, fixed_
     return {"include_merge_cpu": include, "merge_gamma_s_per_element": gamma if include else None}
 
 
-def clock_compress_option(selects: bool, fixed_selection_s: float | None) -> dict[str, Any]:
+def clock_compress_option(compresses: bool, fixed_selection_s: float | None) -> dict[str, Any]:
     """The ``VirtualClock`` keyword for a collective's own compression of the rank's input
     (``CommStats.compress_cpu_s``: Ok-Topk's threshold selection, PowerSGD's projections):
-    charged as measured (``include_compress_cpu``), unless the method selects and a fixed
-    selection time stands for its whole selection (a calibrated one measures the collective's
-    part too: :func:`~gtopk_lab.training.compute_time.measure_iteration_times`)."""
-    return {"include_compress_cpu": not (selects and fixed_selection_s is not None)}
+    charged as measured (``include_compress_cpu``), unless the method pays a selection
+    (``Method.compresses``) and a fixed selection time stands for all of it (a calibrated one
+    measures the collective's part too: :func:`~gtopk_lab.training.compute_time.measure_iteration_times`)."""
+    return {"include_compress_cpu": not (compresses and fixed_selection_s is not None)}
 
 
 def compute_time_fields(options: ComputeOptions, fixed_compute_s: float | None,

@@ -240,7 +240,7 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
                          cpu_timer=rank_cpu_timer(dev), charged_compute=fixed_compute_s is not None,
                          max_reduce=links_max_reduce() if has_group and dev.type == "cpu" else None,
                          **clock_merge_options(config.virtual_merge_cpu, config.compute_charge, fixed_compute_s),
-                         **clock_compress_option(state.step.method.selects, fixed_selection_s))
+                         **clock_compress_option(state.step.method.compresses, fixed_selection_s))
     buffer = RowBuffer(sink, config.sink_every)
     ranks = _RealRank(config, rank, world, has_group, dev, dataset, replica, state, clock, buffer,
                       fixed_compute_s, fixed_selection_s)

@@ -157,7 +157,7 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     # bring it back, so merges count only when compute is measured too, or from a calibrated gamma.
     clock = VirtualClock(network_of(config), throttle=False,
                          **clock_merge_options(config.virtual_merge_cpu, config.compute_charge, fixed_compute_s),
-                         **clock_compress_option(settings.method.selects, fixed_selection_s))
+                         **clock_compress_option(settings.method.compresses, fixed_selection_s))
     buffer = RowBuffer(sink, config.sink_every)
     ranks = VirtualRanks(config, settings, dev, dataset, replica, clock, buffer,
                          emit=range(world) if rows == "all" else range(1),

@@ -72,12 +72,15 @@ class Sync:
     contribution: Contribution
     call: CommCall
     program: SyncProgram
+    #: the collective compresses the input itself (``Collective.compresses``: PowerSGD)
+    compresses: bool = False
 
     @property
     def selected(self) -> bool:
-        """Whether step 3 ran on this rank (every rank of a sparse method, the call's leader of
-        an ``input="leader"`` collective): the drivers charge it a selection."""
-        return self.contribution.indices is not None
+        """Whether this rank pays a selection, which the drivers charge: step 3 ran on it (every
+        rank of a sparse method, the call's leader of an ``input="leader"`` collective) or its
+        collective compresses its input."""
+        return self.contribution.indices is not None or self.compresses
 
     def finish(self, result: CollectiveResult) -> torch.Tensor | None:
         try:
@@ -179,7 +182,7 @@ class RankStep:
             contribution, call = next(program)
         except StopIteration:
             return None
-        return Sync(contribution, call, program)
+        return Sync(contribution, call, program, compresses=self.method.comm.compresses)
 
     def _check_local(self) -> None:
         if self.settings.local_steps and self.local is None:
