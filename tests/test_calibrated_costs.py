@@ -91,30 +91,34 @@ def test_a_calibrated_simulated_gtopk_run_takes_the_alpha_beta_gamma_time() -> N
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", ["oktopk", "powersgd"])
+@pytest.mark.parametrize("method", ["oktopk", "powersgd", "sparseloco"])
 def test_a_collectives_own_compression_is_charged_unless_a_fixed_selection_stands_for_it(method: str) -> None:
     """Ok-Topk selects by its thresholds inside its collective and PowerSGD projects there:
     with a fixed compute time and merges off, each iteration costs c + the step's measured
     selection + the modelled rounds + the ranks' median compression (measured, the summary's ``compress_cpu_s``); a method that
     selects and is given a fixed selection time is charged that instead (a calibrated one
     measures the collective's part too), its compression not again: PowerSGD, which pays
-    a selection without selecting (``Method.compresses``), as Ok-Topk."""
-    c, s, iterations = 0.01, 0.003, 5
+    a selection without selecting (``Method.compresses``), as Ok-Topk; SparseLoCo's 2-bit
+    encoding of its own selection, in the iterations that synchronise (every second here)."""
+    c, s, iterations = 0.01, 0.003, 6
     base = dict(method=method, workers=4, model="mlp", dataset="synthetic", train_samples=256, test_samples=32,
                 batch_size=16, max_iterations=iterations, density=0.05, bandwidth="1Gbps", latency="0.1ms",
-                device="cpu", virtual_merge_cpu=False)
+                device="cpu", virtual_merge_cpu=False,
+                method_options={"sync_every": 2} if method == "sparseloco" else {})
     measured = simulate(RunConfig(**base, extra={"compute_time_s": c}), rows="rank0")
     rows = [r for r in measured.rows if r["kind"] == "iter"]
     assert measured.summary["compress_cpu_s"] > 0
     assert all(r["compute_s"] == c for r in rows)  # and the step's own (measured) selection
     assert measured.summary["virtual_time_s"] == pytest.approx(
         sum(c + r["selection_s"] + r["comm_model_s"] for r in rows) + measured.summary["compress_cpu_s"], rel=1e-9)
-    assert get_method(method).compresses and all(r["selected"] for r in rows)
+    syncs = [r["comm_model_s"] > 0 for r in rows]
+    assert get_method(method).compresses and [r["selected"] for r in rows] == syncs
+    assert sum(syncs) == (iterations // 2 if method == "sparseloco" else iterations)
     fixed = simulate(RunConfig(**base, extra={"compute_time_s": c, "selection_time_s": s}), rows="rank0")
     rows = [r for r in fixed.rows if r["kind"] == "iter"]
-    assert fixed.summary["compress_cpu_s"] == 0 and all(r["selection_s"] == s for r in rows)
+    assert fixed.summary["compress_cpu_s"] == 0 and [r["selection_s"] for r in rows] == [s if y else 0.0 for y in syncs]
     assert fixed.summary["virtual_time_s"] == pytest.approx(
-        iterations * (c + s) + sum(r["comm_model_s"] for r in rows), rel=1e-9)
+        iterations * c + sum(syncs) * s + sum(r["comm_model_s"] for r in rows), rel=1e-9)
     assert fixed.summary["time_breakdown_s"]["selection_when_selected"] == pytest.approx(s, rel=1e-12)
 
 

@@ -264,6 +264,17 @@ def test_sparseloco_collectives_conserve_mass_and_agree_on_every_rank(method: st
             assert sum(sent) / world <= predicted + 1e-9
             if method == "sparseloco":  # every chunk non-empty: the formula is exact
                 assert sum(sent) / world == pytest.approx(predicted)
+            # encoding a rank's own selection is its compression (charged as its selection);
+            # it happens where that selection travels before any merge: every rank of the
+            # allgather (P = 1 too: it sums the quantised values) and of a power-of-two
+            # butterfly, the tree's leaves; gTop-k's one rank keeps its own
+            compress = [r.stats.compress_cpu_s for r in results]
+            if world == 1:
+                assert (compress[0] > 0) == (method == "sparseloco"), compress
+            elif algorithm == "tree" and world == 4:
+                assert compress[0] == 0.0 and compress[1] > 0 and compress[3] > 0
+            elif algorithm != "tree" and world in (2, 4):
+                assert all(c > 0 for c in compress), compress
 
 
 @pytest.mark.timeout(20)

@@ -49,21 +49,21 @@ holds it); when the schedule sends the result back out (tree broadcast, butterfl
 P not a power of two) every rank ends with the decoded result, its owner (rank 0) charged
 the difference. Received results are forwarded as received (never re-encoded).
 
-Cost per round: the chunk top-k O(d log k_c); the encoding O(k); ``sparseloco`` sends
+Cost per round: the chunk top-k O(d log k_c); the encoding O(k) (of the rank's own selection: its
+compression, ``CommStats.compress_cpu_s``, charged as its selection); ``sparseloco`` sends
 (P-1) messages of ~2.25 k + 8 min(c, k) + 2c bytes per rank; ``sparseloco-gtopk``
 log2(P) of them (butterfly, P a power of two) and merges 2k entries per round.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator, Mapping
 from typing import Any
 
 import torch
 
 from gtopk_lab.comm.schedules import largest_power_of_two, sparse_schedule
-from gtopk_lab.comm.stats import CollectiveResult, CommStats, wire
+from gtopk_lab.comm.stats import CollectiveResult, CommStats, merge_cpu_clock, wire
 from gtopk_lab.compression.merge import coalesce_sparse, merge_sparse, sort_by_index
 from gtopk_lab.methods import formulas as F
 from gtopk_lab.methods.base import CommCall, Contribution, Method
@@ -125,14 +125,16 @@ class SparseLoCoMemory:
 
 # =========================================================================== step 6: collectives
 def _result(name: str, algorithm: str, values: torch.Tensor, indices: torch.Tensor, drops: list[Sparse],
-            cpu_s: float, merged: int) -> CollectiveResult:
+            cpu_s: float, merged: int, compress_cpu_s: float) -> CollectiveResult:
+    """``cpu_s``: the decodes and merges (merge CPU); ``compress_cpu_s``: step 5, the encoding
+    of this rank's own selection (its compression, charged as its selection)."""
     if drops:
         d_v, d_i = coalesce_sparse(torch.cat([d[0] for d in drops]), torch.cat([d[1] for d in drops]))
     else:
         d_v, d_i = values.new_empty(0), indices.new_empty(0)
     return CollectiveResult(values, indices, CommStats(collective=name, algorithm=algorithm, merge_cpu_s=cpu_s,
                                                        merged_elements=merged, dropped_values=d_v,
-                                                       dropped_indices=d_i))
+                                                       dropped_indices=d_i, compress_cpu_s=compress_cpu_s))
 
 
 def sparseloco_allgather_program(rank: int, world: int, contribution: Contribution, call: CommCall
@@ -141,21 +143,21 @@ def sparseloco_allgather_program(rank: int, world: int, contribution: Contributi
     and sums them in rank order. This rank is charged its own quantisation error."""
     bits = int(call.options.get("quant_bits", 2))
     values, indices = sort_by_index(*wire(contribution.values, contribution.indices, call.numel))
-    t0 = time.process_time()
+    t0 = merge_cpu_clock()
     mine, (q_values, _q_idx) = quantize(values, indices, call.numel, bits)
-    cpu_s = time.process_time() - t0
+    compress_cpu_s = merge_cpu_clock() - t0
     blobs = {rank: mine}
     send = mine
     for step in range(1, world):  # one round: send right, receive from the left
         send = yield ("sendrecv", ((rank + 1) % world, (rank - 1) % world), send)
         blobs[(rank - step) % world] = send
-    t0 = time.process_time()
+    t0 = merge_cpu_clock()
     parts = [decode(blobs[r], call.numel, bits) if r != rank else (q_values, indices) for r in range(world)]
     total_v, total_i = coalesce_sparse(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
-    cpu_s += time.process_time() - t0
+    cpu_s = merge_cpu_clock() - t0
     drops = [(values - q_values, indices)] if bits != 32 else []
     return _result("sparseloco_allgather", "ring", total_v, total_i, drops, cpu_s,
-                   sum(p[0].numel() for p in parts))
+                   sum(p[0].numel() for p in parts), compress_cpu_s)
 
 
 def _result_travels(algorithm: str, world: int) -> bool:
@@ -172,7 +174,7 @@ def sparseloco_gtopk_program(rank: int, world: int, contribution: Contribution, 
     algorithm = call.algorithm or "butterfly"
     values, indices = sort_by_index(*wire(contribution.values, contribution.indices, numel))
     drops: list[Sparse] = []
-    cpu = [0.0]
+    cpu = [0.0, 0.0]  # merge CPU (decodes, merges, a merged vector's encoding); own encoding
     merged = 0
     blob: torch.Tensor | None = None  # the message of the vector held now, once encoded
 
@@ -180,12 +182,13 @@ def sparseloco_gtopk_program(rank: int, world: int, contribution: Contribution, 
         """Encode the held vector (once), adopt its decoded values, charge the owner the loss."""
         nonlocal values, indices, blob
         if blob is None:
-            t0 = time.process_time()
+            t0 = merge_cpu_clock()
             blob, (q_values, q_indices) = quantize(values, indices, numel, bits)
             if owner and bits != 32:
                 drops.append((values - q_values, indices))
             values, indices = q_values, q_indices
-            cpu[0] += time.process_time() - t0
+            # before any merge the vector is this rank's own selection: its compression
+            cpu[0 if merged else 1] += merge_cpu_clock() - t0
         return blob
 
     schedule = sparse_schedule(algorithm, rank, world)
@@ -203,13 +206,13 @@ def sparseloco_gtopk_program(rank: int, world: int, contribution: Contribution, 
             round_ += 1
         else:  # a receive that merges: my own operand never travelled
             theirs_blob = yield ("recv", step.peer, None)
-        t0 = time.process_time()
+        t0 = merge_cpu_clock()
         theirs = decode(theirs_blob, numel, bits)
         mine = (values, indices)
         first, second = (mine, theirs) if rank < step.peer else (theirs, mine)
         values, indices, d_v, d_i = merge_sparse(first[0], first[1], second[0], second[1], k)
         merged += first[0].numel() + second[0].numel()
-        cpu[0] += time.process_time() - t0
+        cpu[0] += merge_cpu_clock() - t0
         blob = None
         if step.charge_drops:
             drops.append((d_v, d_i))
@@ -225,7 +228,7 @@ def sparseloco_gtopk_program(rank: int, world: int, contribution: Contribution, 
         else:  # the result as received; forwarded as received
             blob = yield ("recv", step.peer, None)
             values, indices = decode(blob, numel, bits)
-    return _result("sparseloco_gtopk", algorithm, values, indices, drops, cpu[0], merged)
+    return _result("sparseloco_gtopk", algorithm, values, indices, drops, cpu[0], merged, cpu[1])
 
 
 # =========================================================================== formulas
@@ -308,7 +311,7 @@ SPARSELOCO_DEPARTURES: tuple[str, ...] = (
 
 SPARSELOCO = register_method(sparseloco_method(
     "sparseloco", register_collective(program_collective(
-        "sparseloco-allgather", sparseloco_allgather_program, lossless=False,
+        "sparseloco-allgather", sparseloco_allgather_program, lossless=False, compresses=True,
         time_s=sparseloco_allgather_time_s, bytes_per_rank=sparseloco_allgather_bytes_per_rank,
         description="ring allgather of chunk-wise 2-bit messages, decoded and summed (O(kP))")),
     "SparseLoCo (Sarfi et al. 2025): H local steps, decayed EF, chunk top-k, 2-bit, averaged outer step",
@@ -317,6 +320,7 @@ SPARSELOCO = register_method(sparseloco_method(
 SPARSELOCO_GTOPK = register_method(sparseloco_method(
     "sparseloco-gtopk", register_collective(program_collective(
         "sparseloco-gtopk", sparseloco_gtopk_program, lossless=False, algorithms=("butterfly", "tree"),
+        compresses=True,
         time_s=sparseloco_gtopk_time_s, bytes_per_rank=sparseloco_gtopk_bytes_per_rank,
         description="gTop-k merge of 2-bit chunk messages, drops charged to their owner (O(k log P))")),
     "SparseLoCo with its outer sync over gTop-k (this project's variant)",
