@@ -8,7 +8,6 @@ time. Nothing here talks to a process group, so the in-process drivers share it.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -16,22 +15,13 @@ import torch
 
 from gtopk_lab.comm.schedules import SPARSE_ALGORITHMS
 from gtopk_lab.comm.wire import HEADER_BYTES, sparse_message_bytes
-from gtopk_lab.compression.merge import coalesce_sparse, index_dtype
+from gtopk_lab.compression.merge import coalesce_sparse, index_dtype, merge_cpu_clock
 
 __all__ = ["CommStats", "CollectiveResult", "HEADER_BYTES", "Payload", "Request", "sparse_message_bytes",
            "check_exact_k", "check_k", "check_numel", "check_algorithm", "wire", "merge_cpu_clock"]
 
 Payload = tuple[torch.Tensor, torch.Tensor]
 Request = tuple[str, int, "Payload | None"]
-
-
-def merge_cpu_clock() -> float:
-    """The CPU clock a collective's merges are timed with (``CommStats.merge_cpu_s``): this
-    thread's (``time.thread_time``) when torch computes on one thread, as a rank does, so a
-    Dask worker's own threads running beside a merge are not charged to it (the process
-    clock read 0.75-1.2 ms for the same merges on the 200 Mbit/s testbed); the process's
-    (``time.process_time``) otherwise, where intra-op threads do part of a merge."""
-    return time.thread_time() if torch.get_num_threads() == 1 else time.process_time()
 
 
 @dataclass
