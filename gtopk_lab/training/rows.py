@@ -77,7 +77,10 @@ def iter_row(config: RunConfig, rank: int, world: int, iteration: int, epoch: fl
 
     ``comm_rounds`` and ``comm_wire_bytes`` (sum over this rank's rounds of
     ``max(sent, recv)``) are what the alpha-beta model needs to price the iteration's
-    collective on any other network (:mod:`gtopk_lab.analysis.reprice`). ``peak`` (a
+    collective on any other network (:mod:`gtopk_lab.analysis.reprice`). ``selected``: this
+    rank paid a selection this iteration (every rank of a sparse method, CLT-k's leader
+    alone, every rank whose collective compresses: PowerSGD), so ``selection_s`` is a
+    selection's time rather than a share of one. ``peak`` (a
     simulation that emits some ranks' rows only): the largest (rounds, wire bytes) pair of
     all ranks (:func:`peak_comm_pair`), as ``comm_peak_rounds`` / ``comm_peak_wire_bytes``,
     so that a rank the rows leave out can still be the iteration's slowest when repriced.
