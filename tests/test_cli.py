@@ -113,6 +113,11 @@ def test_sweep_grid_always_holds_the_dense_p1_baseline():
     # the defaults (also the demo's): dense at P=1, on the one default link (1GbE since issue 26)
     assert ("dense", 1, DEFAULT_NETWORK) in grid()
     assert grid("--methods", "gtopk", "--workers", "2") == [("gtopk", 2, DEFAULT_NETWORK)]
+    # a pattern list multiplies gTop-k's runs only (Top-k has none, Ok-Topk fixes its own)
+    args = build_parser().parse_args(["sweep", "--simulate", "--methods", "gtopk,topk,oktopk", "--workers", "2",
+                                      "--algorithms", "butterfly,tree"])
+    assert sorted((c.method, c.algorithm) for c in build_grid(args) if c.workers == 2) == [
+        ("gtopk", "butterfly"), ("gtopk", "tree"), ("oktopk", "butterfly"), ("topk", "butterfly")]
 
 
 @pytest.mark.timeout(180)

@@ -49,6 +49,23 @@ def test_grid_keeps_every_density_of_cltk_and_collapses_powersgds() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_grid_runs_a_method_without_patterns_once_and_tables_show_no_pattern() -> None:
+    """A pattern axis multiplies gTop-k's points only: Top-k's allgather has no pattern and
+    Ok-Topk fixes its own, so listing butterfly and tree ran each twice (the same run; two seeds'
+    worth of points in the tables, and Ok-Topk shown as "tree"). Their tables show none."""
+    points = expand_grid(TINY, {"methods": ["gtopk", "topk", "oktopk"], "workers": [2],
+                                "algorithms": ["butterfly", "tree"]}, real_max_workers=4)
+    got = sorted((p.config.method, p.config.algorithm) for p in points)
+    assert got == [("gtopk", "butterfly"), ("gtopk", "tree"), ("oktopk", "butterfly"), ("topk", "butterfly")]
+    frame = pd.DataFrame([{"method": m, "workers": 2, "density": 0.01, "algorithm": a, "run_id": f"{m}-{a}",
+                           "samples_per_s_virtual": 100.0} for m, a in got])
+    from gtopk_lab.analysis.study_tables import _with_defaults
+    shown = _with_defaults(frame).set_index("run_id")["algorithm"].to_dict()
+    assert {k: None if pd.isna(v) else v for k, v in shown.items()} == {
+        "gtopk-butterfly": "butterfly", "gtopk-tree": "tree", "oktopk-butterfly": None, "topk-butterfly": None}
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("axes, error, field", [
     ({"workers": []}, ValueError, "workers"),
     ({"workers": [0, 2]}, ValueError, "workers"),

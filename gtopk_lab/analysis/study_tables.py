@@ -33,7 +33,7 @@ import pandas as pd
 from gtopk_lab.analysis.intervals import CONFIDENCE, t_interval
 from gtopk_lab.analysis.scaling import BASELINE_GROUP, add_scaling_efficiency
 from gtopk_lab.methods import get_method
-from gtopk_lab.methods.registry import available_methods
+from gtopk_lab.methods.registry import available_methods, patterns_of
 from gtopk_lab.network.model import NetworkModel
 
 __all__ = ["POINT_COLUMNS", "point_efficiency", "aggregate_seeds", "predicted_efficiency",
@@ -57,8 +57,8 @@ def _with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
     # a dense run has no density or pattern of its own: one point whatever the grid says
     dense = frame["method"].map(lambda m: m in available_methods() and get_method(m).dense)
     frame.loc[dense, "density"] = math.nan
-    # RunConfig's default pattern rides along on methods whose collective has none
-    no_pattern = frame["method"].map(lambda m: m not in available_methods() or not get_method(m).comm.algorithms)
+    # RunConfig's pattern rides along on methods that choose none (Top-k; Ok-Topk fixes its own)
+    no_pattern = frame["method"].map(lambda m: not patterns_of(m))
     frame.loc[dense | no_pattern, "algorithm"] = None
     return frame
 

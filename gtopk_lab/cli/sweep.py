@@ -91,6 +91,8 @@ def build_grid(args: argparse.Namespace) -> list[RunConfig]:
             continue
         if get_method(method).dense:  # density does not apply: one density and pattern
             density, algorithm = densities[0], algorithms[0]
+        elif not get_method(method).patterns:  # no pattern to choose (Top-k, Ok-Topk): one run
+            algorithm = algorithms[0]
         key = (method, bandwidth, density, algorithm, p)
         if key in seen:
             continue

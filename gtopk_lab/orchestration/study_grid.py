@@ -7,7 +7,8 @@
    scalar or a non-empty list; ``seeds`` is an int n (seeds ``seed .. seed+n-1``) or a list
 2. the product of the axes, in the order given; a dense method has nothing to select, so
    its density, gTop-k pattern and selector collapse to the first value listed (one run,
-   not one per density)
+   not one per density), and a method with no pattern to choose (``Method.patterns`` empty:
+   Top-k's allgather, Ok-Topk, which fixes its own) runs once, not once per pattern listed
 3. a point's source: ``"real"`` (Dask-launched ranks) when P <= ``real_max_workers``,
    else ``"simulated"`` (the simulator, as a Dask task); P values in ``both_ways`` run
    both ways (the fidelity check); ``simulate=True`` makes every point simulated
@@ -147,10 +148,10 @@ def expand_grid(base: RunConfig | dict[str, Any] | None, axes: dict[str, Any], *
     points: dict[str, StudyPoint] = {}
     for values in itertools.product(*(grid[n] for n in names)):
         fields = dict(zip(names, values))
-        if get_method(fields["method"]).dense:
-            for name in _SELECTION_FIELDS:
-                if name in grid:
-                    fields[name] = grid[name][0]
+        method = get_method(fields["method"])
+        for name in _SELECTION_FIELDS if method.dense else () if method.patterns else ("algorithm",):
+            if name in grid:
+                fields[name] = grid[name][0]
         for source in sources_for(fields["workers"]):
             point = StudyPoint(RunConfig(**{**base_fields, **fields}), source)
             points.setdefault(point.key, point)
