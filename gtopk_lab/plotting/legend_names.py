@@ -11,7 +11,8 @@ the fields that vary between the series shown (``gtopk ρ=0.001 1GbE``):
    simulated), ``seeds`` (how many seeds its mean is over) and ``workers``;
 2. :func:`series_values` turns a record into one comparable value per field in
    :data:`LEGEND_FIELDS` (None where the field is absent, or means nothing: a method that
-   selects nothing has no density or gTop-k pattern);
+   selects nothing has no density or gTop-k pattern, one with no pattern to choose, such as
+   Top-k or Ok-Topk, no pattern);
 3. :func:`varied_legend_fields`: the fields with two or more distinct values among the
    records that have one;
 4. :func:`legend_name`: the method, then the varied fields' values in
@@ -28,7 +29,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gtopk_lab.methods import get_method
+from gtopk_lab.methods import get_method, patterns_of
 from gtopk_lab.network.model import PRESETS, format_bandwidth, format_latency, network_model
 
 __all__ = ["LEGEND_FIELDS", "link_name", "series_values", "varied_legend_fields", "legend_name",
@@ -101,6 +102,8 @@ def series_values(record: Mapping[str, Any]) -> dict[str, Any]:
     if not _selects(method):
         for name in _SELECTION_ONLY:
             values[name] = None
+    elif not patterns_of(method):  # no pattern to choose (Top-k, Ok-Topk): the config's means nothing
+        values["algorithm"] = None
     return values
 
 
