@@ -65,6 +65,22 @@ def test_grid_runs_a_method_without_patterns_once_and_tables_show_no_pattern() -
         "gtopk-butterfly": "butterfly", "gtopk-tree": "tree", "oktopk-butterfly": None, "topk-butterfly": None}
 
 
+@pytest.mark.timeout(60)
+def test_a_summary_records_the_pattern_the_run_used() -> None:
+    """A config asking for the tree: gTop-k takes it, Ok-Topk keeps its own (plain), Top-k's
+    allgather has none; a run that failed before rank 0 finished says the same."""
+    from gtopk_lab.config import RunConfig
+    from gtopk_lab.orchestration.results import run_summary
+    from gtopk_lab.training.simulator import simulate
+
+    used = {}
+    for method in ("gtopk", "oktopk", "topk"):
+        config = RunConfig(method=method, workers=2, model="mlp", dataset="synthetic", train_samples=64,
+                           test_samples=16, batch_size=16, max_iterations=1, algorithm="tree", run_id=method)
+        used[method] = (simulate(config).summary["algorithm"], run_summary(config, None, status="failed")["algorithm"])
+    assert used == {"gtopk": ("tree", "tree"), "oktopk": ("plain", "plain"), "topk": (None, None)}
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("axes, error, field", [
     ({"workers": []}, ValueError, "workers"),

@@ -385,18 +385,24 @@ class Method:
             out[key] = value
         return out
 
+    def pattern_for(self, requested: str | None) -> str | None:
+        """The message pattern a run asking for ``requested`` uses: the method's own where it
+        fixes one (Ok-Topk's), else ``requested`` (or the first) where its collective has
+        patterns (gTop-k's), else None (Top-k's allgather); ``ValueError`` for one it lacks."""
+        return self.comm.algorithm_for(self.algorithm or requested)
+
     def predicted_time_s(self, net: Any, numel: int, k: int, workers: int, **kwargs: Any) -> float:
         """Alpha-beta(-gamma) time of one synchronisation (the method's or its collective's)."""
         fn = self.time_s or self.comm.time_s
         kwargs.setdefault("exact_k", self.exact_k)
-        kwargs["algorithm"] = self.comm.algorithm_for(self.algorithm or kwargs.get("algorithm"))
+        kwargs["algorithm"] = self.pattern_for(kwargs.get("algorithm"))
         return fn(net, numel, k, workers, **kwargs)
 
     def predicted_bytes_per_rank(self, numel: int, k: int, workers: int, pair_bytes: int = 8,
                                  algorithm: str | None = None) -> float:
         """Bytes one rank sends per synchronisation (payload; the method's or its collective's)."""
         fn = self.bytes_per_rank or self.comm.bytes_per_rank
-        return fn(numel, k, workers, pair_bytes, self.comm.algorithm_for(self.algorithm or algorithm))
+        return fn(numel, k, workers, pair_bytes, self.pattern_for(algorithm))
 
     def summary(self) -> dict[str, Any]:
         """One row for ``gtopk-lab methods`` and the ControlPanel."""

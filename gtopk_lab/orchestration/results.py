@@ -58,6 +58,7 @@ from typing import Any
 import pandas as pd
 
 from gtopk_lab.config import RunConfig
+from gtopk_lab.methods import get_method
 from gtopk_lab.network.model import link_text
 from gtopk_lab.orchestration.reading import (
     DamagedRun,
@@ -169,6 +170,14 @@ class RunStore:
         return merge_rows([read_parquet(self.path, full=True), *parts])
 
 
+def _pattern(config: RunConfig) -> str | None:
+    """The pattern a run of ``config`` uses (the config's where its method is not loaded here)."""
+    try:
+        return get_method(config.method).pattern_for(config.algorithm)
+    except ValueError:
+        return config.algorithm
+
+
 def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, status: str,
                 error: str | None = None, extra: dict[str, Any] | None = None,
                 identity: dict[str, Any] | None = None, digest: str | None = None) -> dict[str, Any]:
@@ -177,7 +186,8 @@ def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, stat
     Not ``training.rows.build_summary``, which is one rank's summary (the ``rank0_summary``
     given here). Keys missing from rank 0's summary (for example when the run failed
     before rank 0 finished) are filled from the config where known, else None. Beyond the
-    contract keys it records ``config_hash`` and the config's ``algorithm, bandwidth,
+    contract keys it records ``config_hash``, the pattern the run uses (``algorithm``:
+    ``Method.pattern_for``, None where the method chooses none) and the config's ``bandwidth,
     latency, model, dataset, selector, residual_rule, preset`` (so tables need not open
     config.json), the run's identity (``identity``: ``study_id``, ``study_ids``, ``tags``,
     ``varied``, ``studies`` as :func:`~gtopk_lab.orchestration.run_identity.with_labels` makes
@@ -198,8 +208,8 @@ def run_summary(config: RunConfig, rank0_summary: dict[str, Any] | None, *, stat
     summary["status"] = status
     summary["error"] = error
     summary["config_hash"] = digest or config_hash(config)
-    for key in ("algorithm", "bandwidth", "latency", "model", "dataset", "selector", "residual_rule",
-                "preset"):
+    summary.setdefault("algorithm", _pattern(config))
+    for key in ("bandwidth", "latency", "model", "dataset", "selector", "residual_rule", "preset"):
         summary.setdefault(key, getattr(config, key))
     summary.update(labels_of(identity))
     summary["link"] = link_text(config.bandwidth, config.latency)

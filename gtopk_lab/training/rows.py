@@ -196,7 +196,9 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
                              "communication_model": mean("comm_model_s"),
                              "selection_when_selected": (sum(selecting) / len(selecting) if selecting
                                                          else 0.0)},
-        "model": config.model, "dataset": config.dataset, "algorithm": config.algorithm,
+        "model": config.model, "dataset": config.dataset,
+        # the pattern the run used: none for Top-k's allgather, Ok-Topk's own, not the config's
+        "algorithm": get_method(config.method).pattern_for(config.algorithm),
         "residual_rule": config.residual_rule, "batch_size": config.batch_size,
         "preset": config.preset, "grad_clip": config.grad_clip,
         "grad_clip_mode": config.grad_clip_mode if config.grad_clip is not None else None,

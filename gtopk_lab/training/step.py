@@ -119,7 +119,7 @@ class RankStep:
         # method's declared options and their defaults on top
         self.options = {**settings.options, **method.run_options(settings.options)}
         self.select, self.exact_k = selector_for(method, settings.selector)
-        self.algorithm = method.comm.algorithm_for(method.algorithm or settings.algorithm)
+        self.algorithm = method.pattern_for(settings.algorithm)
         self.memory: Any = _make_memory(settings, numel, device)
         # DGC momentum correction means something only where entries stay behind
         self.velocity = (torch.zeros(numel, device=device) if settings.momentum_correction and method.sparse

@@ -95,7 +95,7 @@ class StepSettings:
         object.__setattr__(self, "options", dict(self.options))
         method.run_options(self.options)  # its ValueError names the option, the value and the type
         selector_for(method, self.selector)
-        method.comm.algorithm_for(method.algorithm or self.algorithm)
+        method.pattern_for(self.algorithm)
         if self.collective_options and method.comm.make_state is None:
             raise ValueError(f"collective_options={dict(self.collective_options)!r} is invalid for method "
                              f"{method.name!r}: its collective keeps no state to configure")
