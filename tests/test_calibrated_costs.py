@@ -5,6 +5,7 @@ the alpha-beta(-gamma) time of a simulated gTop-k run written out here."""
 
 from __future__ import annotations
 
+import math
 
 import pandas as pd
 import pytest
@@ -140,6 +141,47 @@ def test_prediction_counts_the_p1_merges_once() -> None:
     assert at4 == pytest.approx(2e-3 / (2e-3 + 2e-4 + comm + 4e-4))
     at1 = predicted[(predicted.method == "topk") & (predicted.workers == 1)]["predicted"].iloc[0]
     assert at1 == pytest.approx(2e-3 / 2.3e-3)  # its own merges count at P = 1 too
+
+
+@pytest.mark.timeout(60)
+def test_powersgd_is_predicted_from_the_layout_its_summary_keeps() -> None:
+    """PowerSGD's traffic depends on the parameters' shapes: a run's summary keeps them and
+    its options (``comm_formula``), the study's check and the report's model line price its
+    points with them; a gTop-k summary's is empty. Runs without it get no prediction."""
+    from gtopk_lab.analysis.predict import predict_scaling
+    from gtopk_lab.plotting.report import predicted_scaling_table
+    from gtopk_lab.training.models import build_model
+
+    config = RunConfig(method="powersgd", workers=2, model="mlp", dataset="synthetic", train_samples=64,
+                       test_samples=16, batch_size=16, max_iterations=1, method_options={"powersgd_rank": 2})
+    formula = simulate(config).summary["comm_formula"]
+    assert formula == {"layout": [list(p.shape) for p in build_model("mlp").parameters()], "rank": 2,
+                       "min_compression_rate": 2.0}
+    assert simulate(config.replace(method="gtopk")).summary["comm_formula"] == {}
+    numel = sum(math.prod(s) for s in formula["layout"])
+    comm = get_method("powersgd").predicted_time_s(NET, numel, 1, 4, **formula)
+    assert comm > 0
+
+    def point(workers: int, per_iteration_s: float, method: str = "powersgd", with_formula: bool = True) -> dict:
+        return {**_point(method, workers, per_iteration_s, 0.0), "numel": numel,
+                "comm_formula": formula if with_formula and method == "powersgd" else {}}
+
+    points = pd.DataFrame([point(1, 2e-3, "dense"), point(1, 2.1e-3), point(4, 5e-3)])
+    predicted = predicted_efficiency(points).set_index(["method", "workers"])["predicted"]
+    # t_1 is dense S-SGD's P = 1 run alone: PowerSGD is dense-kind too, and its own P = 1 run
+    # (2.1 ms) had been averaged into the baseline
+    assert predicted["powersgd", 1] == pytest.approx(2e-3 / 2.1e-3)
+    assert predicted["powersgd", 4] == pytest.approx(2e-3 / (2e-3 + 1e-4 + comm))
+    assert ("powersgd", 4) not in predicted_efficiency(pd.DataFrame(
+        [point(1, 2e-3, "dense"), point(4, 5e-3, with_formula=False)])).set_index(["method", "workers"]).index
+    summaries = pd.DataFrame([{"method": m, "workers": p, "density": 0.01, "numel": numel, "bandwidth_bps": 1e9,
+                               "latency_s": 1e-4, "status": "completed", "algorithm": None, "comm_formula": f,
+                               "time_breakdown_s": {"compute": 2e-3, "update": 0.0, "selection": 0.0}}
+                              for m, p, f in (("dense", 1, {}), ("powersgd", 4, formula))])
+    line = predicted_scaling_table(summaries, workers=[4]).set_index("method")["scaling_efficiency"]
+    assert line["powersgd"] == pytest.approx(predict_scaling(numel, 0.01, 2e-3, NET, [4], methods=[
+        ("powersgd", "powersgd", None)], formula=formula)[0]["scaling_efficiency"])
+    assert line["powersgd"] == pytest.approx(2e-3 / (2e-3 + comm))
 
 
 def test_merges_time_share_the_cores_the_ranks_get() -> None:

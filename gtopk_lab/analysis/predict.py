@@ -25,7 +25,7 @@ tables and the notebooks.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gtopk_lab import counts
@@ -34,7 +34,7 @@ from gtopk_lab.methods.registry import available_methods, display_order, get_col
 from gtopk_lab.network.formulas import check_sizes
 from gtopk_lab.network.model import NetworkModel
 
-__all__ = ["BOUNDS", "BOUND_ROWS", "collective_time_s", "scaling_rows", "predict_scaling", "parse_count",
+__all__ = ["BOUNDS", "BOUND_ROWS", "collective_time_s", "formula_of", "scaling_rows", "predict_scaling", "parse_count",
            "parse_workers"]
 
 #: Reference bounds that are no method's collective: name -> formula (net, numel, k, workers).
@@ -47,7 +47,8 @@ BOUNDS = {
 
 def collective_time_s(net: NetworkModel, name: str, numel: int, k: int, workers: int,
                       algorithm: str | None = None, gamma_s_per_element: float | None = None,
-                      host_cores: float | None = None, exact_k: bool | None = None) -> float:
+                      host_cores: float | None = None, exact_k: bool | None = None,
+                      formula: Mapping[str, Any] | None = None) -> float:
     """Predicted duration of one collective on ``net`` (max over ranks), from the registry.
 
     ``name``: a registered method (``"gtopk"``, ``"gaussiank"``, a plugin's): then this is
@@ -60,7 +61,9 @@ def collective_time_s(net: NetworkModel, name: str, numel: int, k: int, workers:
     ranks share this many cores, fractional when other jobs take part of them (a merge phase
     that m ranks run at once lasts ``max(1, m / cores)`` times longer); ``exact_k``: header-free
     exact-k rounds and no count allgather, None = the method's own (its selector promises
-    exactly k), False for a bare collective. The formulas are in :mod:`gtopk_lab.methods.formulas`.
+    exactly k), False for a bare collective. ``formula``: a method's keywords beyond the model
+    size (a run summary's ``comm_formula``, ``Method.formula_kwargs``: PowerSGD's layout). The
+    formulas are in :mod:`gtopk_lab.methods.formulas`.
     """
     if exact_k is not None and not isinstance(exact_k, bool):
         raise TypeError(f"exact_k={exact_k!r} has type {type(exact_k).__name__}: expected bool or None")
@@ -84,7 +87,7 @@ def collective_time_s(net: NetworkModel, name: str, numel: int, k: int, workers:
     if method is not None:
         if exact_k is not None:
             options["exact_k"] = exact_k
-        return method.predicted_time_s(net, numel, k, workers, algorithm=algorithm, **options)
+        return method.predicted_time_s(net, numel, k, workers, algorithm=algorithm, **options, **dict(formula or {}))
     return collective.time_s(net, numel, k, workers, algorithm=collective.algorithm_for(
         algorithm if collective.algorithms else None), exact_k=bool(exact_k), **options)
 
@@ -151,17 +154,26 @@ def parse_workers(text: str) -> list[int]:
     return sorted(set(out))
 
 
+def formula_of(values: Iterable[Any] | None) -> dict[str, Any]:
+    """The first non-empty ``comm_formula`` (``Method.formula_kwargs``: what a method's formula
+    needs beyond the model size) among one method's run summaries' ``values``; {} without one
+    (a formula that needs none, or runs from before the field)."""
+    return next((dict(v) for v in (values if values is not None else ()) if isinstance(v, Mapping) and v), {})
+
+
 def predict_scaling(numel: int, density: float, compute_s: float, network: NetworkModel,
                     workers: Sequence[int], selection_s: float = 0.0,
                     gamma_s_per_element: float | None = None,
                     methods: Sequence[tuple[str, str, str | None]] | None = None,
-                    selection_at_one: bool = False) -> list[dict[str, Any]]:
+                    selection_at_one: bool = False,
+                    formula: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """One row per (method, P): predicted times and scaling efficiency (see module doc).
 
     ``methods``: ``(label, method or bound, pattern)`` rows, default :func:`scaling_rows`
     (every registered method, one row per pattern it may choose, then the lower bound); a
     default row whose formula needs what these arguments lack (PowerSGD's parameter layout)
-    is left out, a row asked for raises its ``ValueError``.
+    is left out, a row asked for raises its ``ValueError``. ``formula``: the keywords of
+    :func:`collective_time_s` for every method row (a run's ``comm_formula``).
 
     1. ``k = max(1, floor(density numel))``;
     2. per row and P: ``comm_s`` = :func:`collective_time_s` (for a method: its
@@ -194,7 +206,8 @@ def predict_scaling(numel: int, density: float, compute_s: float, network: Netwo
         sparse = method is None or method.selects
         sync_every = 1 if method is None else method.sync_every
         try:
-            comm = [collective_time_s(network, name, numel, k, p, algorithm, gamma_s_per_element) / sync_every
+            comm = [collective_time_s(network, name, numel, k, p, algorithm, gamma_s_per_element,
+                                      formula=formula if method is not None else None) / sync_every
                     if p > 1 else 0.0 for p in workers]
         except ValueError:
             if methods is not None:

@@ -31,8 +31,9 @@ from typing import Any
 import pandas as pd
 
 from gtopk_lab.analysis.intervals import CONFIDENCE, t_interval
+from gtopk_lab.analysis.predict import formula_of
 from gtopk_lab.analysis.scaling import BASELINE_GROUP, add_scaling_efficiency
-from gtopk_lab.methods import get_method
+from gtopk_lab.methods import BASELINE_METHOD, get_method
 from gtopk_lab.methods.registry import available_methods, patterns_of
 from gtopk_lab.network.model import NetworkModel
 
@@ -154,9 +155,11 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
                by the summary's ``sync_every`` H for local-steps methods)
                + merge CPU per iteration the point's runs measured (the gamma term)
 
-    A method whose formula needs more than a summary holds (PowerSGD's parameter layout)
-    gets no prediction.
         eff  = t_1 / t_P
+
+    A method's formula gets what it needs beyond the model size from the runs' summaries
+    (``comm_formula``: PowerSGD's parameter layout); runs from before that field get no
+    prediction for such a method.
 
     so a measured point that strays from it strays by compute that grew with P
     (contention, stragglers) or by a wrong formula."""
@@ -170,7 +173,8 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
     frame = frame[frame["final"].astype(bool)].copy()
     frame["_d"] = frame["density"].fillna(-1.0)
     frame["_a"] = frame["algorithm"].fillna("-").astype(str)
-    is_dense = frame["method"].map(lambda m: m in available_methods() and get_method(m).dense)
+    # the baseline itself: PowerSGD and DiLoCo are dense-kind too, and their P = 1 runs are not it
+    is_dense = frame["method"] == BASELINE_METHOD
     rows = []
     selection: dict[tuple[Any, ...], float] = {}  # (network, method, density, pattern) -> P=1 cost
     for (bw, lat, source), group in frame.groupby(["bandwidth_bps", "latency_s", "source"], dropna=False):
@@ -199,8 +203,8 @@ def predicted_efficiency(points: pd.DataFrame) -> pd.DataFrame:
                 # the method's own formula: it knows whether its selector promises exactly k
                 # (then Top-k's allgather skips the count round)
                 try:
-                    comm = entry.predicted_time_s(net, numel, k_for(numel, rho), int(p), algorithm=pattern) \
-                        if p > 1 else 0.0
+                    comm = entry.predicted_time_s(net, numel, k_for(numel, rho), int(p), algorithm=pattern,
+                                                  **formula_of(runs.get("comm_formula"))) if p > 1 else 0.0
                 except ValueError:  # a formula that needs what a summary lacks (PowerSGD's layout)
                     continue
                 # formulas are per synchronisation; a local-steps method syncs every H iterations

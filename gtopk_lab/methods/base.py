@@ -18,7 +18,7 @@ line; :func:`gtopk_lab.methods.registry.register_method` checks that the parts f
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +102,9 @@ class Collective:
     ``compresses``: the collective compresses the rank's input itself before the wire and
     times it as ``CommStats.compress_cpu_s`` (Ok-Topk's threshold pass, PowerSGD's
     projections): the rank's selection, calibrated and charged as one.
+    ``formula_inputs(options, layout) -> dict``: what ``time_s`` and ``bytes_per_rank`` need
+    beyond the model size, as their keywords, from the run's ``method_options`` and parameter
+    shapes (PowerSGD's plan); a run's summary keeps it (``comm_formula``) for the tables.
     ``make_state()``: per-rank state kept between calls (e.g. Ok-Topk's regions), saved in
     checkpoints with ``dataclasses.asdict`` when it is a dataclass.
     """
@@ -121,6 +124,7 @@ class Collective:
     #: ``input="leader"`` only: ``(iteration, world) -> rank`` whose selection the call takes
     leader: Callable[[int, int], int] | None = None
     compresses: bool = False
+    formula_inputs: Callable[[Mapping[str, Any], Sequence[Sequence[int]]], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -130,8 +134,9 @@ class Collective:
                 raise TypeError(f"{fname}={getattr(self, fname)!r} is invalid: expected a callable")
         if self.input not in INPUTS:
             raise ValueError(f"input={self.input!r} is invalid: expected one of {', '.join(INPUTS)}")
-        if self.make_state is not None and not callable(self.make_state):
-            raise TypeError(f"make_state={self.make_state!r} is invalid: expected a callable or None")
+        for fname in ("make_state", "formula_inputs"):
+            if getattr(self, fname) is not None and not callable(getattr(self, fname)):
+                raise TypeError(f"{fname}={getattr(self, fname)!r} is invalid: expected a callable or None")
         if (self.input == "leader") != (self.leader is not None) or not (self.leader is None or callable(self.leader)):
             raise ValueError(f"leader={self.leader!r} is invalid with input={self.input!r}: expected a callable "
                              "(iteration, world) -> rank exactly when input='leader'")
@@ -384,6 +389,14 @@ class Method:
                 _positive_int("method_options sync_every", value)
             out[key] = value
         return out
+
+    def formula_kwargs(self, options: Mapping[str, Any] | None,
+                       layout: Sequence[Sequence[int]]) -> dict[str, Any]:
+        """The keywords this method's formulas need beyond the model size for a run with
+        ``options`` (its ``method_options``) on parameters of shapes ``layout``
+        (``Collective.formula_inputs``; {} for every formula that needs none)."""
+        inputs = self.comm.formula_inputs
+        return {} if inputs is None else dict(inputs(dict(options or {}), layout))
 
     def pattern_for(self, requested: str | None) -> str | None:
         """The message pattern a run asking for ``requested`` uses: the method's own where it

@@ -56,7 +56,7 @@ iteration 0, so the method is compared as itself. Error feedback is always on (t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -290,10 +290,18 @@ def powersgd_bytes_per_rank(numel: int, k: int, workers: int, pair_bytes: int = 
             + allreduce_bytes_per_rank(plan.q_numel, workers))
 
 
+def powersgd_formula_inputs(options: Mapping[str, Any], layout: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """The formulas' keywords for a run (``Collective.formula_inputs``): the parameter shapes,
+    the rank and the compression threshold of its ``method_options``."""
+    parsed = powersgd_options(options)
+    return {"layout": [[int(n) for n in shape] for shape in layout], "rank": parsed.rank,
+            "min_compression_rate": parsed.min_compression_rate}
+
+
 # =========================================================================== registration
 POWERSGD = register_collective(Collective(
     name="powersgd", input="dense", lossless=False, make_state=PowerSGDState, run=_run, simulate=_simulate,
-    compresses=True,
+    compresses=True, formula_inputs=powersgd_formula_inputs,
     time_s=powersgd_time_s, bytes_per_rank=powersgd_bytes_per_rank,
     description="PowerSGD: per-layer rank-r P/Q allreduces (needs the parameter layout)"))
 

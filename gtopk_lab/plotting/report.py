@@ -54,7 +54,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from gtopk_lab.analysis.intervals import ONE_SEED_NOTE, interval_note
-from gtopk_lab.analysis.predict import predict_scaling
+from gtopk_lab.analysis.predict import formula_of, predict_scaling
 from gtopk_lab.analysis.scaling import BASELINE_NONE, BASELINES, add_scaling_efficiency
 from gtopk_lab.methods import available_methods, display_order, get_method
 from gtopk_lab.network.model import NetworkModel
@@ -138,9 +138,10 @@ def predicted_scaling_table(summaries: pd.DataFrame, workers: list[int] | None =
     iteration from the single-worker runs' breakdown (compute + update), selection time
     from the method's runs, then ``gtopk_lab.analysis.predict.predict_scaling`` over
     ``workers`` (default 1, 2, 4, ... up to max(32, largest P)): each method's own
-    ``Method.predicted_time_s`` (its exact-k and pattern), as ``gtopk-lab model`` and the
-    study's check price it. A method whose formula needs more than a summary holds
-    (PowerSGD's parameter layout) gets no prediction. Columns as
+    ``Method.predicted_time_s`` (its exact-k and pattern, and what else its formula needs from
+    the summaries' ``comm_formula``: PowerSGD's parameter layout), as ``gtopk-lab model`` and
+    the study's check price it. A method whose formula needs more than its summaries hold
+    (PowerSGD's runs from before ``comm_formula``) gets no prediction. Columns as
     :func:`measured_scaling_table` (without the throughputs).
     """
     done = _completed(summaries)
@@ -171,7 +172,8 @@ def predicted_scaling_table(summaries: pd.DataFrame, workers: list[int] | None =
         net = NetworkModel(latency_s=float(lat), bandwidth_bps=float(bw))
         try:
             predicted = predict_scaling(int(numel), float(density), compute_s, net, grid,
-                                        selection_s=selection_s or 0.0, methods=[(method, method, algorithm)])
+                                        selection_s=selection_s or 0.0, methods=[(method, method, algorithm)],
+                                        formula=formula_of(group.get("comm_formula")))
         except ValueError:  # a formula that needs what a summary lacks (PowerSGD's layout)
             continue
         for row in predicted:

@@ -252,7 +252,7 @@ def train_rank(config: RunConfig, sink: Sink | None = None,
                                   iterations_per_epoch=ranks.ipe, clock=clock,
                                   checkpoint_dir=checkpoint_dir, resume_from=resume_from,
                                   on_start=clock.mark)
-        summary = build_summary(config, buffer.rows, numel=replica.numel, world=world,
+        summary = build_summary(config, buffer.rows, numel=replica.numel, world=world, layout=replica.layout,
                                 iterations=timeline.total, iterations_per_epoch=ranks.ipe,
                                 train_wall_s=timeline.train_wall_s, wall_time_s=timeline.wall_time_s,
                                 virtual_time_s=clock.virtual_time_s,

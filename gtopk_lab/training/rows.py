@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gtopk_lab.config import RunConfig, k_for
@@ -134,7 +134,8 @@ def epoch_row(config: RunConfig, rank: int, world: int, iteration: int, epoch: f
 def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int, iterations: int,
                   iterations_per_epoch: int, train_wall_s: float, wall_time_s: float,
                   virtual_time_s: float, status: str = "completed", error: str | None = None,
-                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                  extra: dict[str, Any] | None = None,
+                  layout: Sequence[Sequence[int]] = ()) -> dict[str, Any]:
     """The run summary (docs/architecture.md) from one rank's rows and its clocks.
 
     Throughputs count samples of all ranks: ``samples_per_s_<time>`` is the steady state,
@@ -145,6 +146,9 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
     modelled communication ``communication_model`` and ``selection_when_selected``: the mean
     selection over the iterations this rank selected, the time an iteration waits for one
     selection (CLT-k's rank 0 leads one iteration in P, so its ``selection`` is a P-th of that).
+    ``comm_formula``: the keywords the method's formulas need beyond the model size
+    (``Method.formula_kwargs`` of the run's options and the parameter shapes ``layout``:
+    PowerSGD's plan; {} for the others), so the tables can price the run at other P.
     """
     network = network_of(config)
     it_rows = [r for r in rows if r["kind"] == "iter"]
@@ -199,6 +203,7 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
         "model": config.model, "dataset": config.dataset,
         # the pattern the run used: none for Top-k's allgather, Ok-Topk's own, not the config's
         "algorithm": get_method(config.method).pattern_for(config.algorithm),
+        "comm_formula": get_method(config.method).formula_kwargs(config.method_options, layout),
         "residual_rule": config.residual_rule, "batch_size": config.batch_size,
         "preset": config.preset, "grad_clip": config.grad_clip,
         "grad_clip_mode": config.grad_clip_mode if config.grad_clip is not None else None,

@@ -167,7 +167,7 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
                                   iterations_per_epoch=ranks.ipe, clock=clock,
                                   checkpoint_dir=checkpoint_dir, resume_from=resume_from)
         rank0_rows = [r for r in buffer.rows if r["rank"] == 0]
-        summary = build_summary(config, rank0_rows, numel=replica.numel, world=world,
+        summary = build_summary(config, rank0_rows, numel=replica.numel, world=world, layout=replica.layout,
                                 iterations=timeline.total, iterations_per_epoch=ranks.ipe,
                                 train_wall_s=timeline.train_wall_s, wall_time_s=timeline.wall_time_s,
                                 virtual_time_s=clock.synced_time_s,
