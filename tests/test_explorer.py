@@ -198,14 +198,30 @@ def test_costs_come_from_a_calibration_runs_or_the_stated_default(tmp_path: Path
     assert (from_runs.selection_s, from_runs.gamma_s_per_element, from_runs.numel) == (0.003, 1e-9, 100)
     assert from_runs.source == "stored runs (mlp/d, 2 run(s))"
     assert costs_from_summaries([], "nothing") is None
+    # a stored PowerSGD run carries its formula's inputs (the layout of the costs' d = 100), so
+    # the explorer prices PowerSGD too; a run of another workload's d does not count
+    inputs = {"layout": [[10, 9], [10]], "rank": 1, "min_compression_rate": 0.0}
+    powersgd = {"method": "powersgd", "workers": 2, "numel": 100, "status": "completed", "comm_formula": inputs,
+                "time_breakdown_s": {"compute": 0.5, "update": 0.0, "selection": 0.001}}
+    other = {**powersgd, "numel": 24, "comm_formula": {**inputs, "layout": [[4, 5], [4]]}}
+    with_powersgd = costs_from_summaries(runs[:2] + [other, powersgd], "stored runs")
+    assert with_powersgd.formulas == {"powersgd": inputs}
+    from gtopk_lab.plotting.explorer_model import Setting, predict
+
+    setting = Setting(density=0.01, workers=4, methods=("dense", "powersgd"))
+    prediction = predict(setting, with_powersgd)
+    assert prediction.missing == [] and predict(setting, from_runs).missing == ["powersgd"]
+    assert prediction.at_p["powersgd"]["comm_s"] == pytest.approx(predict_scaling(
+        100, 0.01, with_powersgd.compute_s, setting.network(), [4], methods=[("powersgd", "powersgd", None)],
+        formula=inputs)[0]["comm_s"])
     # calibrated selections of sparse methods (orchestration.calibration) win over the one the
     # compute entry timed (its first method's: dense, ~0); their median, this workload's only
     entries += [{"selection_workload": {**workload, "method": m, "density": 0.01}, "selection_time_s": t}
-                for m, t in (("topk", 0.004), ("gtopk", 0.005), ("ef21", 0.009))]
+                for m, t in (("topk", 0.004), ("gtopk", 0.005), ("ef21", 0.009), ("powersgd", 0.5))]
     entries.append({"selection_workload": {**workload, "batch_size": 64, "method": "gtopk", "density": 0.01},
                     "selection_time_s": 1.0})
     (tmp_path / "calibration.json").write_text(json.dumps({"entries": entries}))
-    assert costs_from_calibration(tmp_path).selection_s == 0.005
+    assert costs_from_calibration(tmp_path).selection_s == 0.005  # PowerSGD's projections are no selection
     with pytest.raises(ValueError, match="compute_s=0 is invalid"):
         Costs(numel=10, compute_s=0)
 

@@ -7,7 +7,7 @@ explorer's figure shows. They come from, in this order of preference (:func:`fin
 
 1. a calibration (:mod:`gtopk_lab.orchestration.calibration`): ``<out>/calibration.json``'s
    latest compute entry (``compute_time_s``, ``numel``, the workload), the median of that
-   workload's calibrated sparse selections (``selection_workload`` entries; else the
+   workload's calibrated selections of selecting methods (``selection_workload`` entries; else the
    selection the compute entry timed, which is its first method's and ~0 for dense), its
    merge gamma at the density nearest the one asked for (log distance); read only,
    nothing is measured or moved;
@@ -15,7 +15,8 @@ explorer's figure shows. They come from, in this order of preference (:func:`fin
    the latest run's workload): ``t_c`` = median compute + update of the dense P = 1 runs
    (else of every run), ``t_s`` = median selection of the selecting methods' runs (each
    its selecting iterations' mean, ``selection_when_selected``), gamma = the sparse
-   methods' median ``merge_gamma_s_per_element``;
+   methods' median ``merge_gamma_s_per_element``, and each method's ``comm_formula``
+   (what its formula needs beyond d: PowerSGD's layout; :attr:`Costs.formulas`);
 3. a stated default: ``gtopk-lab model scaling``'s (d = 25M, t_c = 0.15 s, t_s = 0).
 
 Client side; reads files and summaries, submits nothing. Cost: O(entries + runs).
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gtopk_lab.analysis.predict import formula_of
 from gtopk_lab.methods import available_methods, get_method
 
 __all__ = ["Costs", "DEFAULT_COSTS", "costs_from_calibration", "costs_from_summaries", "costs_from_study",
@@ -42,7 +44,9 @@ class Costs:
 
     ``workload``: the RunConfig fields that made them (model, dataset, batch_size), which a
     study launched from the explorer reuses, so its measured points belong to the curves.
-    ``gammas``: density -> merge gamma (s per element) when measured per density."""
+    ``gammas``: density -> merge gamma (s per element) when measured per density.
+    ``formulas``: method -> what its formula needs beyond the model size (a stored run's
+    ``comm_formula``: PowerSGD's parameter layout), so the explorer can price it too."""
 
     numel: int
     compute_s: float
@@ -51,6 +55,7 @@ class Costs:
     source: str = "default"
     workload: Mapping[str, Any] = field(default_factory=dict)
     gammas: Mapping[float, float] = field(default_factory=dict)
+    formulas: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.numel, bool) or not isinstance(self.numel, int) or self.numel < 1:
@@ -97,8 +102,10 @@ def costs_from_calibration(out: str | Path) -> Costs | None:
               and {k: v for k, v in e["merge_workload"].items() if k != "density"} == workload
               and isinstance(e["merge_workload"].get("density"), (int, float))
               and e["merge_workload"]["density"] > 0}
+    # a selecting method's entries only: PowerSGD's calibrated projections are no top-k
     selections = [float(e["selection_time_s"]) for e in entries if "selection_workload" in e
-                  and {k: v for k, v in e["selection_workload"].items() if k in workload} == workload]
+                  and {k: v for k, v in e["selection_workload"].items() if k in workload} == workload
+                  and _selects(e["selection_workload"].get("method"))]
     selection = statistics.median(selections) if selections else entry.get("selection_time_s")
     when = str(entry.get("measured_at") or "")[:16]
     return Costs(numel=int(entry["numel"]), compute_s=float(entry["compute_time_s"]),
@@ -150,7 +157,13 @@ def costs_from_summaries(summaries: Iterable[Mapping[str, Any]], source: str) ->
     t_s = _median(_selection_s(s["time_breakdown_s"]) for s in selecting) or 0.0
     gamma = _median(s.get("merge_gamma_s_per_element") for s in sparse) or 0.0
     first = baseline[0] if baseline else runs[0]
+    formulas: dict[str, dict[str, Any]] = {}
+    for s in runs:
+        formula = formula_of([s.get("comm_formula")])
+        if formula and int(s["numel"]) == int(first["numel"]):
+            formulas.setdefault(str(s.get("method")), formula)
     return Costs(numel=int(first["numel"]), compute_s=t_c, selection_s=max(0.0, t_s), gamma_s_per_element=gamma,
+                 formulas=formulas,
                  source=f"{source} ({first.get('model')}/{first.get('dataset')}, {len(runs)} run(s))",
                  workload=_workload(first))
 

@@ -9,8 +9,9 @@ the methods to show (names of the method registry). Everything the figure draws 
    :meth:`~gtopk_lab.methods.base.Method.predicted_time_s` (exact-k rounds, fixed
    patterns, local steps), selection charged at P = 1 too (gtopk-lab's runs select
    there, so a study launched from the setting measures what is predicted); a method
-   whose formula needs more than the model size (PowerSGD's layer layout) is listed in
-   ``missing`` instead. Cost: O(methods x 11) formula evaluations, no I/O;
+   whose formula needs more than the model size (PowerSGD's layer layout) takes it from
+   the costs (:attr:`~gtopk_lab.plotting.explorer_costs.Costs.formulas`: a stored run of
+   it), else is listed in ``missing``. Cost: O(methods x 11) formula evaluations, no I/O;
 2. :func:`study_arguments`: the keyword arguments of ``Lab.study`` for the same setting
    (methods, P = 1, 2, ..., P, rho, the link and latency as the prediction parsed them, the
    costs' workload as the base), so its measured points belong on the same axes;
@@ -117,7 +118,8 @@ def predict(setting: Setting, costs: Costs) -> Prediction:
         try:
             out.rows[method] = predict_scaling(costs.numel, setting.density, costs.compute_s, net, WORKERS,
                                                selection_s=costs.selection_s, gamma_s_per_element=gamma,
-                                               methods=[(method, method, None)], selection_at_one=True)
+                                               methods=[(method, method, None)], selection_at_one=True,
+                                               formula=costs.formulas.get(method))
         except ValueError:  # a formula that needs what the model size does not say
             out.missing.append(method)
     return out
