@@ -312,3 +312,26 @@ def test_model_line_charges_the_selection_an_iteration_waits_for() -> None:
         comm_s = predict_scaling(100_000, 0.01, c, NetworkModel(latency_s=5e-4, bandwidth_bps=1e9), [4],
                                  methods=[(method, method, None)])[0]["comm_s"]
         assert predicted[method] == pytest.approx(c / (c + s + comm_s), rel=1e-9), method
+
+
+def test_report_of_a_powersgd_run_draws_its_volume_formula_and_survives_an_older_run(tmp_path: Path) -> None:
+    """The communication-volume figure priced every method's bytes by its formula, and
+    PowerSGD's needs the parameter shapes: a folder holding a PowerSGD run made the report
+    raise. Its summary's comm_formula draws the line now; a run without one (written before
+    the field) keeps its measured markers and no line."""
+    from gtopk_lab.plotting.figures_scaling import comm_volume_figure
+    from gtopk_lab.training.simulator import simulate
+
+    runs = []
+    for method in ("dense", "powersgd"):
+        config = RunConfig(method=method, workers=2, model="mlp", dataset="synthetic", train_samples=64,
+                           test_samples=16, batch_size=16, max_iterations=2, run_id=method)
+        result = simulate(config)
+        write_run(tmp_path, config, rows_to_frame(result.rows), run_summary(config, result.summary, status="completed"))
+        runs.append(result.summary)
+    assert "powersgd (formula)" in write_report(tmp_path, tmp_path / "r.html").read_text()
+    import pandas as pd
+
+    older = pd.DataFrame([{**s, "comm_formula": None} for s in runs])
+    names = [t.name for t in comm_volume_figure(older).data]
+    assert "powersgd (measured)" in names and "powersgd (formula)" not in names and "dense (formula)" in names

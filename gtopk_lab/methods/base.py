@@ -298,10 +298,11 @@ class Method:
         return fn(net, numel, k, workers, **kwargs)
 
     def predicted_bytes_per_rank(self, numel: int, k: int, workers: int, pair_bytes: int = 8,
-                                 algorithm: str | None = None) -> float:
-        """Bytes one rank sends per synchronisation (payload; the method's or its collective's)."""
+                                 algorithm: str | None = None, **formula: Any) -> float:
+        """Bytes one rank sends per synchronisation (payload; the method's or its collective's);
+        ``formula``: what it needs beyond the model size (:meth:`formula_kwargs`)."""
         fn = self.bytes_per_rank or self.comm.bytes_per_rank
-        return fn(numel, k, workers, pair_bytes, self.pattern_for(algorithm))
+        return fn(numel, k, workers, pair_bytes, self.pattern_for(algorithm), **formula)
 
     def summary(self) -> dict[str, Any]:
         """One row for ``gtopk-lab methods`` and the ControlPanel."""

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
 
 from gtopk_lab.analysis.intervals import add_intervals, interval_bounds, interval_note
+from gtopk_lab.analysis.predict import formula_of
 from gtopk_lab.methods import display_order, get_method
 from gtopk_lab.plotting.figures_base import method_color, method_rank, require_frame
 
@@ -186,17 +188,20 @@ def time_breakdown_figure(summaries: pd.DataFrame, title: str | None = None) -> 
 
 # --- communication volume ----------------------------------------------------------------
 def comm_bytes_per_rank_formula(method: str, workers: int, numel: int, k: int,
-                                algorithm: str = "butterfly", pair_bytes: int = 8) -> float:
+                                algorithm: str = "butterfly", pair_bytes: int = 8,
+                                formula: Mapping[str, Any] | None = None) -> float:
     """Bytes one rank sends per iteration, from the method's collective in the registry.
 
     (Dense ring allreduce ``2 (P-1)/P * 4 d``; allgather ``(P-1) k m``; gTop-k butterfly
     ``log2(P) k m`` at power-of-two P, tree ``2 (P-1)/P k m``; Ok-Topk ``2k (P-1)/P m``: see
     :mod:`gtopk_lab.methods.formulas`.) ``pair_bytes`` is 8 (fp32 value + int32 index) or 12
-    with int64 indices. O(1).
+    with int64 indices. ``formula``: what the method's formula needs beyond the model size (a
+    run summary's ``comm_formula``: PowerSGD's layout; ``ValueError`` without it). O(1).
     """
     if workers < 1:
         raise ValueError(f"workers={workers!r} is invalid: expected an integer >= 1")
-    return float(get_method(method).predicted_bytes_per_rank(numel, k, int(workers), pair_bytes, algorithm))
+    return float(get_method(method).predicted_bytes_per_rank(numel, k, int(workers), pair_bytes, algorithm,
+                                                             **dict(formula or {})))
 
 
 def comm_volume_figure(summaries: pd.DataFrame, numel: int | None = None, k: int | None = None,
@@ -205,7 +210,9 @@ def comm_volume_figure(summaries: pd.DataFrame, numel: int | None = None, k: int
 
     Measured: the summaries' ``bytes_sent_per_rank_per_iter``. Formula:
     :func:`comm_bytes_per_rank_formula` for P = 1..max P, with ``numel``/``k`` taken from
-    the summaries (one model) unless given.
+    the summaries (one model) unless given, and what else a method's formula needs from
+    their ``comm_formula`` (PowerSGD's layout); a method whose runs lack it gets its
+    markers without a formula line.
     """
     require_frame("summaries", summaries, ("method", "workers", "bytes_sent_per_rank_per_iter"))
     fig = go.Figure()
@@ -231,7 +238,11 @@ def comm_volume_figure(summaries: pd.DataFrame, numel: int | None = None, k: int
         if "algorithm" in rows.columns and pd.notna(rows["algorithm"].iloc[0]):
             algo = str(rows["algorithm"].iloc[0])
         ps = [p for p in sorted(grid) if p > 1]
-        ys = [comm_bytes_per_rank_formula(method, p, d, kk, algo) for p in ps]
+        try:
+            ys = [comm_bytes_per_rank_formula(method, p, d, kk, algo, formula=formula_of(rows.get("comm_formula")))
+                  for p in ps]
+        except ValueError:  # a formula that needs what these runs lack (PowerSGD's layout, older runs)
+            continue
         fig.add_trace(go.Scatter(x=ps, y=ys, mode="lines", name=f"{method} (formula)", legendgroup=method,
                                  line=dict(color=method_color(method), dash="dash"),
                                  hovertemplate=f"{method} formula<br>P=%{{x}}<br>%{{y:.3s}}B<extra></extra>"))
