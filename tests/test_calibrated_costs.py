@@ -180,7 +180,7 @@ def test_powersgd_is_predicted_from_the_layout_its_summary_keeps() -> None:
                               for m, p, f in (("dense", 1, {}), ("powersgd", 4, formula))])
     line = predicted_scaling_table(summaries, workers=[4]).set_index("method")["scaling_efficiency"]
     assert line["powersgd"] == pytest.approx(predict_scaling(numel, 0.01, 2e-3, NET, [4], methods=[
-        ("powersgd", "powersgd", None)], formula=formula)[0]["scaling_efficiency"])
+        ("powersgd", "powersgd", None)], formulas={"powersgd": formula})[0]["scaling_efficiency"])
     assert line["powersgd"] == pytest.approx(2e-3 / (2e-3 + comm))
 
 

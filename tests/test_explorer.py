@@ -213,7 +213,7 @@ def test_costs_come_from_a_calibration_runs_or_the_stated_default(tmp_path: Path
     assert prediction.missing == [] and predict(setting, from_runs).missing == ["powersgd"]
     assert prediction.at_p["powersgd"]["comm_s"] == pytest.approx(predict_scaling(
         100, 0.01, with_powersgd.compute_s, setting.network(), [4], methods=[("powersgd", "powersgd", None)],
-        formula=inputs)[0]["comm_s"])
+        formulas={"powersgd": inputs})[0]["comm_s"])
     # calibrated selections of sparse methods (orchestration.calibration) win over the one the
     # compute entry timed (its first method's: dense, ~0); their median, this workload's only
     entries += [{"selection_workload": {**workload, "method": m, "density": 0.01}, "selection_time_s": t}

@@ -119,9 +119,10 @@ POINTS = ((2, 0.01), (8, 0.001), (32, 0.01))
 NUMEL = 200_000
 
 
-def _expected_comm_s(method: Method, net: NetworkModel, rho: float, p: int, pattern: str | None) -> float:
-    k = max(1, int(math.floor(rho * NUMEL)))
-    return method.predicted_time_s(net, NUMEL, k, p, algorithm=pattern) / method.sync_every
+def _expected_comm_s(method: Method, net: NetworkModel, rho: float, p: int, pattern: str | None,
+                     numel: int = NUMEL) -> float:
+    k = max(1, int(math.floor(rho * numel)))
+    return method.predicted_time_s(net, numel, k, p, algorithm=pattern) / method.sync_every
 
 
 @pytest.mark.parametrize("name", available_methods())
@@ -165,6 +166,29 @@ def test_gtopk_lab_model_prints_method_predicted_time_s(capsys: pytest.CaptureFi
             assert seen == set(available_methods()) - {"powersgd"}
     assert main(["model", "scaling", "--methods", "gtopk,no-such"]) == 2
     assert "no-such" in capsys.readouterr().err
+
+
+def test_gtopk_lab_model_prices_powersgd_from_a_named_models_shapes(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--model NAME``: d and the parameter shapes from the project's model, so PowerSGD (its
+    default rank 1 and threshold 2) is priced beside every other method; with ``--model-size``
+    or an unknown name, one line and exit 2."""
+    from gtopk_lab.cli import main
+    from gtopk_lab.training.models import build_model
+
+    assert main(["model", "scaling", "--model", "cnn", "--density", "0.01", "--bandwidth", "1GbE",
+                 "--workers", "4", "--json"]) == 0
+    rows = {r["method"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    shapes = [tuple(p.shape) for p in build_model("cnn").parameters()]
+    d = sum(math.prod(s) for s in shapes)
+    assert rows["powersgd"]["numel"] == d == 5210
+    assert rows["powersgd"]["comm_s"] == pytest.approx(get_method("powersgd").predicted_time_s(
+        network_model("1GbE"), d, 50, 4, layout=shapes, rank=1, min_compression_rate=2.0), rel=1e-12)
+    assert rows["gtopk-butterfly"]["comm_s"] == pytest.approx(
+        _expected_comm_s(get_method("gtopk"), network_model("1GbE"), 0.01, 4, "butterfly", numel=d), rel=1e-12)
+    assert main(["model", "scaling", "--model", "cnn", "--model-size", "1M"]) == 2
+    assert main(["model", "scaling", "--model", "no-such-model"]) == 2
+    err = capsys.readouterr().err
+    assert "--model and --model-size" in err and "--model: model='no-such-model' is invalid" in err
 
 
 def test_topk_at_p8_on_1gbe_applies_exact_k() -> None:

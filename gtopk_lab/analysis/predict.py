@@ -166,14 +166,15 @@ def predict_scaling(numel: int, density: float, compute_s: float, network: Netwo
                     gamma_s_per_element: float | None = None,
                     methods: Sequence[tuple[str, str, str | None]] | None = None,
                     selection_at_one: bool = False,
-                    formula: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+                    formulas: Mapping[str, Mapping[str, Any] | None] | None = None) -> list[dict[str, Any]]:
     """One row per (method, P): predicted times and scaling efficiency (see module doc).
 
     ``methods``: ``(label, method or bound, pattern)`` rows, default :func:`scaling_rows`
     (every registered method, one row per pattern it may choose, then the lower bound); a
     default row whose formula needs what these arguments lack (PowerSGD's parameter layout)
-    is left out, a row asked for raises its ``ValueError``. ``formula``: the keywords of
-    :func:`collective_time_s` for every method row (a run's ``comm_formula``).
+    is left out, a row asked for raises its ``ValueError``. ``formulas``: method name -> its
+    formula's keywords beyond the model size (:func:`collective_time_s`'s ``formula``: a run's
+    ``comm_formula``, or ``Method.formula_kwargs`` of a model's layout).
 
     1. ``k = max(1, floor(density numel))``;
     2. per row and P: ``comm_s`` = :func:`collective_time_s` (for a method: its
@@ -207,7 +208,8 @@ def predict_scaling(numel: int, density: float, compute_s: float, network: Netwo
         sync_every = 1 if method is None else method.sync_every
         try:
             comm = [collective_time_s(network, name, numel, k, p, algorithm, gamma_s_per_element,
-                                      formula=formula if method is not None else None) / sync_every
+                                      formula=(formulas or {}).get(name) if method is not None else None)
+                    / sync_every
                     if p > 1 else 0.0 for p in workers]
         except ValueError:
             if methods is not None:

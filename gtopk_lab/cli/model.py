@@ -3,6 +3,9 @@
 The rows are the registry's methods (every registered one by default, ``--methods`` to
 choose; one row per pattern a method may choose) and the sparse lower bound, priced by
 ``analysis.predict.predict_scaling``, i.e. by each method's ``Method.predicted_time_s``.
+``--model NAME`` takes d and the parameter shapes from one of the project's models
+(``training.models``), so a method whose formula needs the shapes (PowerSGD, at its
+default options) is priced too; ``--model-size`` gives d alone.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ HELP = "alpha-beta model predictions (scaling: iteration time and efficiency per
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("what", choices=("scaling",), help="what to predict")
-    parser.add_argument("--model-size", default="25M", help="parameters d, e.g. 25M, 270K (default 25M)")
+    parser.add_argument("--model-size", default=None, help="parameters d, e.g. 25M, 270K (default 25M)")
+    parser.add_argument("--model", default=None,
+                        help="one of the project's models (cnn_wide, resnet20, vgg16, ...): d and the parameter "
+                             "shapes from it, so PowerSGD is priced too (instead of --model-size)")
     parser.add_argument("--density", type=float, default=0.001, help="rho, k = floor(rho d) (default 0.001)")
     parser.add_argument("--compute-time", type=float, default=0.15,
                         help="forward+backward seconds per iteration on one worker (default 0.15)")
@@ -42,7 +48,13 @@ def run(args: argparse.Namespace) -> int:
     from gtopk_lab.network.model import network_model
 
     net = network_model(args.bandwidth, args.latency)
-    numel = parse_count(args.model_size, "--model-size")
+    if args.model is not None and args.model_size is not None:
+        raise UsageError("--model and --model-size are invalid together: the model fixes d; give one of them")
+    formulas = None
+    if args.model is not None:
+        numel, formulas = model_formulas(args.model)
+    else:
+        numel = parse_count(args.model_size or "25M", "--model-size")
     workers = parse_workers(args.workers)
     if not (0.0 < args.density <= 1.0):
         raise UsageError(f"--density={args.density} is invalid: expected a number in (0, 1]")
@@ -59,22 +71,40 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--methods: {str(exc).splitlines()[0]}") from None
     try:
         rows = predict_scaling(numel, args.density, args.compute_time, net, workers,
-                               selection_s=args.selection_time, gamma_s_per_element=args.gamma, methods=methods)
+                               selection_s=args.selection_time, gamma_s_per_element=args.gamma, methods=methods,
+                               formulas=formulas)
     except ValueError as exc:  # a method asked for whose formula needs more (PowerSGD's layout)
         raise UsageError(str(exc).splitlines()[0]) from None
     if args.json:
         print(json.dumps({"network": net.to_dict(), "rows": rows}, indent=2))
         return 0
-    print(f"network {net}; d = {numel:,}, k = {rows[0]['k']:,} (density {args.density:g}), "
+    print(f"network {net}; {'model ' + args.model + ', ' if args.model else ''}d = {numel:,}, "
+          f"k = {rows[0]['k']:,} (density {args.density:g}), "
           f"compute {args.compute_time:g} s, selection {args.selection_time:g} s")
     print(format_scaling(rows, workers))
     if methods is None:
         shown = {r["method"] for r in rows}
         left = [label for label, _, _ in scaling_rows() if label not in shown]
         if left:
-            print(f"not predicted (the formula needs more than a model size, e.g. the parameter layout): "
-                  f"{', '.join(left)}")
+            print(f"not predicted (the formula needs more than a model size, e.g. the parameter layout: "
+                  f"give --model): {', '.join(left)}")
     return 0
+
+
+def model_formulas(name: str) -> tuple[int, dict[str, dict]]:
+    """d of the project's model ``name`` and, per registered method, what its formula needs
+    beyond d at the method's default options (``Method.formula_kwargs`` of the model's
+    parameter shapes); a ``UsageError`` naming ``--model`` for a model that is not one."""
+    from gtopk_lab.methods import available_methods, get_method
+    from gtopk_lab.training.models import build_model
+
+    try:
+        model = build_model(name)
+    except (ValueError, ImportError) as exc:
+        raise UsageError(f"--model: {str(exc).splitlines()[0]}") from None
+    layout = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return numel, {m: get_method(m).formula_kwargs({}, layout) for m in available_methods()}
 
 
 def format_scaling(rows: list[dict], workers: list[int]) -> str:

@@ -119,7 +119,7 @@ def predict(setting: Setting, costs: Costs) -> Prediction:
             out.rows[method] = predict_scaling(costs.numel, setting.density, costs.compute_s, net, WORKERS,
                                                selection_s=costs.selection_s, gamma_s_per_element=gamma,
                                                methods=[(method, method, None)], selection_at_one=True,
-                                               formula=costs.formulas.get(method))
+                                               formulas=costs.formulas)
         except ValueError:  # a formula that needs what the model size does not say
             out.missing.append(method)
     return out

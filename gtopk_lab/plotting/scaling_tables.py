@@ -129,7 +129,7 @@ def predicted_scaling_table(summaries: pd.DataFrame, workers: list[int] | None =
         try:
             predicted = predict_scaling(int(numel), float(density), compute_s, net, grid,
                                         selection_s=selection_s or 0.0, methods=[(method, method, algorithm)],
-                                        formula=formula_of(group.get("comm_formula")))
+                                        formulas={method: formula_of(group.get("comm_formula"))})
         except ValueError:  # a formula that needs what a summary lacks (PowerSGD's layout)
             continue
         for row in predicted:

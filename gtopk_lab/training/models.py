@@ -25,7 +25,7 @@ Example::
 
     model = build_model("cnn")            # torch.nn.Module
     spec = get_model_spec("cnn")          # input_shape=(40,), num_classes=10
-    count_parameters(model)               # 5010
+    count_parameters(model)               # 5210
 """
 
 from __future__ import annotations
