@@ -30,12 +30,13 @@ from typing import Any
 
 from gtopk_lab import counts
 from gtopk_lab.methods import formulas as F
+from gtopk_lab.methods.base import Method
 from gtopk_lab.methods.registry import available_methods, display_order, get_collective, get_method
 from gtopk_lab.network.formulas import check_sizes
 from gtopk_lab.network.model import NetworkModel
 
 __all__ = ["BOUNDS", "BOUND_ROWS", "collective_time_s", "formula_of", "scaling_rows", "predict_scaling", "parse_count",
-           "parse_workers"]
+           "parse_workers", "selection_per_iteration_s"]
 
 #: Reference bounds that are no method's collective: name -> formula (net, numel, k, workers).
 BOUNDS = {
@@ -159,6 +160,22 @@ def formula_of(values: Iterable[Any] | None) -> dict[str, Any]:
     needs beyond the model size) among one method's run summaries' ``values``; {} without one
     (a formula that needs none, or runs from before the field)."""
     return next((dict(v) for v in (values if values is not None else ()) if isinstance(v, Mapping) and v), {})
+
+
+def selection_per_iteration_s(method: Method, breakdown: Any) -> float | None:
+    """The selection one iteration of ``method`` waits for, from a run summary's
+    ``time_breakdown_s``: 0 for a method that does not select; else the mean over the
+    iterations the rank selected (``selection_when_selected``: CLT-k's leader's, where rank 0's
+    mean over all iterations is a P-th of it); a summary from before that field: every
+    iteration's mean where every rank selects (a sparse method), else None (unknown)."""
+    if not method.selects:
+        return 0.0
+    parts = breakdown if isinstance(breakdown, Mapping) else {}
+    for key in ("selection_when_selected",) + (("selection",) if method.sparse else ()):
+        value = parts.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    return None
 
 
 def predict_scaling(numel: int, density: float, compute_s: float, network: NetworkModel,

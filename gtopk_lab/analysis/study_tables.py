@@ -34,7 +34,7 @@ from gtopk_lab.analysis.intervals import CONFIDENCE, t_interval
 from gtopk_lab.analysis.predict import formula_of
 from gtopk_lab.analysis.scaling import BASELINE_GROUP, add_scaling_efficiency
 from gtopk_lab.methods import BASELINE_METHOD, get_method
-from gtopk_lab.methods.registry import available_methods, patterns_of
+from gtopk_lab.methods.registry import available_methods, is_dense, patterns_of
 from gtopk_lab.network.model import NetworkModel
 
 __all__ = ["POINT_COLUMNS", "point_efficiency", "aggregate_seeds", "predicted_efficiency",
@@ -56,7 +56,7 @@ def _with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
     frame["bandwidth_bps"] = pd.to_numeric(frame["bandwidth_bps"], errors="coerce").fillna(math.inf)
     frame["latency_s"] = pd.to_numeric(frame["latency_s"], errors="coerce").fillna(0.0)
     # a dense run has no density or pattern of its own: one point whatever the grid says
-    dense = frame["method"].map(lambda m: m in available_methods() and get_method(m).dense)
+    dense = frame["method"].map(is_dense)
     frame.loc[dense, "density"] = math.nan
     # RunConfig's pattern rides along on methods that choose none (Top-k; Ok-Topk fixes its own)
     no_pattern = frame["method"].map(lambda m: not patterns_of(m))

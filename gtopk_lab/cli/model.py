@@ -96,15 +96,14 @@ def model_formulas(name: str) -> tuple[int, dict[str, dict]]:
     beyond d at the method's default options (``Method.formula_kwargs`` of the model's
     parameter shapes); a ``UsageError`` naming ``--model`` for a model that is not one."""
     from gtopk_lab.methods import available_methods, get_method
-    from gtopk_lab.training.models import build_model
+    from gtopk_lab.training.models import build_model, count_parameters
 
     try:
         model = build_model(name)
     except (ValueError, ImportError) as exc:
         raise UsageError(f"--model: {str(exc).splitlines()[0]}") from None
     layout = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
-    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return numel, {m: get_method(m).formula_kwargs({}, layout) for m in available_methods()}
+    return count_parameters(model), {m: get_method(m).formula_kwargs({}, layout) for m in available_methods()}
 
 
 def format_scaling(rows: list[dict], workers: list[int]) -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gtopk_lab.analysis.predict import formula_of
+from gtopk_lab.analysis.predict import formula_of, selection_per_iteration_s
 from gtopk_lab.methods import available_methods, get_method
 
 __all__ = ["Costs", "DEFAULT_COSTS", "costs_from_calibration", "costs_from_summaries", "costs_from_study",
@@ -124,13 +124,6 @@ def _selects(method: Any) -> bool:
     return str(method) in available_methods() and get_method(str(method)).selects
 
 
-def _selection_s(parts: Mapping[str, Any]) -> Any:
-    """A selection's time: the selecting iterations' mean where the summary has it (CLT-k's
-    rank 0 selects one iteration in P)."""
-    when = parts.get("selection_when_selected")
-    return when if isinstance(when, (int, float)) and when > 0 else parts.get("selection")
-
-
 def _median(values: Iterable[float]) -> float | None:
     kept = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     return statistics.median(kept) if kept else None
@@ -154,7 +147,8 @@ def costs_from_summaries(summaries: Iterable[Mapping[str, Any]], source: str) ->
         return None
     sparse = [s for s in runs if _sparse(s.get("method"))]
     selecting = [s for s in runs if _selects(s.get("method"))]
-    t_s = _median(_selection_s(s["time_breakdown_s"]) for s in selecting) or 0.0
+    t_s = _median(selection_per_iteration_s(get_method(str(s["method"])), s["time_breakdown_s"])
+                  for s in selecting) or 0.0
     gamma = _median(s.get("merge_gamma_s_per_element") for s in sparse) or 0.0
     first = baseline[0] if baseline else runs[0]
     formulas: dict[str, dict[str, Any]] = {}

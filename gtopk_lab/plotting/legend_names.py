@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gtopk_lab.methods import get_method, patterns_of
+from gtopk_lab.methods import is_dense, patterns_of
 from gtopk_lab.network.model import PRESETS, format_bandwidth, format_latency, network_model
 
 __all__ = ["LEGEND_FIELDS", "link_name", "series_values", "varied_legend_fields", "legend_name",
@@ -65,13 +65,6 @@ def link_name(bandwidth_bps: Any, latency_s: Any) -> str:
     return f"{format_bandwidth(rate)} {format_latency(latency)}"
 
 
-def _selects(method: str) -> bool:
-    try:
-        return not get_method(method).dense
-    except ValueError:  # a plugin's method not loaded here: shown as if it selected
-        return True
-
-
 def _link(record: Mapping[str, Any]) -> str | None:
     if "bandwidth_bps" in record:
         return link_name(record.get("bandwidth_bps"), record.get("latency_s"))
@@ -99,7 +92,7 @@ def series_values(record: Mapping[str, Any]) -> dict[str, Any]:
     }
     if values["density"] is not None and values["density"] < 0:  # -1: the tables' "no density"
         values["density"] = None
-    if not _selects(method):
+    if is_dense(method):  # a plugin's method not loaded here: shown as if it selected
         for name in _SELECTION_ONLY:
             values[name] = None
     elif not patterns_of(method):  # no pattern to choose (Top-k, Ok-Topk): the config's means nothing

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from gtopk_lab.analysis.predict import formula_of, predict_scaling
+from gtopk_lab.analysis.predict import formula_of, predict_scaling, selection_per_iteration_s
 from gtopk_lab.analysis.scaling import BASELINE_NONE, BASELINES, add_scaling_efficiency
 from gtopk_lab.methods import available_methods, get_method
 from gtopk_lab.network.model import NetworkModel, format_bandwidth, format_latency
@@ -140,16 +140,11 @@ def predicted_scaling_table(summaries: pd.DataFrame, workers: list[int] | None =
 
 
 def _selection_per_iteration_s(summaries: pd.DataFrame, entry: Any) -> float | None:
-    """The selection an iteration of ``entry`` waits for: the selecting iterations' mean
-    (``selection_when_selected``; CLT-k's leader's, not rank 0's mean over all iterations).
-    Summaries written before that field: every iteration's mean, which is the same where
-    every rank selects."""
-    if not entry.selects:
-        return 0.0
-    when_selected = _mean_part(summaries, ("selection_when_selected",))
-    if when_selected is not None:
-        return when_selected
-    return _mean_part(summaries, ("selection",)) if entry.sparse else None
+    """The mean over ``summaries`` of the selection an iteration of ``entry`` waits for
+    (:func:`~gtopk_lab.analysis.predict.selection_per_iteration_s`), None without one."""
+    values = [selection_per_iteration_s(entry, tb) for tb in summaries.get("time_breakdown_s", ())]
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def _mean_part(summaries: pd.DataFrame, parts: tuple[str, ...]) -> float | None:

@@ -151,6 +151,7 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
     PowerSGD's plan; {} for the others), so the tables can price the run at other P.
     """
     network = network_of(config)
+    method = get_method(config.method)
     it_rows = [r for r in rows if r["kind"] == "iter"]
     ep_rows = [r for r in rows if r["kind"] == "epoch" and not math.isnan(r["test_accuracy"])]
     n = max(len(it_rows), 1)
@@ -202,8 +203,8 @@ def build_summary(config: RunConfig, rows: list[dict], *, numel: int, world: int
                                                          else 0.0)},
         "model": config.model, "dataset": config.dataset,
         # the pattern the run used: none for Top-k's allgather, Ok-Topk's own, not the config's
-        "algorithm": get_method(config.method).pattern_for(config.algorithm),
-        "comm_formula": get_method(config.method).formula_kwargs(config.method_options, layout),
+        "algorithm": method.pattern_for(config.algorithm),
+        "comm_formula": method.formula_kwargs(config.method_options, layout),
         "residual_rule": config.residual_rule, "batch_size": config.batch_size,
         "preset": config.preset, "grad_clip": config.grad_clip,
         "grad_clip_mode": config.grad_clip_mode if config.grad_clip is not None else None,
