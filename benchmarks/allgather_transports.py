@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gtopk_lab.comm.launch import run_gloo  # noqa: E402
 from gtopk_lab.counts import parse_count_list, split_list  # noqa: E402
+from gtopk_lab.provenance import cpu_model, short_commit  # noqa: E402
 
 TRANSPORTS = {"gloo": ("0", "0"), "shm": ("1", "1"), "tcp": ("0", "1")}  # (GTOPK_LAB_SHM, GTOPK_LAB_TCP)
 
@@ -55,13 +55,6 @@ def _rank(rank: int, world: int, numel: int, density: float, calls: int) -> tupl
     return kind, float(slowest.item())
 
 
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="2,4")
@@ -76,9 +69,8 @@ def main() -> int:
         print(f"allgather_transports: --densities has {len(densities)} values: expected one per --numels "
               f"entry ({len(numels)})", file=sys.stderr)
         return 2
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parent).stdout.strip()
-    print(f"# {' '.join(sys.argv)}\n# {_cpu_model()}, {len(os.sched_getaffinity(0))} cores, commit {commit}, "
+    commit = short_commit()
+    print(f"# {' '.join(sys.argv)}\n# {cpu_model()}, {len(os.sched_getaffinity(0))} cores, commit {commit}, "
           f"load {os.getloadavg()[0]:.2f}; ms per call, slowest rank's median, each call after a barrier")
     print("| P | numel | rho | gloo ms | shm ms | tcp ms | gloo / shm | gloo / tcp |")
     print("|---|---|---|---|---|---|---|---|")

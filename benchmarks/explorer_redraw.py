@@ -15,7 +15,7 @@
    control), and the time of a methods change (the traces rebuilt), repeated
    ``--repeats`` times (the median of the medians is printed).
 
-Prints one table with the CPU model (lscpu), the host's cores and the commit.
+Prints one table with the CPU model, the host's cores and the commit.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 from typing import Any, Callable
 
 import numpy as np
@@ -32,26 +31,7 @@ from gtopk_lab.methods import available_methods
 from gtopk_lab.network.model import PRESETS
 from gtopk_lab.plotting.explorer import Explorer
 from gtopk_lab.plotting.explorer_model import WORKERS
-
-
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown (no lscpu)"
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
-def _commit() -> str:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
+from gtopk_lab.provenance import cpu_model, short_commit
 
 
 def _changes(explorer: Explorer, n: int) -> dict[str, Callable[[int], Any]]:
@@ -103,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     sets = {"3 (dense, topk, gtopk)": ("dense", "topk", "gtopk"),
             f"all {len(available_methods())}": tuple(available_methods())}
-    print(f"CPU: {_cpu_model()} ({os.cpu_count()} cores), commit {_commit()}, "
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores), commit {short_commit()}, "
           f"{args.changes} changes per control, {args.repeats} repeat(s)")
     print(f"{'methods':<24}{'control':<10}{'median ms':>11}{'p90 ms':>9}")
     worst = 0.0

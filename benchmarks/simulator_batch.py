@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import subprocess
 import sys
 import time
 from statistics import median
@@ -36,26 +34,8 @@ import torch
 
 from gtopk_lab.config import RunConfig
 from gtopk_lab.counts import split_list
+from gtopk_lab.provenance import cpu_model, short_commit
 from gtopk_lab.training.simulator import simulate
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def iteration_s(workers: int, batched: str, args: argparse.Namespace) -> tuple[float, float]:
@@ -97,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         print("--iterations, --base-iterations, --rounds and --workers must be >= 1", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    print(f"# {cpu_model()}, commit {commit()}, load average {os.getloadavg()[0]:.2f} at start")
+    print(f"# {cpu_model()}, commit {short_commit()}, load average {os.getloadavg()[0]:.2f} at start")
     print(f"# {args.method}, density {args.density}, {args.model} on {args.dataset}, batch {args.batch_size}, "
           f"{args.iterations} timed iterations ({args.base_iterations} for each round's P = 1 baseline), "
           f"{args.rounds} rounds; each column: the median over the rounds")

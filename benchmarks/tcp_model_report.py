@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
+
+from gtopk_lab.provenance import cpu_model, short_commit
 
 LABELS = {"ring_allreduce": "dense ring", "topk_allgather": "Top-k allgather", "gtopk_butterfly": "gTop-k butterfly",
           "gtopk_tree": "gTop-k tree", "oktopk_allreduce": "Ok-Topk", "incast": "incast (P-1 -> 1)"}
@@ -13,21 +14,8 @@ LABELS = {"ring_allreduce": "dense ring", "topk_allgather": "Top-k allgather", "
 
 def environment() -> dict[str, Any]:
     """CPU model, cores, commit and load average, for every figure."""
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent, check=False).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "commit": commit, "load": load}
+    return {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "commit": short_commit(), "load": load}
 
 
 def _err(pred: float, meas: float) -> str:

@@ -70,6 +70,31 @@ def network(bandwidth: str, latency: str | None) -> dict[str, Any]:
     return info
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU a figure belongs to: its model name, with its family and model numbers where the
+    name carries no model number (a VM's "AMD EPYC" was a family 25 model 17 one day and a
+    family 26 model 2 the next: selection ratios and simulator costs differ by 1.5x between
+    them), and "AVX-512" when it has AVX-512F (memory-bound kernels differ by both). Linux:
+    /proc/cpuinfo; elsewhere ``platform.processor()``."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return platform.processor() or platform.machine() or "unknown CPU"
+    first = text.split("\n\n", 1)[0]  # one processor's block: they are alike
+    fields = {key.strip(): value.strip() for key, value in
+              (line.split(":", 1) for line in first.splitlines() if ":" in line)}
+    name = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    if not any(ch.isdigit() for ch in name) and "cpu family" in fields and "model" in fields:
+        name = f"{name} (family {fields['cpu family']} model {fields['model']})"
+    flags = fields.get("flags", "").split()
+    return f"{name}, {'AVX-512' if 'avx512f' in flags else 'no AVX-512'}" if flags else name
+
+
+def short_commit() -> str:
+    """The first 7 digits of :func:`git_commit`, or "unknown" (what a benchmark prints)."""
+    return (git_commit() or "unknown")[:7]
+
+
 def provenance(config: Any, device: str | None = None) -> dict[str, Any]:
     """Code version, git commit, library versions, host, device and network of a run.
 

@@ -33,3 +33,14 @@ def test_cpu_model_names_the_cpu_and_avx512(tmp_path: Path) -> None:
     info.write_text("model name\t: Intel(R) Xeon(R) Processor\nflags\t\t: avx2 avx512f avx512bw\n")
     assert cpu_model(info) == "Intel(R) Xeon(R) Processor, AVX-512"
     assert cpu_model(tmp_path / "missing")  # not Linux: platform's name, never empty
+
+
+def test_cpu_model_tells_apart_two_cpus_that_share_a_generic_name(tmp_path: Path) -> None:
+    """A VM's "AMD EPYC" was a Zen 3 one day and a Zen 5 the next: the family and model
+    numbers name them where the name holds no model number (only the first processor read)."""
+    info = tmp_path / "cpuinfo"
+    block = "processor\t: {}\ncpu family\t: {}\nmodel\t\t: {}\nmodel name\t: AMD EPYC\nflags\t\t: avx2 avx512f\n"
+    info.write_text(block.format(0, 26, 2) + "\n" + block.format(1, 99, 99))
+    assert cpu_model(info) == "AMD EPYC (family 26 model 2), AVX-512"
+    info.write_text(block.format(0, 25, 17).replace("AMD EPYC", "AMD EPYC 7B13"))
+    assert cpu_model(info) == "AMD EPYC 7B13, AVX-512"

@@ -10,32 +10,17 @@ thread each. :func:`cpu_model` names the CPU the figures belong to.
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from gtopk_lab.compression.selection import available_selectors, get_selector
 from gtopk_lab.config import k_for
+from gtopk_lab.provenance import cpu_model
 
 __all__ = ["bench_selection", "cpu_model"]
-
-
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name, with "AVX-512" when it has AVX-512F (Linux: /proc/cpuinfo;
-    elsewhere ``platform.processor()``): memory-bound kernels differ by both."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return platform.processor() or platform.machine() or "unknown CPU"
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
-    name = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
-    flags = fields.get("flags", "").split()
-    return f"{name}, {'AVX-512' if 'avx512f' in flags else 'no AVX-512'}" if flags else name
 
 
 def _timed(fn: Any, *args: Any) -> tuple[float, Any]:
