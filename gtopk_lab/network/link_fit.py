@@ -14,13 +14,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["BURST_GAIN", "BURST_SIDE_POINTS", "fit_alpha_beta", "fit_alpha_beta_burst"]
+__all__ = ["BURST_GAIN", "BURST_SIDE_POINTS", "LINE_MISS_RMS", "MISSED_LINE_GAIN", "fit_alpha_beta",
+           "fit_alpha_beta_burst"]
 
 
 #: a burst must cut the weighted squared residual of the straight-line fit by this factor
 BURST_GAIN = 4.0
 #: and have at least this many of the (distinct) sizes on each side of it
 BURST_SIDE_POINTS = 2
+#: a straight line whose root-mean-square relative residual exceeds this misses the link (noise
+#: of a ping-pong's medians is a few per cent: lines through +-6-10% noise read 5-10%)
+LINE_MISS_RMS = 0.15
+#: and then a kink that cuts its weighted squared residual by this factor is taken: the 2026-12-08
+#: testbed's 50 Mbit/s port read 1K-16K messages at 64-93 Mbit/s and 1M-4M at 47, so the line
+#: (through the origin) priced 4 MB 28% fast and a kink at 3 kB cut the residual 3.7x
+MISSED_LINE_GAIN = 2.0
 
 
 def _weighted_sse(sizes: Sequence[float], times: Sequence[float], alpha: float, beta: float) -> float:
@@ -37,8 +45,11 @@ def fit_alpha_beta_burst(sizes_bytes: Sequence[float], times_s: Sequence[float])
        least :data:`BURST_SIDE_POINTS` distinct sizes at or below B and as many above: the same
        fit of ``t`` on ``max(0, n - B)``, its residual S(B).
     3. The B of the smallest S(B) if ``S(B) * BURST_GAIN <= S0`` (a clear kink, not noise that a
-       third constant always absorbs), else B = 0 and step 1's line. Exact on noiseless data of
-       either shape up to the grid's step. Cost: O(sizes x grid).
+       third constant always absorbs), or ``S(B) * MISSED_LINE_GAIN <= S0`` where the line
+       misses the sizes by more than :data:`LINE_MISS_RMS` (root mean square of its relative
+       residuals: no noise makes a line miss by that much, and a line through a shaper's
+       gradual bend prices its large messages tens of per cent fast); else B = 0 and step 1's
+       line. Exact on noiseless data of either shape up to the grid's step. Cost: O(sizes x grid).
     """
     alpha, beta = fit_alpha_beta(sizes_bytes, times_s)
     n = [float(x) for x in sizes_bytes]
@@ -49,7 +60,8 @@ def fit_alpha_beta_burst(sizes_bytes: Sequence[float], times_s: Sequence[float])
         return alpha, beta, 0.0
     low, high = distinct[BURST_SIDE_POINTS - 1], distinct[-BURST_SIDE_POINTS]
     steps = int(64 * math.log10(high / low)) if high > low else 0
-    threshold = best[0] / BURST_GAIN
+    missed = math.sqrt(best[0] / len(n)) > LINE_MISS_RMS
+    threshold = best[0] / (MISSED_LINE_GAIN if missed else BURST_GAIN)
     for i in range(steps + 1):
         b = low * (high / low) ** (i / max(steps, 1))
         if b >= high:
