@@ -5,6 +5,8 @@ or dropout; the compute charge of a batched call; the option's checks."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -73,7 +75,7 @@ def test_every_registered_method_batched_equals_sequential_or_is_refused() -> No
             continue
         batched = simulate(_config(m, "auto"))
         assert batched.summary["batched_ranks"] is True, m
-        assert batched.summary["compute_s_attribution"] == "batched_call_over_P"
+        assert batched.summary["compute_s_attribution"] == "one_rank_call"
         torch.testing.assert_close(batched.final_weights, sequential.final_weights, rtol=1e-5, atol=1e-6,
                                    msg=lambda text, m=m: f"{m}: {text}")
         seq_losses, bat_losses = _losses(sequential.rows), _losses(batched.rows)
@@ -124,12 +126,46 @@ def test_models_with_buffers_or_dropout_are_refused_and_auto_falls_back(model: s
 def test_batched_call_is_charged_to_every_rank_alike_and_fixed_compute_wins() -> None:
     result = simulate(_config("gtopk", "on", model="cnn"))
     rows = [r for r in result.rows if r["kind"] == "iter"]
-    for it in range(ITERATIONS):  # 1/P of one measured call each
+    for it in range(ITERATIONS):  # rank 0's own pass, every rank alike
         computes = {r["compute_s"] for r in rows if r["iteration"] == it}
         assert len(computes) == 1 and computes.pop() > 0
     fixed = simulate(_config("gtopk", "on", model="cnn", compute_charge={"compute_time_s": 0.01}))
     assert fixed.summary["compute_s_attribution"] == "fixed" and fixed.summary["batched_ranks"] is True
     assert all(r["compute_s"] == 0.01 for r in fixed.rows if r["kind"] == "iter")
+
+
+def _spin_cpu_s(seconds: float) -> None:
+    start = time.thread_time()
+    while time.thread_time() - start < seconds:
+        pass
+
+
+@pytest.mark.timeout(120)
+def test_a_batched_rank_is_charged_its_own_pass_not_a_pth_of_the_batched_call(monkeypatch) -> None:
+    """Each rank pays its own forward/backward; the batched call pays the per-call overheads once
+    for P ranks, so 1/P of it charged a virtual rank a third of a real one's pass (the CNN at
+    P = 4). Oracle: rank 0's own pass made to cost 30 ms of CPU more (a spin inside
+    ``Replica.forward_backward``, which the batched gradients never call), so every charged
+    compute is at least 30 ms, while the batched call / P stays far below; the pass is made at
+    the first 8 iterations and every 8th after (20 iterations: 8 + iterations 8 and 16)."""
+    own = Replica.forward_backward
+    calls = []
+
+    def slow_own_pass(self, x, y):
+        calls.append(tuple(x.shape))
+        _spin_cpu_s(0.03)
+        return own(self, x, y)
+
+    monkeypatch.setattr(Replica, "forward_backward", slow_own_pass)
+    result = simulate(_config("gtopk", "on", model="cnn", max_iterations=20, train_samples=WORLD * 8 * 21,
+                              sink_every=20))
+    assert result.summary["compute_s_attribution"] == "one_rank_call"
+    assert len(calls) == 10 and all(shape == (8, 40) for shape in calls)  # one rank's batch
+    rows = [r for r in result.rows if r["kind"] == "iter"]
+    assert len(rows) == WORLD * 20
+    assert min(r["compute_s"] for r in rows) >= 0.03
+    assert max(r["compute_s"] for r in rows) < 0.03 + 1.0  # a median of spun passes, not a sum
+    assert result.summary["compute_s_virtual"] >= 0.03  # per iteration
 
 
 @pytest.mark.timeout(10)

@@ -83,7 +83,7 @@ def batched_summary(gradients: bool, gradients_refusal: str | None, steps_refusa
     """A simulated run's summary fields: whether the gradients (``gradients``) and the steps
     (``steps_refusal`` None) ran batched, why not, how the batched gradients were computed
     (``how``: ``BatchedGradients``' rule and why not "layers"), and how their time was charged
-    (1/P of the batched gradients per rank; a batched step's selection as rank 0's own call;
+    (batched gradients and a batched step's selection: rank 0's own call, ``one_rank_call``;
     else per rank, or ``fixed``)."""
     def rule(batched: bool, label: str) -> str:
         return "fixed" if fixed else label if batched else "per_rank"
@@ -91,7 +91,7 @@ def batched_summary(gradients: bool, gradients_refusal: str | None, steps_refusa
     return {"batched_ranks": gradients, "batched_ranks_refusal": gradients_refusal,
             "batched_gradients": how[0] if how else None, "batched_gradients_refusal": how[1] if how else None,
             "batched_steps": steps, "batched_steps_refusal": steps_refusal,
-            "compute_s_attribution": rule(gradients, "batched_call_over_P"),
+            "compute_s_attribution": rule(gradients, "one_rank_call"),
             "selection_s_attribution": rule(steps, "one_rank_call")}
 
 

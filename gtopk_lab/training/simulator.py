@@ -19,8 +19,11 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    then, where :func:`~gtopk_lab.training.batched_step.batched_step_refusal` allows, the P
    ``begin`` s are one :class:`~gtopk_lab.training.batched_step.BatchedSteps` (``[P, d]``
    error feedback and top-k; step 4's memory updates too), else each row goes through its
-   rank's own ``begin``. The batched gradients are measured once and each rank charged 1/P of
-   them (summary ``compute_s_attribution`` "batched_call_over_P"); a batched sparse step is
+   rank's own ``begin``. Each rank is charged rank 0's own forward/backward, timed beside the
+   batched call at the first 8 iterations and every 8th after, the median of the last 8
+   (summary ``compute_s_attribution`` "one_rank_call": the batched call / P pays autograd's
+   and the kernels' per-call overhead once for P ranks, a third of a real rank's pass on
+   the MNIST-1D CNN at P = 4); a batched sparse step is
    charged per rank as rank 0's own compensation and selection call, timed beside it
    (``selection_s_attribution`` "one_rank_call": a row of the batched top-k shares the
    per-call overhead a real rank pays whole); else "per_rank", or "fixed" with a fixed or
