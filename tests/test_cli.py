@@ -69,6 +69,11 @@ def test_simulated_run_json_then_runs_lists_it(tmp_path, capsys):
     assert [r["run_id"] for r in listed] == [summary["run_id"]]
     assert main(["runs", "--out", out]) == 0
     assert summary["run_id"] in capsys.readouterr().out
+    assert main(["runs", out]) == 0  # the folder as `report` takes it
+    assert summary["run_id"] in capsys.readouterr().out
+    assert main(["runs", out, "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (f"gtopk-lab: error: results_dir={out!r} and --out={str(tmp_path)!r} "
+                                               "are two folders: give one")
 
 
 @pytest.mark.timeout(180)

@@ -20,6 +20,8 @@ COLUMNS: tuple[str, ...] = ("study", "run_id", "status", "method", "workers", "d
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results_dir", nargs="?", default=None,
+                        help="results folder, as `gtopk-lab report` takes it (the same as --out)")
     run_cmd.add_out_argument(parser)
     parser.add_argument("--json", action="store_true",
                         help="print every summary as one JSON list (last line)")
@@ -36,6 +38,13 @@ def run(args: argparse.Namespace) -> int:
     from gtopk_lab.orchestration.results import LISTED_STATUSES, load_summaries
     from gtopk_lab.orchestration.run_identity import filter_runs, study_order
 
+    if args.results_dir is not None:
+        if args.out != parser_default_out() and Path(args.out) != Path(args.results_dir):
+            raise UsageError(f"results_dir={args.results_dir!r} and --out={args.out!r} are two folders: "
+                             "give one")
+        if not Path(args.results_dir).is_dir():
+            raise UsageError(f"results_dir={args.results_dir!r} is invalid: no such folder")
+        args.out = args.results_dir
     if not Path(args.out).is_dir():
         raise UsageError(f"--out={args.out!r} is invalid: no such folder")
     if args.status is not None and args.status not in LISTED_STATUSES:
@@ -69,6 +78,13 @@ def run(args: argparse.Namespace) -> int:
             shown = shown.drop(columns=["queue_reason"])
     print(shown.fillna("").to_string(index=False))
     return 0
+
+
+def parser_default_out() -> str:
+    """``--out``'s default (the results home), to tell it from a folder given twice."""
+    from gtopk_lab.results_home import results_home
+
+    return str(results_home())
 
 
 def _study_text(row: dict) -> str:
