@@ -20,7 +20,7 @@ checkpoints and resume are :func:`~gtopk_lab.training.skeleton.run_iterations`, 
    ``begin`` s are one :class:`~gtopk_lab.training.batched_step.BatchedSteps` (``[P, d]``
    error feedback and top-k; step 4's memory updates too), else each row goes through its
    rank's own ``begin``. Each rank is charged rank 0's own forward/backward, timed beside the
-   batched call at the first 8 iterations and every 8th after, the median of the last 8
+   batched call at the first 4 iterations and every 8th after, the median of the last 8
    (summary ``compute_s_attribution`` "one_rank_call": the batched call / P pays autograd's
    and the kernels' per-call overhead once for P ranks, a third of a real rank's pass on
    the MNIST-1D CNN at P = 4); a batched sparse step is
