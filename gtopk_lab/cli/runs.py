@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from gtopk_lab.orchestration.run_identity import filter_runs, study_order
 
     if args.results_dir is not None:
-        if args.out != parser_default_out() and Path(args.out) != Path(args.results_dir):
+        if args.out != _default_out() and Path(args.out) != Path(args.results_dir):
             raise UsageError(f"results_dir={args.results_dir!r} and --out={args.out!r} are two folders: "
                              "give one")
         if not Path(args.results_dir).is_dir():
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def parser_default_out() -> str:
+def _default_out() -> str:
     """``--out``'s default (the results home), to tell it from a folder given twice."""
     from gtopk_lab.results_home import results_home
 
