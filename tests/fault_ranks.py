@@ -78,13 +78,15 @@ def toy_train(config: RunConfig, sink=None, device=None, checkpoint_dir: str | N
 
     ``config.custom``: ``iters_per_epoch`` (4), ``sleep_s`` per iteration (0.01),
     ``oom_rank``/``oom_at`` (that rank allocates under RLIMIT_AS at that iteration),
-    ``marker_dir`` (each rank writes ``rank<R>-from<I>.json`` when it ends: how, when,
-    from which iteration, and ``began``: when the rank started training). The summary's
-    ``final_train_loss`` is the weights' sum.
+    ``marker_dir`` (each rank writes ``began-rank<R>.json`` when it starts training and
+    ``rank<R>-from<I>.json`` when it ends: how, when, from which iteration, and ``began``:
+    when the rank started training). The summary's ``final_train_loss`` is the weights' sum.
     """
     began = time.time()
     extra = config.custom
     rank, world = dist.get_rank(), dist.get_world_size()
+    if extra.get("marker_dir"):
+        Path(extra["marker_dir"], f"began-rank{rank}.json").write_text(json.dumps({"rank": rank, "at": began}))
     per_epoch = int(extra.get("iters_per_epoch", 4))
     w = torch.zeros(4, dtype=torch.float64)
     start = 0

@@ -305,6 +305,13 @@ def test_a_killed_clients_workers_are_freed_and_its_ranks_stop(lab, other, tmp_p
     assert handle.status == "queued" and "held by other clients' runs" in handle.queue_reason
     stored = json.loads((Path(lab.out) / handle.run_id / "summary.json").read_text())
     assert stored["status"] == "queued" and stored["queue_reason"] == handle.queue_reason
+    # "started" is the reservation granted: its ranks may still be meeting. Killed then, a
+    # rank never reaches training (a fresh clone's suite, 2026-12-08: no marker in 10 s), and
+    # this test is about ranks that train, so the kill waits for both to begin
+    deadline = time.monotonic() + 30
+    while len(list((tmp_path / "killed").glob("began-rank*.json"))) < 2:
+        assert time.monotonic() < deadline, "the other client's ranks never began training"
+        time.sleep(0.02)
     killed_at = time.time()
     other.kill()
     while handle.status == "queued":
