@@ -27,6 +27,7 @@ from gtopk_lab.orchestration import reservations
 from gtopk_lab.orchestration.lab import Lab
 from gtopk_lab.orchestration.local_deployment import LocalDeployment
 from gtopk_lab.orchestration.reservations import WAITING_STALE_S, ReservationTable
+from gtopk_lab.worker.rank_task import run_rank
 
 import fault_ranks
 
@@ -333,3 +334,32 @@ def test_a_killed_clients_workers_are_freed_and_its_ranks_stop(lab, other, tmp_p
     assert len(orphans) == 2 and "RunCancelled" in ended, orphans
     assert set(ended) <= {"RunCancelled", "RuntimeError", "DistBackendError", "DistNetworkError"}, orphans
     assert max(m["at"] for m in orphans) < killed_at + 10  # long before its natural end
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_released_while_it_waits_for_rank_0_frees_its_worker_at_once(deployment):
+    """A client that dies before its run's rank 0 starts leaves its other ranks waiting for
+    rank 0's address; each held its worker's one thread for the whole rendezvous timeout,
+    from the run the scheduler gave that worker to next. Rank 1 of a run whose rank 0 never
+    starts (timeout 60 s) is cancelled once it waits: the worker runs the next task within
+    a few seconds, and the rank says it was cancelled."""
+    from distributed import Client
+
+    dep = deployment[0]
+    config = RunConfig(method="dense", workers=2, epochs=1, device="cpu", run_id="never-met",
+                       custom={"iters_per_epoch": 4})
+    with Client(dep.address, timeout=5) as client:
+        worker = sorted(client.scheduler_info()["workers"])[0]
+        waiting = client.submit(run_rank, config.to_dict(), 1, 60.0, fault_ranks.toy_train, "never-met-1",
+                                key="rank-1-of-never-met", workers=[worker], pure=False)
+        deadline = time.monotonic() + 30
+        while "rank-1-of-never-met" not in {k for keys in client.processing().values() for k in keys}:
+            assert time.monotonic() < deadline, "the rank never started"
+            time.sleep(0.05)
+        time.sleep(1.0)  # past its set-up (numba's kernels, the interface), into the wait
+        cancelled_at = time.monotonic()
+        client.cancel(waiting)
+        after = client.submit(time.monotonic, key="after-the-cancel", workers=[worker], pure=False)
+        ran_at = after.result(timeout=30)
+    print(f"\nrendezvous: the worker ran the next task {ran_at - cancelled_at:.2f} s after the cancel")
+    assert ran_at - cancelled_at < 10  # the rendezvous polls every 0.5 s; 60 s before

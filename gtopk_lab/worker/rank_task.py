@@ -9,8 +9,9 @@ One run of P ranks is P calls of :func:`run_rank`, one per Dask worker:
    bound to port 0 so the OS picks a free port (no race between "pick" and "bind") and
    listening on the worker's own address only (``comm.launch.master_store``), and
    publishes ``host:port`` in the Dask ``Variable`` ``gtopk-rdv-<run_id>``.
-   Ranks 1..P-1 read that variable (waiting at most ``timeout_s``) and connect.
-   One variable per run id, so two runs never share a rendezvous.
+   Ranks 1..P-1 read that variable (waiting at most ``timeout_s``, and ending with
+   ``RunCancelled`` once their own task is released: a dead client's rank 0 may never
+   start) and connect. One variable per run id, so two runs never share a rendezvous.
 2. **Process group.** ``init_process_group(backend, store=..., timeout=timeout_s)``:
    NCCL on a worker that holds a ``GPU`` resource and sees CUDA, gloo otherwise.
    The timeout bounds how long a rank waits for a dead or late peer. Before it, the
@@ -167,11 +168,18 @@ class EventSink:
     def cancelled(self) -> bool:
         """True once the client has cancelled the run, or the scheduler released this
         rank's task (cancelled by its client, or its client left the cluster)."""
-        if self.cancel_key in _CANCELLED_KEYS:
-            return True
-        tasks = getattr(getattr(self.worker, "state", None), "tasks", None)
-        task = tasks.get(self.task_key) if tasks is not None and self.task_key is not None else None
-        return task is not None and task.state == "cancelled"
+        return run_released(self.worker, self.cancel_key, self.task_key)
+
+
+def run_released(worker: Any, cancel_key: str, task_key: Any) -> bool:
+    """True once the client flagged the run ``cancel_key`` cancelled (:func:`mark_cancelled`)
+    or the scheduler released the task ``task_key`` that runs this rank on ``worker`` (its
+    state there is ``cancelled``: cancelled by its client, or its client left the cluster)."""
+    if cancel_key in _CANCELLED_KEYS:
+        return True
+    tasks = getattr(getattr(worker, "state", None), "tasks", None)
+    task = tasks.get(task_key) if tasks is not None and task_key is not None else None
+    return task is not None and task.state == "cancelled"
 
 
 def current_task_key() -> Any:
@@ -187,15 +195,31 @@ def _publish_rendezvous(key: str, value: str, client: Any) -> None:
     Variable(rendezvous_name(key), client=client).set(value)
 
 
-def _read_rendezvous(key: str, client: Any, timeout_s: float) -> str:
+#: how often a rank waiting for rank 0's address checks whether its own task was released
+RENDEZVOUS_POLL_S = 0.5
+
+
+def _read_rendezvous(key: str, client: Any, timeout_s: float,
+                     released: Callable[[], bool] = lambda: False) -> str:
+    """Rank 0's address, waited for up to ``timeout_s`` in slices of :data:`RENDEZVOUS_POLL_S`:
+    between them ``released()`` (:func:`run_released`) ends the wait with ``RunCancelled``.
+    A run whose client died before its rank 0 started never publishes one, and a rank that
+    waited out the whole timeout held its worker (one thread) from the run the scheduler
+    had given that worker to (60 s by default)."""
     from distributed import Variable
 
-    try:
-        return str(Variable(rendezvous_name(key), client=client).get(timeout=timeout_s))
-    except TimeoutError as exc:
-        raise TimeoutError(
-            f"rendezvous {key}: rank 0 did not publish its address within {timeout_s:.0f} s"
-        ) from exc
+    variable = Variable(rendezvous_name(key), client=client)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"rendezvous {key}: rank 0 did not publish its address within {timeout_s:.0f} s")
+        try:
+            return str(variable.get(timeout=min(RENDEZVOUS_POLL_S, left)))
+        except TimeoutError:
+            if released():
+                raise RunCancelled(f"rendezvous {key}: the run was cancelled (by its client, or the scheduler "
+                                   "released its task) while this rank waited for rank 0's address") from None
 
 
 def join_process_group(worker: Any, client: Any, key: str, rank: int, world: int, backend: str,
@@ -215,7 +239,9 @@ def join_process_group(worker: Any, client: Any, key: str, rank: int, world: int
         store = master_store(own_host, world, timeout)  # listens on this address only
         _publish_rendezvous(key, f"{own_host}:{store.port}", client)
     else:
-        address = _read_rendezvous(key, client, timeout.total_seconds())
+        task_key = current_task_key()
+        address = _read_rendezvous(key, client, timeout.total_seconds(),
+                                   released=lambda: run_released(worker, key, task_key))
         host, port = address.rsplit(":", 1)
         store = dist.TCPStore(host, int(port), world, False, timeout=timeout)
     store.set(f"gtopk/interface/{rank}", json.dumps(binding.to_dict()))
