@@ -363,3 +363,30 @@ def test_a_rank_released_while_it_waits_for_rank_0_frees_its_worker_at_once(depl
         ran_at = after.result(timeout=30)
     print(f"\nrendezvous: the worker ran the next task {ran_at - cancelled_at:.2f} s after the cancel")
     assert ran_at - cancelled_at < 10  # the rendezvous polls every 0.5 s; 60 s before
+
+
+@pytest.mark.timeout(90)
+def test_rank_0_released_while_it_waits_for_the_others_frees_its_worker_at_once(deployment):
+    """The other side of the rendezvous: rank 0 of a run whose rank 1 never starts waits for
+    it to join (inside init_process_group before, for the whole timeout); cancelled while it
+    waits, its worker runs the next task within seconds."""
+    from distributed import Client
+
+    dep = deployment[0]
+    config = RunConfig(method="dense", workers=2, epochs=1, device="cpu", run_id="never-joined",
+                       custom={"iters_per_epoch": 4})
+    with Client(dep.address, timeout=5) as client:
+        worker = sorted(client.scheduler_info()["workers"])[0]
+        waiting = client.submit(run_rank, config.to_dict(), 0, 60.0, fault_ranks.toy_train, "never-joined-1",
+                                key="rank-0-of-never-joined", workers=[worker], pure=False)
+        deadline = time.monotonic() + 30
+        while "rank-0-of-never-joined" not in {k for keys in client.processing().values() for k in keys}:
+            assert time.monotonic() < deadline, "the rank never started"
+            time.sleep(0.05)
+        time.sleep(1.0)  # past its set-up, into the wait
+        cancelled_at = time.monotonic()
+        client.cancel(waiting)
+        after = client.submit(time.monotonic, key="after-rank-0-cancel", workers=[worker], pure=False)
+        ran_at = after.result(timeout=30)
+    print(f"\nrendezvous: the worker ran the next task {ran_at - cancelled_at:.2f} s after rank 0's cancel")
+    assert ran_at - cancelled_at < 10

@@ -5,13 +5,11 @@ never plotting or notebook code.
 
 One run of P ranks is P calls of :func:`run_rank`, one per Dask worker:
 
-1. **Rendezvous.** Rank 0 starts a ``torch.distributed.TCPStore`` on its own host,
-   bound to port 0 so the OS picks a free port (no race between "pick" and "bind") and
-   listening on the worker's own address only (``comm.launch.master_store``), and
-   publishes ``host:port`` in the Dask ``Variable`` ``gtopk-rdv-<run_id>``.
-   Ranks 1..P-1 read that variable (waiting at most ``timeout_s``, and ending with
-   ``RunCancelled`` once their own task is released: a dead client's rank 0 may never
-   start) and connect. One variable per run id, so two runs never share a rendezvous.
+1. **Rendezvous** (:mod:`~gtopk_lab.worker.rendezvous`): rank 0 publishes its
+   ``TCPStore``'s ``host:port`` in the Dask ``Variable`` ``gtopk-rdv-<run_id>``, the others
+   read it and connect, and every rank waits for all P to join; both waits end with
+   ``RunCancelled`` once the rank's own task is released (a dead client's other ranks may
+   never start).
 2. **Process group.** ``init_process_group(backend, store=..., timeout=timeout_s)``:
    NCCL on a worker that holds a ``GPU`` resource and sees CUDA, gloo otherwise.
    The timeout bounds how long a rank waits for a dead or late peer. Before it, the
@@ -46,13 +44,15 @@ from __future__ import annotations
 
 import datetime
 import json
-import socket
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from gtopk_lab.worker.faults import PEER_LOST, SchedulerWatchdog, failure_cause
+from gtopk_lab.worker.rendezvous import (  # noqa: F401  (re-exported: the client side names them here)
+    RunCancelled, current_task_key, join_process_group, mark_cancelled, rendezvous_name, run_released,
+)
 
 #: Prefix of the per-run log_event topic that carries metric rows.
 TOPIC_PREFIX = "gtopk-"
@@ -61,15 +61,6 @@ TOPIC_PREFIX = "gtopk-"
 def topic_for(run_id: str) -> str:
     """The ``log_event`` topic of a run: ``gtopk-<run_id>``."""
     return f"{TOPIC_PREFIX}{run_id}"
-
-
-def rendezvous_name(run_id: str) -> str:
-    """Name of the Dask ``Variable`` through which rank 0 publishes ``host:port``."""
-    return f"gtopk-rdv-{run_id}"
-
-
-class RunCancelled(RuntimeError):
-    """Raised inside a rank when the client cancelled the run."""
 
 
 def to_plain(value: Any) -> Any:
@@ -87,14 +78,6 @@ def to_plain(value: Any) -> Any:
         except (ValueError, RuntimeError):
             pass
     return str(value)
-
-
-def _worker_host(worker: Any) -> str:
-    """The host part of the worker's address (the interface its peers can reach)."""
-    addr = str(worker.address)
-    hostport = addr.split("://", 1)[-1]
-    host = hostport.rsplit(":", 1)[0].strip("[]")
-    return host or socket.gethostname()
 
 
 def select_device(worker: Any, requested: str, rank: int = 0) -> tuple[Any, str]:
@@ -118,17 +101,6 @@ def select_device(worker: Any, requested: str, rank: int = 0) -> tuple[Any, str]
     if cuda_ok and (requested == "cuda" or has_gpu_resource):
         return torch.device("cuda", rank % max(1, torch.cuda.device_count())), "nccl"
     return torch.device("cpu"), "gloo"
-
-
-#: Rendezvous keys of runs the client cancelled, set on each worker by
-#: :func:`mark_cancelled` (run through ``Client.run`` on the worker's event loop, so it
-#: lands while the rank's thread is busy training).
-_CANCELLED_KEYS: set[str] = set()
-
-
-def mark_cancelled(key: str) -> None:
-    """Worker side: flag the run with rendezvous key ``key`` as cancelled."""
-    _CANCELLED_KEYS.add(key)
 
 
 class EventSink:
@@ -169,84 +141,6 @@ class EventSink:
         """True once the client has cancelled the run, or the scheduler released this
         rank's task (cancelled by its client, or its client left the cluster)."""
         return run_released(self.worker, self.cancel_key, self.task_key)
-
-
-def run_released(worker: Any, cancel_key: str, task_key: Any) -> bool:
-    """True once the client flagged the run ``cancel_key`` cancelled (:func:`mark_cancelled`)
-    or the scheduler released the task ``task_key`` that runs this rank on ``worker`` (its
-    state there is ``cancelled``: cancelled by its client, or its client left the cluster)."""
-    if cancel_key in _CANCELLED_KEYS:
-        return True
-    tasks = getattr(getattr(worker, "state", None), "tasks", None)
-    task = tasks.get(task_key) if tasks is not None and task_key is not None else None
-    return task is not None and task.state == "cancelled"
-
-
-def current_task_key() -> Any:
-    """The Dask key of the task running in this thread (None outside one)."""
-    from distributed.worker import thread_state
-
-    return getattr(thread_state, "key", None)
-
-
-def _publish_rendezvous(key: str, value: str, client: Any) -> None:
-    from distributed import Variable
-
-    Variable(rendezvous_name(key), client=client).set(value)
-
-
-#: how often a rank waiting for rank 0's address checks whether its own task was released
-RENDEZVOUS_POLL_S = 0.5
-
-
-def _read_rendezvous(key: str, client: Any, timeout_s: float,
-                     released: Callable[[], bool] = lambda: False) -> str:
-    """Rank 0's address, waited for up to ``timeout_s`` in slices of :data:`RENDEZVOUS_POLL_S`:
-    between them ``released()`` (:func:`run_released`) ends the wait with ``RunCancelled``.
-    A run whose client died before its rank 0 started never publishes one, and a rank that
-    waited out the whole timeout held its worker (one thread) from the run the scheduler
-    had given that worker to (60 s by default)."""
-    from distributed import Variable
-
-    variable = Variable(rendezvous_name(key), client=client)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"rendezvous {key}: rank 0 did not publish its address within {timeout_s:.0f} s")
-        try:
-            return str(variable.get(timeout=min(RENDEZVOUS_POLL_S, left)))
-        except TimeoutError:
-            if released():
-                raise RunCancelled(f"rendezvous {key}: the run was cancelled (by its client, or the scheduler "
-                                   "released its task) while this rank waited for rank 0's address") from None
-
-
-def join_process_group(worker: Any, client: Any, key: str, rank: int, world: int, backend: str,
-                       timeout: datetime.timedelta) -> tuple[Any, Any]:
-    """Steps 1-2 of the module docstring for this worker's rank: bind gloo/NCCL to the
-    worker's interface, meet the other ranks through the Dask Variable named after
-    ``key`` and the TCPStore of rank 0, and initialise the default process group.
-    Returns ``(store, binding)`` (``comm.launch.InterfaceBinding``); the caller destroys
-    the group. Cost: one Variable round trip to the scheduler and the group's own set-up."""
-    import torch.distributed as dist
-
-    from gtopk_lab.comm.launch import bind_to_interface, master_store
-
-    own_host = _worker_host(worker)
-    binding = bind_to_interface(own_host)  # before the group: gloo reads it at creation
-    if rank == 0:
-        store = master_store(own_host, world, timeout)  # listens on this address only
-        _publish_rendezvous(key, f"{own_host}:{store.port}", client)
-    else:
-        task_key = current_task_key()
-        address = _read_rendezvous(key, client, timeout.total_seconds(),
-                                   released=lambda: run_released(worker, key, task_key))
-        host, port = address.rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), world, False, timeout=timeout)
-    store.set(f"gtopk/interface/{rank}", json.dumps(binding.to_dict()))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-    return store, binding
 
 
 def run_rank(
