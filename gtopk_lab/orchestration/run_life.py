@@ -32,7 +32,10 @@ __all__ = ["FAILURE_SETTLE_S", "SETTLED", "Step", "RankError", "rank_error", "Ru
 
 #: After the first failure is seen, how long to wait for the other ranks' errors so
 #: that the earliest (root-cause) error is the one reported.
-FAILURE_SETTLE_S = 2.0
+#: past a rank's CANCEL_GRACE_S (2 s, worker/rank_task.py): a rank whose peer failed waits that
+#: long for a cancellation before it reports its own error, so a 2 s settle raced it and the
+#: report sometimes lacked its 'then failed' line (a fresh clone's suite, 2026-12-08)
+FAILURE_SETTLE_S = 3.0
 #: Task states after which a rank task holds no worker any more.
 SETTLED = ("finished", "error", "cancelled")
 
