@@ -143,6 +143,41 @@ def test_link_io_stretched_past_the_wire_is_exposed_and_hidden_under_a_longer_wi
                         io_s_per_rank=[5e-4]).ab_cpu_s == pytest.approx(2e-3)
 
 
+def test_serial_io_of_short_messages_is_stretched_by_the_ranks_exchanging_at_once() -> None:
+    """0.5 ms of I/O a rank, F = 14480 B. A butterfly of 4 ranks on 2 cores, two rounds of 8 kB
+    each way: every byte is within F, all 4 ranks exchange in both rounds, so the serial I/O
+    takes 2x: 0.5 ms more than the wire. A tree's rank 0 exchanges in 4 rounds and its leaves
+    in 2 (a / P = 12 / 16): 1.5x, 0.25 ms more. 2 MB messages: only 2 x 14480 of the 4 MB a
+    round moves are serial; the rest (0.5 ms x 2) hides under their 84 ms wire. One rank per
+    core: no stretch."""
+    net = NetworkModel(ALPHA, RATE)
+    terms, io = TcpTerms(serial_io_bytes=14480.0), 5e-4
+    small = [(8000, 8000)] * 2
+    wire = 2 * (ALPHA + BETA * 8000)
+    butterfly = predict_call(net, terms, [small] * 4, [0.0] * 4, ranks=4, cores=2.0, io_s_per_rank=[io] * 4)
+    assert butterfly.all_terms_s == pytest.approx(wire + io)
+    assert predict_call(net, TcpTerms(), [small] * 4, [0.0] * 4, ranks=4, cores=2.0,
+                        io_s_per_rank=[io] * 4).all_terms_s == pytest.approx(wire + max(0.0, 2 * io - wire))
+    tree = [[(0, 8000)] * 2 + [(8000, 0)] * 2, [(8000, 0), (0, 8000)]] * 2
+    tree_wire = 4 * (ALPHA + BETA * 8000)
+    pred = predict_call(net, terms, tree, [0.0] * 4, ranks=4, cores=2.0, io_s_per_rank=[io] * 4)
+    assert pred.all_terms_s == pytest.approx(tree_wire + 0.5 * io)
+    big = [(2_000_000, 2_000_000)]
+    serial = io * 2 * 14480 / 4_000_000
+    pred = predict_call(net, terms, [big] * 4, [0.0] * 4, ranks=4, cores=2.0, io_s_per_rank=[io] * 4)
+    assert pred.all_terms_s == pytest.approx(ALPHA + BETA * 2_000_000 + serial)
+    assert predict_call(net, terms, [small] * 2, [0.0] * 2, ranks=2, cores=2.0,
+                        io_s_per_rank=[io] * 2).all_terms_s == pytest.approx(wire)
+
+
+def test_fit_terms_sets_the_serial_io_to_the_initial_window_where_io_was_measured() -> None:
+    net = NetworkModel(ALPHA, RATE)
+    row = {"collective": "gtopk_butterfly", "workers": 2, "cores": 2.0, "median_s": 1e-3,
+           "steps": [[(8000, 8000)]] * 2, "cpu_s": [0.0, 0.0]}
+    assert fit_terms(net, [{**row, "io_cpu_s": [3e-4, 3e-4]}], host_cores=2.0).serial_io_bytes == 14480.0
+    assert fit_terms(net, [row], host_cores=2.0).serial_io_bytes == 0.0
+
+
 def test_network_model_carries_terms_and_plain_models_are_unchanged() -> None:
     plain = NetworkModel(ALPHA, RATE, "link")
     assert "tcp" not in plain.to_dict() and plain.tcp is None

@@ -34,6 +34,17 @@ default, so ``TcpTerms()`` reproduces the plain model exactly):
    *less* than the plain model, with ``n = max(sent, recv)``. B comes with the alpha it was
    fitted with (:func:`gtopk_lab.network.link_fit.fit_alpha_beta_burst`, the ping-pong's
    three-constant fit), never added to a linear fit's alpha. Cost: O(1) per round.
+7. **A message's serial I/O** ``serial_io_bytes`` (F): the CPU a rank spends in the links'
+   calls on a message's first F bytes (the write before they leave, the read after they
+   land) runs in series with the wire; past F, writes and reads overlap the bytes in
+   flight. The link's ping-pong prices that CPU inside alpha at one rank per core; when
+   the ranks exchanging at once outnumber the cores it stretches, and the stretch is on the
+   critical path (:func:`gtopk_lab.network.tcp_fit.predict_call`, which has the measured
+   I/O CPU; :meth:`serial_io_s` splits it). Nothing here without a measured I/O CPU: the
+   virtual clock's rounds do not charge it. Not fitted: :func:`~gtopk_lab.network.tcp_fit.fit_terms`
+   sets F to the initial window (``init_window_bytes``), what TCP sends in one flight
+   before ACKs clock the rest (a grid over each testbed run's P <= 4 calls found a flat
+   optimum between 4 and 16 kB, the fit's per-message CPU trading against it). Cost: O(rounds).
 
 Another helper's per-message CPU/contention term for in-process pacing (issue 27) is
 separate; these terms compose with it by addition, as each returns seconds to add.
@@ -115,10 +126,11 @@ class TcpTerms:
     duplex_beta_fraction: float = 0.0
     burst_bytes: float = 0.0
     incast_beta_fraction: float = 0.0
+    serial_io_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         for fname in ("cpu_s_per_message", "rtt_s", "init_window_bytes", "incast_s_per_sender",
-                      "duplex_beta_fraction", "burst_bytes", "incast_beta_fraction"):
+                      "duplex_beta_fraction", "burst_bytes", "incast_beta_fraction", "serial_io_bytes"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{fname}={value!r} has type {type(value).__name__}: expected float")
@@ -134,7 +146,18 @@ class TcpTerms:
     def is_zero(self) -> bool:
         """True when no term adds anything (the plain alpha-beta model)."""
         return (self.cpu_s_per_message == 0 and self.rtt_s == 0 and self.incast_s_per_sender == 0
-                and self.duplex_beta_fraction == 0 and self.burst_bytes == 0 and self.incast_beta_fraction == 0)
+                and self.duplex_beta_fraction == 0 and self.burst_bytes == 0 and self.incast_beta_fraction == 0
+                and self.serial_io_bytes == 0)
+
+    def serial_io_s(self, io_s: float, steps: Sequence[tuple[int, int]]) -> float:
+        """The part of a rank's I/O CPU ``io_s`` (over the messages of ``steps``) spent on each
+        message's first ``serial_io_bytes`` (step 7), pro rata to bytes:
+        ``io_s * sum(min(n, F)) / sum(n)`` over every message sent and received."""
+        total = sum(int(a) + int(b) for a, b in steps)
+        if total <= 0 or self.serial_io_bytes <= 0:
+            return 0.0
+        first = sum(min(int(a), self.serial_io_bytes) + min(int(b), self.serial_io_bytes) for a, b in steps)
+        return io_s * first / total
 
     def past_burst_bytes(self, sent: int, recv: int) -> float:
         """Bytes of a round beyond the shaper's burst: ``max(0, max(sent, recv) - B)`` (what
