@@ -92,8 +92,7 @@ def _publish_rendezvous(key: str, value: str, client: Any) -> None:
 RENDEZVOUS_POLL_S = 0.5
 
 
-def _read_rendezvous(key: str, client: Any, timeout_s: float,
-                     released: Callable[[], bool] = lambda: False) -> str:
+def _read_rendezvous(key: str, client: Any, timeout_s: float, released: Callable[[], bool]) -> str:
     """Rank 0's address, waited for up to ``timeout_s`` in slices of :data:`RENDEZVOUS_POLL_S`:
     between them ``released()`` (:func:`run_released`) ends the wait with ``RunCancelled``.
     A run whose client died before its rank 0 started never publishes one, and a rank that
