@@ -31,9 +31,10 @@ def _rows(n: int) -> pd.DataFrame:
     for rank, (wall, clock, virtual, charge) in enumerate(((10e-3, 1e-3, 6e-3, 2e-3), (50e-3, 0.0, 1e-3, 0.0))):
         for i in range(n):
             rows.append({"kind": "iter", "rank": rank, "iteration": i, "wall_time_s": wall * (i + 1) + (i == 0),
-                         "virtual_time_s": virtual * (i + 1), "clock_s": clock, "comm_charge_s": charge})
+                         "virtual_time_s": virtual * (i + 1), "clock_s": clock, "comm_charge_s": charge,
+                         "comm_s": 3e-3})
     rows.append({"kind": "eval", "rank": 0, "iteration": n, "wall_time_s": 99.0, "virtual_time_s": 99.0,
-                 "clock_s": 0.0, "comm_charge_s": 0.0})
+                 "clock_s": 0.0, "comm_charge_s": 0.0, "comm_s": 0.0})
     return pd.DataFrame(rows).sample(frac=1.0, random_state=0)
 
 
@@ -45,10 +46,10 @@ def test_iteration_times_are_rank_zeros_medians_with_the_cpu_part_stretched_by_s
     assert got["clock_s"] == pytest.approx(6e-3)
     assert got["cpu_s"] == pytest.approx(4e-3) and got["comm_charge_s"] == pytest.approx(2e-3)
     assert got["shared_s"] == pytest.approx(4e-3 * 2 + 2e-3) and got["contention"] == 2.0
-    assert got["iterations"] == 10
+    assert got["iterations"] == 10 and got["comm_s"] == pytest.approx(3e-3)
     alone = bench.iteration_times(_rows(12), workers=2, cores=2, skip=2)
     assert alone["shared_s"] == pytest.approx(alone["clock_s"])
     with pytest.raises(ValueError, match="skip"):
         bench.iteration_times(_rows(12), workers=2, cores=2, skip=11)
     table = bench.table([{"method": "gtopk", "workers": 4, **got}])
-    assert "| gtopk | 4 | 9.00 | 4.00 | 2.00 | 6.00 | -33% | 10.00 | +11% |" in table
+    assert "| gtopk | 4 | 9.00 | 3.00 | 4.00 | 2.00 | 6.00 | -33% | 10.00 | +11% |" in table
