@@ -94,7 +94,8 @@ def table(rows: list[dict[str, Any]]) -> str:
              "| clock, shared cores ms | err shared |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r["measured_s"]
-        lines.append(f"| {r['method']} | {r['workers']} | {m * 1e3:.2f} | {r['comm_s'] * 1e3:.2f} | {r['cpu_s'] * 1e3:.2f} "
+        lines.append(f"| {r['method']} | {r['workers']} | {m * 1e3:.2f} | {r['comm_s'] * 1e3:.2f} "
+                     f"| {r['cpu_s'] * 1e3:.2f} "
                      f"| {r['comm_charge_s'] * 1e3:.2f} | {r['clock_s'] * 1e3:.2f} | {_err(r['clock_s'], m)} "
                      f"| {r['shared_s'] * 1e3:.2f} | {_err(r['shared_s'], m)} |")
     return "\n".join(lines) + "\n"

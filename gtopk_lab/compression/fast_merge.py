@@ -334,8 +334,9 @@ def index_bits(numel: int) -> int:
 
 def _sort(values: torch.Tensor, indices: torch.Tensor, index_dtypes: tuple[torch.dtype, ...],
           bits_hint: int = 0) -> tuple[int, int, bool, np.ndarray, np.ndarray] | None:
-    """:func:`~gtopk_lab.compression.radix_sort_kernel.radix_sort_kernel` on CPU float32 values and ``index_dtypes`` indices, or None where
-    it does not apply (not :func:`enabled`, other devices or dtypes, no entries)."""
+    """:func:`~gtopk_lab.compression.radix_sort_kernel.radix_sort_kernel` on CPU float32 values
+    and ``index_dtypes`` indices, or None where it does not apply (not :func:`enabled`, other
+    devices or dtypes, no entries)."""
     if not (enabled() and values.device.type == "cpu" and indices.device.type == "cpu"
             and values.dtype == torch.float32 and indices.dtype in index_dtypes
             and indices.numel() > 0):
