@@ -67,10 +67,14 @@ def write_figure(rows: list[dict[str, Any]], stem: Path) -> str:
     fig.update_layout(title="Collective call time on the testbed: measured vs predicted",
                       xaxis={"title": "measured ms (median, slowest rank)", "type": "log"},
                       yaxis={"title": "predicted ms", "type": "log"}, width=900, height=650)
-    written = []
+    return save_figure(fig, stem)
+
+
+def save_figure(fig: Any, stem: Path) -> str:
+    """``stem``.html always and ``stem``.png through kaleido when it works; the paths written."""
     html = stem.with_suffix(".html")
     fig.write_html(str(html), include_plotlyjs="cdn")
-    written.append(str(html))
+    written = [str(html)]
     try:
         fig.write_image(str(stem.with_suffix(".png")))
         written.append(str(stem.with_suffix(".png")))

@@ -48,7 +48,7 @@ from typing import Any
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tcp_model_report import environment  # noqa: E402
+from tcp_model_report import environment, save_figure  # noqa: E402
 
 from gtopk_lab.counts import split_list  # noqa: E402
 from gtopk_lab.testbed import Testbed, testbed_problem  # noqa: E402
@@ -122,15 +122,7 @@ def write_figure(rows: list[dict[str, Any]], stem: Path) -> str:
     fig.update_layout(title="Training iteration time on the testbed: measured vs predicted",
                       xaxis={"title": "measured ms per iteration (median, rank 0)", "type": "log"},
                       yaxis={"title": "predicted ms per iteration", "type": "log"}, width=900, height=650)
-    html = stem.with_suffix(".html")
-    fig.write_html(str(html), include_plotlyjs="cdn")
-    written = [str(html)]
-    try:
-        fig.write_image(str(stem.with_suffix(".png")))
-        written.append(str(stem.with_suffix(".png")))
-    except Exception as exc:  # kaleido without a Chromium it can start: the HTML stands alone
-        written.append(f"(no PNG: {type(exc).__name__}: {str(exc)[:120]})")
-    return ", ".join(written)
+    return save_figure(fig, stem)
 
 
 def main() -> int:
