@@ -169,11 +169,13 @@ def simulate(config: RunConfig, sink: Sink | None = None, device: torch.device |
     # The setup's objects (the dataset, every rank's step and memory) live for the whole run;
     # frozen, the collector's full passes skip them. An iteration at P = 1024 makes ~34k objects
     # that survive into the old generation until the next, and each full pass traversed the
-    # setup's as well: 38 ms of 110 an iteration (benchmarks/RESULTS.md, the simulator). A
-    # process that froze objects itself keeps its own choice.
+    # setup's as well: 38 ms of 110 an iteration (benchmarks/RESULTS.md, the simulator). The
+    # first iteration imports and builds more (kernels, modules: ~40k objects), frozen after
+    # it. A process that froze objects itself keeps its own choice.
     freeze = gc.get_freeze_count() == 0
     if freeze:
         gc.freeze()
+        ranks.after_first_iteration = gc.freeze
     try:
         timeline = run_iterations(config, ranks, numel=replica.numel, world=world,
                                   iterations_per_epoch=ranks.ipe, clock=clock,

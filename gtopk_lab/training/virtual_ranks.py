@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -96,6 +97,9 @@ class VirtualRanks:
                               else "the gradients are not batched")
         self.steps = BatchedSteps([s.step for s in self.states]) if self.steps_refusal is None else None
         self._one_rank: list[tuple[float, float]] = []  # (CPU, wall) of rank 0's own passes
+        #: called once, after the first iteration (the simulator refreezes the collector's
+        #: objects there: that iteration imports and builds what the others reuse)
+        self.after_first_iteration: Callable[[], None] | None = None
 
     def _contribute(self, state: RankState, point: Point) -> _RankWork:
         """One rank's gradient and contribution (phase 1), timed."""
@@ -263,6 +267,9 @@ class VirtualRanks:
         for state, loss in zip(states, losses):
             state.epoch_loss_sum += loss
             state.epoch_loss_count += 1
+        hook, self.after_first_iteration = self.after_first_iteration, None
+        if hook is not None:
+            hook()
 
     def end_epoch(self, boundary: Boundary, point: Point, timeline: Timeline) -> None:
         states = self.states
