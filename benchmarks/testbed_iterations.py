@@ -58,11 +58,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _env() -> dict[str, str]:
-    """This environment with the repository importable and no interface pinned (the ranks find
-    their host's own, as a run on a real cluster does)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
+    """The repository importable by the hosts' processes (the testbed already drops
+    ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``: ranks find their host's own interface)."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
 def iteration_times(metrics: pd.DataFrame, workers: int, cores: int, skip: int) -> dict[str, float]:
@@ -169,7 +167,7 @@ def main() -> int:
                                      "--workers", str(p), "--model", args.model, "--density", str(args.density),
                                      "--epochs", "1", "--max-iterations", str(args.iterations),
                                      "--bandwidth", str(link), "--out", str(folder / "runs"),
-                                     "--no-progress", "--json"], env=_env(), timeout_s=600)
+                                     "--no-progress", "--json"], timeout_s=600)
                     if res.returncode != 0:
                         print(f"testbed_iterations: {method} P = {p} failed: {res.stderr.strip()[-800:]}",
                               file=sys.stderr)
